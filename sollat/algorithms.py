@@ -1,0 +1,106 @@
+"""The algorithm registry: which kernel implements each named algorithm and what it supports.
+
+Adding an algorithm = one kernel file written with the LLBuffer API + one entry here.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from . import layout
+from .dtypes import DTYPES, OPS, DType
+from .errors import UnsupportedError
+
+_FLOATS = frozenset(DTYPES)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    name: str
+    kernel_file: str
+    kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr
+    proto: str  # "ll" | "sentinel" (LL128's all-gather is LL)
+    buffers: int  # LLBuffer regions (and epoch arrays) per rank
+    max_blocks: int  # per rank; sizes the scratch region
+    deterministic: bool
+    two_shot: bool
+    dtypes: frozenset[torch.dtype] = _FLOATS
+    ops: frozenset[str] = frozenset(OPS)
+    # (max ranks template, slots) instantiations that compile without register spills
+    slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
+    doc: str = ""
+
+    @property
+    def payload_bytes(self) -> int:
+        return layout.PAYLOAD_BYTES[self.proto]
+
+    def elems_per_line(self, dt: DType) -> int:
+        return self.payload_bytes // dt.size
+
+    def lines_per_rank(self, n: int, dt: DType, nranks: int) -> int:
+        """Lines each thread-grid of one rank walks: the message (one-shot) or one chunk (two-shot)."""
+        per = self.elems_per_line(dt)
+        count = layout.ceil_div(n, nranks) if self.two_shot else n
+        return layout.ceil_div(count, per)
+
+    def max_slots(self, max_ranks: int) -> int:
+        return max(s for r, s in self.slot_choices if r == max_ranks)
+
+    def scratch_bytes(self, nranks: int) -> int:
+        return self.buffers * layout.region_bytes(nranks, self.max_blocks)
+
+    def epoch_words(self) -> int:
+        return self.buffers * layout.lines_per_src(self.max_blocks)
+
+    def check(self, dtype: torch.dtype, op: str, opname: str = "all_reduce") -> None:
+        if dtype not in self.dtypes:
+            ok = ", ".join(str(d).replace("torch.", "") for d in self.dtypes)
+            raise UnsupportedError(f"{opname}: algorithm {self.name!r} does not support dtype {dtype}; it supports {ok}")
+        if op not in self.ops:
+            raise UnsupportedError(f"{opname}: algorithm {self.name!r} does not support op {op!r}; it supports {sorted(self.ops)}")
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("oneshot_ll", "allreduce_oneshot.cu", "oneshot", "ll", 1, 16, True, False,
+                  doc="one-shot push, LL protocol (8 B payload + 8 B flag per 16 B store)"),
+        Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 1, 16, True, False,
+                  doc="one-shot push, sentinel protocol (16 B payload, receiver resets)"),
+    )
+}
+
+
+def max_ranks_template(nranks: int) -> int:
+    for r in (2, 4, 8):
+        if nranks <= r:
+            return r
+    raise UnsupportedError(f"sollat supports at most {layout.MAX_RANKS} ranks, got {nranks}")
+
+
+def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool) -> dict[str, str]:
+    d = {
+        "SOLLAT_T": dt.cxx,
+        "SOLLAT_OP": {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op],
+        "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
+        "SOLLAT_MAX_RANKS": str(max_ranks),
+        "SOLLAT_SLOTS": str(slots),
+    }
+    if test_hooks:
+        d["SOLLAT_TEST_HOOKS"] = "1"
+    return d
+
+
+def signature(alg: Algorithm, dt: DType, op: str, n: int) -> int:
+    """Odd 32-bit hash of the call's arguments, carried in every LL flag (never 0)."""
+    return zlib.crc32(f"{alg.name}|{dt.short}|{op}|{n}".encode()) | 1
+
+
+def get(name: str) -> Algorithm:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UnsupportedError(f"all_reduce: unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)} or 'auto'") from None

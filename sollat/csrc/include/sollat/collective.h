@@ -1,0 +1,153 @@
+// sollat/collective.h - what every collective kernel shares: the communicator state, the kernel
+// prologue (PDL, fault sink, buffer descriptors), and loading/storing user data as packs.
+//
+// Two entry points exist per kernel (see SOLLAT_DEFINE_ENTRY_POINTS):
+//   *_pg  one rank per process (torch.distributed): grid.y == 1, rank from the argument.
+//   *_vr  virtual ranks: R ranks in one launch, rank = rank_base + blockIdx.y, one input and one
+//         output pointer per rank. Every block must be co-resident (the host checks occupancy),
+//         because block b of rank r waits for block b of every other rank.
+#ifndef SOLLAT_COLLECTIVE_H_
+#define SOLLAT_COLLECTIVE_H_
+
+#include "sollat/ll_buffer.h"
+
+namespace sollat {
+
+constexpr int kMaxWorld = 8;
+
+// Written once by the host (sollat/communicator.py, CommState), read by every kernel.
+struct CommState {
+  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process
+  u64 err;                 // int[kFaultWords] device error record
+  u64 err_host;            // host-mapped copy of the record, or 0
+  u64 timeout_ns;          // bound of every spin
+  int nranks;
+  int absent_rank;         // test hook: this rank's blocks return at once (-1: none)
+  int mismatch_rank;       // test hook: this rank flips a bit of its call signature (-1: none)
+  int pad_;
+};
+
+struct CallArgs {
+  const CommState* st;
+  u64 n;                   // elements per rank
+  u64 region_off;          // byte offset of this kernel's buffer region(s) in every scratch
+  u32* epochs;             // this launch-rank's epoch counters (already offset by blockIdx.y)
+  int lines_per_src;
+  u32 sig;
+  int rank;
+};
+
+__device__ __forceinline__ FaultSink make_fault(const CommState* st) {
+  FaultSink f;
+  f.dev = (int*)st->err;
+  f.host = (int*)st->err_host;
+  f.timeout_ns = st->timeout_ns;
+  return f;
+}
+
+// Descriptor of buffer number `which` (regions are laid back to back, each `region_bytes` long,
+// starting at region_off; epochs likewise, lines_per_src counters per buffer).
+template <int kMaxRanks>
+__device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, int which, u64 region_bytes) {
+  BufferDesc<kMaxRanks> d;
+#pragma unroll
+  for (int q = 0; q < kMaxRanks; ++q)
+    d.base[q] = (Line*)(a.st->scratch[q] + a.region_off + (u64)which * region_bytes);
+  d.epochs = a.epochs + (u64)which * (u64)a.lines_per_src;
+  d.rank = a.rank;
+  d.nranks = a.st->nranks;
+  d.lines_per_src = a.lines_per_src;
+  d.sig = a.sig;
+  return d;
+}
+
+// ---- user data <-> packs ----------------------------------------------------------------------
+// Element e0 .. e0+kElems-1 of `p`. Vector access when the line is whole and aligned; element
+// access (zero padding past n) for the tail and for misaligned views.
+template <typename T, int Bytes>
+__device__ __forceinline__ Pack<T, Bytes> load_pack(const T* p, u64 e0, u64 n, bool aligned) {
+  typedef Pack<T, Bytes> P;
+  P v;
+  if (aligned && e0 + P::kElems <= n) {
+    v = *reinterpret_cast<const P*>(p + e0);
+  } else {
+#pragma unroll
+    for (int k = 0; k < P::kElems; ++k) {
+      if (e0 + k < n) v.v[k] = p[e0 + k];
+      else memset(&v.v[k], 0, sizeof(T));
+    }
+  }
+  return v;
+}
+
+template <typename T, int Bytes>
+__device__ __forceinline__ void store_pack(T* p, u64 e0, u64 n, bool aligned, const Pack<T, Bytes>& v) {
+  typedef Pack<T, Bytes> P;
+  if (aligned && e0 + P::kElems <= n) {
+    *reinterpret_cast<P*>(p + e0) = v;
+  } else {
+#pragma unroll
+    for (int k = 0; k < P::kElems; ++k)
+      if (e0 + k < n) p[e0 + k] = v.v[k];
+  }
+}
+
+__device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
+  return ((unsigned long long)p & (unsigned long long)(bytes - 1)) == 0;
+}
+
+template <typename P>
+__device__ __forceinline__ P pick8(int k, P a0, P a1, P a2, P a3, P a4, P a5, P a6, P a7) {
+  switch (k) {
+    case 0: return a0; case 1: return a1; case 2: return a2; case 3: return a3;
+    case 4: return a4; case 5: return a5; case 6: return a6; default: return a7;
+  }
+}
+
+// Kernel prologue shared by every entry point: let the next kernel launch, then wait for the
+// previous one (no memory is touched before this). With SOLLAT_TEST_HOOKS (test builds only, so
+// production kernels pay no extra load) the blocks of `absent_rank` return at once, which is how
+// the tests make a peer that never arrives.
+__device__ __forceinline__ bool prologue(const CommState* st, int rank) {
+  pdl_launch_dependents();
+  pdl_wait();
+#ifdef SOLLAT_TEST_HOOKS
+  if (st->absent_rank == rank) return false;
+#endif
+  return true;
+}
+
+__device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int rank) {
+#ifdef SOLLAT_TEST_HOOKS
+  if (st->mismatch_rank == rank) return sig ^ 2u;
+#endif
+  return sig;
+}
+
+}  // namespace sollat
+
+// Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
+#define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
+  extern "C" __global__ void __launch_bounds__(512) name##_pg(                                             \
+      const void* in, void* out, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,      \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank) {                                 \
+    if (!sollat::prologue(st, rank)) return;                                                               \
+    sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
+                       rank};                                                                              \
+    BODY(a, (const T*)in, (T*)out);                                                                        \
+  }                                                                                                        \
+  extern "C" __global__ void __launch_bounds__(512) name##_vr(                                             \
+      const void* i0, const void* i1, const void* i2, const void* i3, const void* i4, const void* i5,      \
+      const void* i6, const void* i7, void* o0, void* o1, void* o2, void* o3, void* o4, void* o5,          \
+      void* o6, void* o7, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,              \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base) {                            \
+    const int y = blockIdx.y;                                                                              \
+    const int rank = rank_base + y;                                                                        \
+    if (!sollat::prologue(st, rank)) return;                                                               \
+    sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
+                       lines_per_src, sollat::call_signature(st, sig, rank), rank};                        \
+    BODY(a, (const T*)sollat::pick8(y, i0, i1, i2, i3, i4, i5, i6, i7),                                   \
+         (T*)sollat::pick8(y, o0, o1, o2, o3, o4, o5, o6, o7));                                            \
+  }
+
+#endif  // SOLLAT_COLLECTIVE_H_

@@ -1,0 +1,231 @@
+// sollat/impl/ll_buffer__funcs.h - LLBuffer method bodies (contracts in ../ll_buffer.h).
+#ifndef SOLLAT_IMPL_LL_BUFFER__FUNCS_H_
+#define SOLLAT_IMPL_LL_BUFFER__FUNCS_H_
+
+namespace sollat {
+
+// Selects base[k] for a run-time k without dynamic indexing (which would spill to local memory).
+template <int kMaxRanks>
+__device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int k) {
+  Line* b = d.base[0];
+#pragma unroll
+  for (int q = 1; q < kMaxRanks; ++q)
+    if (q == k) b = d.base[q];
+  return b;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const BufferDesc<kMaxRanks>& desc,
+                                                                         const FaultSink& f, int s0) {
+  this->d = desc;
+  this->fault = &f;
+  this->own = select_base(desc, desc.rank);
+  this->slot0 = s0;
+  this->used = 0;
+  this->resetPending = false;
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(int peer, int i) const {
+  // layout.line_index(parity, src=self, slot) in the peer's region
+  const int parity = this->epoch[i] & 1;
+  const long long line = (long long)(parity * this->d.nranks + this->d.rank) * this->d.lines_per_src +
+                         this->slot0 + i * kSlotStride;
+  return select_base(this->d, peer) + line;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int src, int i) const {
+  const int parity = this->epoch[i] & 1;
+  const long long line =
+      (long long)(parity * this->d.nranks + src) * this->d.lines_per_src + this->slot0 + i * kSlotStride;
+  return this->own + line;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::beforeSend() {
+  // Sentinel: a reset stored since the last send must land before this send, because this send
+  // is what lets the peer write the reset line again (protocol_sentinel.h).
+  if (Proto::kNeedsReset && this->resetPending) {
+    fence_acq_rel_gpu();
+    this->resetPending = false;
+  }
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
+  beforeSend();
+  Proto::template store<T>(peerLine(peer, i), v, this->d.sig, this->epoch[i]);
+  this->used |= 1u << i;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
+  beforeSend();
+  // All peers' stores are issued back to back (fire and forget), so they travel concurrently.
+#pragma unroll
+  for (int p = 0; p < kMaxRanks; ++p)
+    if (p < this->d.nranks && p != this->d.rank)
+      Proto::template store<T>(peerLine(p, i), v, this->d.sig, this->epoch[i]);
+  this->used |= 1u << i;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::poll(int src, int i, PackT<T>& v) {
+  u32 seen = 0;
+  int r = Proto::template decode<T>(ld_volatile_line(ownLine(src, i)), this->d.sig, this->epoch[i], v, &seen);
+  if (r < 0) this->fault->raise(kMismatch, this->d.rank, src, this->slot0 + i * kSlotStride, this->epoch[i], seen);
+  return r;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recv(int peer, int i, PackT<T>& v) {
+  Spin spin(*this->fault);
+  for (;;) {
+    int r = poll<T>(peer, i, v);
+    if (r > 0) break;
+    if (r < 0 || !spin.again(this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i])) return false;
+  }
+  if (Proto::kNeedsReset) {
+    Proto::reset(ownLine(peer, i));
+    this->resetPending = true;
+  }
+  this->used |= 1u << i;
+  return true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled(int peer, int n,
+                                                                                  PackT<T> (&v)[kSlots]) {
+  unsigned pending = (n >= 32) ? ~0u : ((1u << n) - 1u);
+  Spin spin(*this->fault);
+  while (pending) {
+    Line raw[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)  // issue every load before looking at any result
+      if (pending & (1u << i)) raw[i] = ld_volatile_line(ownLine(peer, i));
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (!(pending & (1u << i))) continue;
+      u32 seen = 0;
+      int r = Proto::template decode<T>(raw[i], this->d.sig, this->epoch[i], v[i], &seen);
+      if (r > 0) pending &= ~(1u << i);
+      if (r < 0) {
+        this->fault->raise(kMismatch, this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i], seen);
+        return false;
+      }
+    }
+    if (pending && !spin.again(this->d.rank, peer, this->slot0, this->epoch[0])) return false;
+  }
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i < n) {
+      if (Proto::kNeedsReset) Proto::reset(ownLine(peer, i));
+      this->used |= 1u << i;
+    }
+  if (Proto::kNeedsReset && n > 0) this->resetPending = true;
+  return true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T, class Op>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
+                                                                                AccT<T> (&out)[kSlots]) {
+  static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
+  PackT<T> got[kMaxRanks][kSlots];
+  unsigned pending = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (p < this->d.nranks && p != this->d.rank && i < n) pending |= 1u << (p * kSlots + i);
+
+  Spin spin(*this->fault);
+  while (pending) {
+    Line raw[kMaxRanks][kSlots];
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)  // every outstanding load in flight before any check
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (pending & (1u << (p * kSlots + i))) raw[p][i] = ld_volatile_line(ownLine(p, i));
+    int waitPeer = -1;
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const unsigned bit = 1u << (p * kSlots + i);
+        if (!(pending & bit)) continue;
+        u32 seen = 0;
+        int r = Proto::template decode<T>(raw[p][i], this->d.sig, this->epoch[i], got[p][i], &seen);
+        if (r > 0) {
+          pending &= ~bit;
+        } else if (r < 0) {
+          this->fault->raise(kMismatch, this->d.rank, p, this->slot0 + i * kSlotStride, this->epoch[i], seen);
+          return false;
+        } else if (waitPeer < 0) {
+          waitPeer = p;
+        }
+      }
+    if (pending && !spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
+  }
+
+  if (Proto::kNeedsReset) {
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (p < this->d.nranks && p != this->d.rank && i < n) Proto::reset(ownLine(p, i));
+    if (n > 0) this->resetPending = true;
+  }
+
+  // Reduce in rank order 0..nranks-1 (own values in place of the own rank's line).
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    if (i >= n) continue;
+    pack_to_acc((this->d.rank == 0) ? own[i] : got[0][i], out[i]);
+#pragma unroll
+    for (int p = 1; p < kMaxRanks; ++p)
+      if (p < this->d.nranks) acc_reduce<Op>(out[i], (p == this->d.rank) ? own[i] : got[p][i]);
+    this->used |= 1u << i;
+  }
+  return true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::reset(int peer, int i) {
+  if (!Proto::kNeedsReset) return;
+  Proto::reset(ownLine(peer, i));
+  this->resetPending = true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::resetRange(int peer, int first, int count) {
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i >= first && i < first + count) reset(peer, i);
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::advanceEpoch() {
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (this->used & (1u << i)) this->epoch[i] += 1;
+  this->used = 0;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::commit() {
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) this->d.epochs[this->slot0 + i * kSlotStride] = this->epoch[i];
+}
+
+}  // namespace sollat
+
+#endif  // SOLLAT_IMPL_LL_BUFFER__FUNCS_H_

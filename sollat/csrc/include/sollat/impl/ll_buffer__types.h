@@ -1,0 +1,39 @@
+// sollat/impl/ll_buffer__types.h - the storage behind LLBuffer (see ../ll_buffer.h for the contract).
+#ifndef SOLLAT_IMPL_LL_BUFFER__TYPES_H_
+#define SOLLAT_IMPL_LL_BUFFER__TYPES_H_
+
+#include "sollat/fault.h"
+
+namespace sollat {
+
+// Geometry constants; sollat/layout.py holds the same numbers (checked by a CPU test).
+constexpr int kMaxThreads = 512;
+constexpr int kMaxSlotsPerThread = 4;
+constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride
+
+// Where one buffer lives, for one launch-rank.
+template <int kMaxRanks>
+struct BufferDesc {
+  Line* base[kMaxRanks];  // this buffer's region in each rank's scratch
+  u32* epochs;            // this rank's epoch counters for this buffer, one per slot index
+  int rank;               // own rank
+  int nranks;             // ranks taking part (<= kMaxRanks)
+  int lines_per_src;      // slot indices per (parity, source)
+  u32 sig;                // call signature (odd), carried in LL flags
+};
+
+template <int kMaxRanks, int kSlots>
+struct LLBufferBase {
+  static_assert(kSlots >= 1 && kSlots <= kMaxSlotsPerThread, "kSlots out of range");
+  BufferDesc<kMaxRanks> d;
+  const FaultSink* fault;
+  Line* own;              // d.base[d.rank], selected once (d.rank is not a compile-time index)
+  int slot0;
+  u32 epoch[kSlots];
+  unsigned used;          // bit i: channel i carried data since the last advanceEpoch
+  bool resetPending;      // sentinel: a reset was stored since the last send (needs a fence)
+};
+
+}  // namespace sollat
+
+#endif  // SOLLAT_IMPL_LL_BUFFER__TYPES_H_

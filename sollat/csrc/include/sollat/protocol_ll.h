@@ -1,0 +1,63 @@
+// sollat/protocol_ll.h - the LL protocol: 8 bytes of payload and an 8-byte flag in one 16-byte store.
+//
+//   one scratch line (16 B), written by exactly one sender thread, read by one receiver thread
+//   +-------------------------------+-------------------------------------------+
+//   | lo: payload (8 B of elements) | hi: flag = signature << 32 | epoch       |
+//   +-------------------------------+-------------------------------------------+
+//
+// | word    | writer                 | scope | meaning                                   | at rest |
+// |---------|------------------------|-------|-------------------------------------------|---------|
+// | payload | sender, same store     | sys   | the elements                              | 0       |
+// | flag    | sender, same store     | sys   | epoch (low 32 bits, masked by             | 0       |
+// |         |                        |       | SOLLAT_EPOCH_BITS) and the call signature |         |
+// |         |                        |       | (high 32 bits, always odd, so never 0)    |         |
+//
+// Why one store is enough: payload and flag travel in one 16-byte aligned `st.volatile.v2.b64`,
+// which is not torn, so a receiver that sees the flag sees the payload of the same store.
+// No reset is needed: a line in parity p only ever holds epochs e, e-2, e-4... of its own
+// line-channel (see ll_buffer.h), and those differ from e in the masked epoch bits as long as
+// SOLLAT_EPOCH_BITS >= 2. The signature makes a peer that called with other arguments visible:
+// its flag has the right epoch but the wrong signature, which is reported, not summed.
+#ifndef SOLLAT_PROTOCOL_LL_H_
+#define SOLLAT_PROTOCOL_LL_H_
+
+#include "sollat/memory.h"
+
+#ifndef SOLLAT_EPOCH_BITS
+#define SOLLAT_EPOCH_BITS 32
+#endif
+
+namespace sollat {
+
+constexpr u32 kEpochMask = (SOLLAT_EPOCH_BITS >= 32) ? 0xFFFFFFFFu : ((1u << SOLLAT_EPOCH_BITS) - 1u);
+
+struct ProtoLL {
+  static constexpr int kPayloadBytes = 8;
+  static constexpr bool kNeedsReset = false;
+  static constexpr const char* kName = "ll";
+
+  __device__ __forceinline__ static u64 flag(u32 sig, u32 epoch) {
+    return ((u64)sig << 32) | (u64)(epoch & kEpochMask);
+  }
+
+  template <typename T>
+  __device__ __forceinline__ static void store(Line* dst, const Pack<T, 8>& v, u32 sig, u32 epoch) {
+    st_volatile_line(dst, bit_cast<u64>(v), flag(sig, epoch));
+  }
+
+  // Decodes one polled line. Returns 1 when it holds this epoch's data for this call (v is
+  // filled), 0 when not yet, -1 when it holds this epoch from a call with another signature.
+  template <typename T>
+  __device__ __forceinline__ static int decode(const Line& l, u32 sig, u32 epoch, Pack<T, 8>& v, u32* seen) {
+    u64 want = flag(sig, epoch);
+    if (l.hi == want) { v = bit_cast<Pack<T, 8>>(l.lo); return 1; }
+    if ((u32)l.hi == (u32)want && l.hi != 0) { *seen = (u32)(l.hi >> 32); return -1; }
+    return 0;
+  }
+
+  __device__ __forceinline__ static void reset(Line*) {}
+};
+
+}  // namespace sollat
+
+#endif  // SOLLAT_PROTOCOL_LL_H_

@@ -1,0 +1,58 @@
+"""Launching compiled kernels on the current torch stream, eagerly or under CUDA-graph capture.
+
+The stream is looked up on every call (inside ``torch.cuda.graph`` the current stream is the
+capture stream; a wrapper made before capture would launch eagerly, outside the graph).
+Wrappers are cached by stream handle, so the lookup is a dict hit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_stream_cache: dict[int, Any] = {}
+_config_cache: dict[tuple[Any, ...], Any] = {}
+_devices_set: set[int] = set()
+
+
+def ensure_device(index: int) -> None:
+    """Make ``index`` the current device for cuda.core (once per process and device)."""
+    if index in _devices_set:
+        return
+    from cuda.core import Device
+
+    torch.cuda.init()
+    Device(index).set_current()
+    _devices_set.add(index)
+
+
+def current_stream(device: torch.device) -> Any:
+    """cuda.core Stream for torch's current stream on ``device``."""
+    handle = torch.cuda.current_stream(device).cuda_stream
+    stream = _stream_cache.get(handle)
+    if stream is None:
+        from cuda.core import Stream
+
+        stream = Stream.from_handle(handle)
+        _stream_cache[handle] = stream
+    return stream
+
+
+def launch_config(grid: tuple[int, int], block: int, *, pdl: bool) -> Any:
+    """A cached LaunchConfig. ``pdl`` sets programmatic stream serialization (dependent launch)."""
+    key = (grid, block, pdl)
+    cfg = _config_cache.get(key)
+    if cfg is None:
+        from cuda.core import LaunchConfig
+
+        cfg = LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=pdl)
+        _config_cache[key] = cfg
+    return cfg
+
+
+def launch(kernel: Any, grid: tuple[int, int], block: int, args: tuple[Any, ...], *,
+           device: torch.device, pdl: bool = True) -> None:
+    from cuda.core import launch as _launch
+
+    _launch(current_stream(device), launch_config(grid, block, pdl=pdl), kernel, *args)

@@ -1,0 +1,86 @@
+"""Scratch layout, line-channels, epochs and launch geometry: the single source of truth.
+
+The CUDA headers (``csrc/include/sollat/ll_buffer.h``) and the protocol model (``sollat.model``)
+follow exactly these rules; each function names the device code that implements it.
+
+Vocabulary
+----------
+line          16 bytes moved by one vector store. LL carries 8 B of payload + 8 B flag in a line,
+              sentinel 16 B of payload.
+line-channel  (block b, slot i, thread t): the path from one sender thread to the same thread
+              index on one receiver. It owns one line per (receiver, parity, source) and has its
+              own epoch counter on every rank. The counter advances only when the channel carries
+              data, so every rank's counter for a channel is equal at the same call.
+slot index    s = (b * MAX_SLOTS + i) * MAX_THREADS + t   (consecutive threads: consecutive lines)
+parity        epoch & 1: two copies of every line (double buffering, no barrier).
+line address  in receiver d's region of a buffer:
+              line = (parity * nranks + src) * lines_per_src + s
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LINE_BYTES = 16
+MAX_RANKS = 8
+MAX_THREADS = 512
+MAX_SLOTS = 4  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
+WARP = 32
+
+PAYLOAD_BYTES = {"ll": 8, "sentinel": 16}
+
+
+def slot_index(block: int, slot: int, thread: int) -> int:
+    """Line-channel index; device: ``LLBuffer`` constructor (``impl/ll_buffer__funcs.h``)."""
+    return (block * MAX_SLOTS + slot) * MAX_THREADS + thread
+
+
+def line_index(parity: int, src: int, slot: int, *, nranks: int, lines_per_src: int) -> int:
+    """Line of (parity, source, slot) inside a receiver's region; device: ``LLBuffer::line``."""
+    return (parity * nranks + src) * lines_per_src + slot
+
+
+def lines_per_src(max_blocks: int) -> int:
+    return max_blocks * MAX_SLOTS * MAX_THREADS
+
+
+def region_bytes(nranks: int, max_blocks: int) -> int:
+    """Bytes of one LLBuffer region on one rank: 2 parities x nranks sources x lines."""
+    return 2 * nranks * lines_per_src(max_blocks) * LINE_BYTES
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How one call is cut up: identical on every rank (a pure function of the call)."""
+
+    blocks: int  # blocks per rank
+    threads: int  # threads per block (multiple of 32, <= MAX_THREADS)
+    slots: int  # lines per thread per iteration (kernel template kSlots)
+    iterations: int  # exchanges inside the kernel (chunks), each one epoch
+
+    @property
+    def lines_per_iteration(self) -> int:
+        return self.blocks * self.threads * self.slots
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_threads: int = WARP) -> Geometry:
+    """Choose (blocks, threads, slots, iterations) for ``total_lines`` lines per rank.
+
+    Small messages get one block of just enough warps (fewest threads on the critical path);
+    larger ones spread over blocks first, then put more lines in flight per thread, then iterate.
+    """
+    total_lines = max(total_lines, 1)
+    if total_lines <= MAX_THREADS:
+        threads = max(min_threads, ceil_div(total_lines, WARP) * WARP)
+        return Geometry(1, threads, 1, 1)
+    blocks = min(max_blocks, ceil_div(total_lines, MAX_THREADS))
+    per_block_lines = ceil_div(total_lines, blocks)
+    slots = 1
+    while slots < max_slots and per_block_lines > slots * MAX_THREADS:
+        slots *= 2
+    per_iter = blocks * MAX_THREADS * slots
+    return Geometry(blocks, MAX_THREADS, slots, ceil_div(total_lines, per_iter))

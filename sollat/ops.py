@@ -1,0 +1,34 @@
+"""``torch.library`` custom ops, so ``torch.compile`` keeps sollat calls in its graph.
+
+The communicator is referenced by its integer id (communicator.py's registry). Eager calls skip
+this layer (the public methods call the implementation directly, which keeps the eager overhead
+low); ``torch.compile`` traces through these ops, whose fake implementations only describe the
+outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .communicator import lookup_comm
+
+
+@torch.library.custom_op("sollat::all_reduce", mutates_args=())
+def all_reduce(x: torch.Tensor, comm_id: int, op: str, algo: str, deterministic: bool) -> torch.Tensor:
+    return lookup_comm(comm_id)._all_reduce_impl(x, op, algo, None, deterministic)  # type: ignore[attr-defined]
+
+
+@all_reduce.register_fake
+def _(x: torch.Tensor, comm_id: int, op: str, algo: str, deterministic: bool) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("sollat::all_reduce_virtual", mutates_args=())
+def all_reduce_virtual(xs: list[torch.Tensor], comm_id: int, op: str, algo: str,
+                       deterministic: bool) -> list[torch.Tensor]:
+    return lookup_comm(comm_id)._all_reduce_impl(xs, op, algo, None, deterministic)  # type: ignore[attr-defined]
+
+
+@all_reduce_virtual.register_fake
+def _(xs: list[torch.Tensor], comm_id: int, op: str, algo: str, deterministic: bool) -> list[torch.Tensor]:
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]

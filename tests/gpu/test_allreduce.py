@@ -1,0 +1,297 @@
+"""GPU correctness of the one-shot (and any registered) all-reduce with virtual ranks.
+
+Every check uses fresh random inputs, poisons outputs first, and compares bitwise with the
+rank-order reference (the deterministic algorithms' contract).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import sollat
+from sollat import layout
+from sollat.algorithms import ALGORITHMS
+
+from ._reference import assert_bitwise, random_inputs, rank_order_reduce
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+DETERMINISTIC = [a for a, alg in ALGORITHMS.items() if alg.deterministic]
+_comms: dict[int, sollat.VirtualCommunicator] = {}
+
+
+def comm(r: int) -> sollat.VirtualCommunicator:
+    if r not in _comms:
+        _comms[r] = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
+    return _comms[r]
+
+
+def check_call(c: sollat.VirtualCommunicator, xs: list[torch.Tensor], algo: str, op: str = "sum",
+               outs: list[torch.Tensor] | None = None) -> None:
+    if outs is not None:
+        for o in outs:
+            o.fill_(float("nan"))
+    ys = c.all_reduce(xs, op=op, algo=algo, out=outs)
+    ref = rank_order_reduce(xs, op)
+    for r, y in enumerate(ys):
+        assert_bitwise(y, ref, f"{algo} R={c.world_size} {xs[0].dtype} n={xs[0].numel()} {op} rank {r}")
+
+
+def _sizes_for(algo: str, r: int, dtype: torch.dtype) -> list[int]:
+    alg = ALGORITHMS[algo]
+    esize = torch.tensor([], dtype=dtype).element_size()
+    per_line = alg.payload_bytes // esize
+    # one pass of the largest plan (blocks x 512 threads x slots) in elements, to go past it
+    one_pass = alg.max_blocks * layout.MAX_THREADS * per_line
+    return [1, 2, 3, 7, 31, 32, 33, 100, 1000, 4097, 65537, 3 * one_pass + 5]
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_sum_sizes(r: int, algo: str, dtype: torch.dtype) -> None:
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(hash((r, algo, str(dtype))) % 2**31)
+    for n in _sizes_for(algo, r, dtype):
+        xs = random_inputs(r, n, dtype, DEV, gen)
+        outs = [torch.empty_like(x) for x in xs]
+        check_call(c, xs, algo, "sum", outs) if ALGORITHMS[algo].deterministic else c.all_reduce(xs, algo=algo)
+
+
+@pytest.mark.parametrize("r", [2, 8])
+@pytest.mark.parametrize("algo", DETERMINISTIC)
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_min(r: int, algo: str, op: str) -> None:
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(7)
+    for dtype, n in itertools.product(DTYPES, [1, 33, 5000]):
+        xs = random_inputs(r, n, dtype, DEV, gen)
+        xs[0][0] = float("nan")
+        check_call(c, xs, algo, op)
+
+
+@pytest.mark.parametrize("algo", DETERMINISTIC)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_special_values(algo: str, dtype: torch.dtype) -> None:
+    """NaN, +-Inf, -0.0, denormals, and the sentinel / canonical-NaN bit patterns as inputs."""
+    r = 4
+    c = comm(r)
+    ib = {2: torch.int16, 4: torch.int32, 8: torch.int64}[torch.tensor([], dtype=dtype).element_size()]
+    bits = {torch.int16: [-1, 0x7FC0, 0x7E00, 0x0001, -32768, 0x7C00],
+            torch.int32: [-1, 0x7FC00000, 0x00000001, -(2**31), 0x7F800000],
+            torch.int64: [-1, 0x7FF8000000000000, 1, -(2**63)]}[ib]
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0], dtype=dtype)
+    tiny = torch.finfo(dtype).tiny
+    pattern = torch.cat([specials, torch.tensor([tiny / 4, -tiny / 8, tiny], dtype=dtype),
+                         torch.tensor(bits, dtype=ib).view(dtype)]).to(DEV)
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    for trial in range(6):
+        xs = random_inputs(r, 257, dtype, DEV, gen)
+        for k, x in enumerate(xs):
+            idx = torch.randint(0, 257, (pattern.numel(),), device=DEV, generator=gen)
+            x[idx] = pattern.roll(k + trial)
+        # whole lines of sentinel bit patterns and of -0.0
+        xs[1][:16] = torch.tensor(bits[0], dtype=ib).view(dtype)
+        xs[2][16:32] = -0.0
+        check_call(c, xs, algo, "sum")
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_misaligned_views_and_non_contiguous(algo: str) -> None:
+    r = 4
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    for dtype, off, n in itertools.product([torch.float32, torch.bfloat16], [1, 3], [5, 1000, 70001]):
+        bufs = random_inputs(r, n + 8, dtype, DEV, gen)
+        xs = [b[off:off + n] for b in bufs]
+        obufs = [torch.full((n + 8,), float("nan"), dtype=dtype, device=DEV) for _ in range(r)]
+        outs = [o[off + 1:off + 1 + n] for o in obufs]
+        if ALGORITHMS[algo].deterministic:
+            check_call(c, xs, algo, "sum", outs)
+            for o in obufs:  # nothing outside the view was written
+                assert torch.isnan(o[:off + 1]).all() and torch.isnan(o[off + 1 + n:]).all()
+    # non-contiguous inputs are handled (copied); shapes are kept
+    xs = [torch.randn(64, 33, device=DEV, generator=gen).t() for _ in range(r)]
+    ys = c.all_reduce(xs, algo=algo)
+    assert ys[0].shape == (33, 64)
+    if ALGORITHMS[algo].deterministic:
+        assert_bitwise(ys[0], rank_order_reduce([x.contiguous() for x in xs], "sum"), "non-contiguous")
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_in_place(r: int) -> None:
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(5)
+    for algo in DETERMINISTIC:
+        xs = random_inputs(r, 4099, torch.bfloat16, DEV, gen)
+        ref = rank_order_reduce(xs, "sum")
+        ys = c.all_reduce(xs, algo=algo, out=xs)
+        for y in ys:
+            assert_bitwise(y, ref, f"in place {algo}")
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_back_to_back_eager_varying(r: int) -> None:
+    """Thousands of eager calls of varying size and algorithm; inputs reused right after the call."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(r)
+    sizes = [1, 5, 64, 300, 2048, 9000, 40000]
+    algos = list(ALGORITHMS)
+    calls = 3400 if r == 8 else 3300
+    pending = []
+    for k in range(calls):
+        n = sizes[(k * 7 + k // 5) % len(sizes)]
+        algo = algos[k % len(algos)]
+        dtype = (torch.float32, torch.bfloat16)[k % 2]
+        xs = random_inputs(r, n, dtype, DEV, gen)
+        ys = c.all_reduce(xs, algo=algo)
+        ref = rank_order_reduce(xs, "sum")
+        for x in xs:  # overwrite inputs immediately: the call must not read them later
+            x.fill_(float("nan"))
+        if ALGORITHMS[algo].deterministic:
+            pending.append((ys, ref, algo, n))
+        if len(pending) >= 64:
+            for ys_, ref_, a, nn in pending:
+                for y in ys_:
+                    assert_bitwise(y, ref_, f"eager call {k} {a} n={nn}")
+            pending.clear()
+    for ys_, ref_, a, nn in pending:
+        for y in ys_:
+            assert_bitwise(y, ref_, f"eager {a} n={nn}")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_cuda_graph_many_calls(r: int) -> None:
+    """A graph of 1000 back-to-back calls of varying size, algorithm and dtype, replayed with fresh
+    inputs: >= 10,000 calls checked per world size."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(100 + r)
+    sizes = [1, 7, 128, 1000, 4097, 20000, 65536]
+    algos = list(ALGORITHMS)
+    calls = []
+    for k in range(1000):
+        n = sizes[(k * 3 + k // 7) % len(sizes)]
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[k % 3]
+        xs = random_inputs(r, n, dtype, DEV, gen)
+        outs = [torch.empty_like(x) for x in xs]
+        calls.append((algos[(k // 3) % len(algos)], xs, outs))
+    for algo, xs, outs in calls[:len(algos) * 4]:  # warm up: compile and plan outside capture
+        c.all_reduce(xs, algo=algo, out=outs)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for algo, xs, outs in calls:
+            c.all_reduce(xs, algo=algo, out=outs)
+    for _replay in range(10):
+        for _algo, xs, outs in calls:
+            for x in xs:
+                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
+            for o in outs:
+                o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for k, (algo, xs, outs) in enumerate(calls):
+            if ALGORITHMS[algo].deterministic:
+                ref = rank_order_reduce(xs, "sum")
+                for o in outs:
+                    assert_bitwise(o, ref, f"graph call {k} {algo} n={xs[0].numel()}")
+    c.check()
+
+
+def test_timeout_names_the_peer_and_gpu_recovers() -> None:
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.2)
+    gen = torch.Generator(device=DEV).manual_seed(9)
+    for algo in ALGORITHMS:
+        xs = random_inputs(r, 1000, torch.float32, DEV, gen)
+        c._set_test_hooks(absent=2)
+        c.all_reduce(xs, algo=algo)
+        with pytest.raises(sollat.PeerTimeoutError) as ei:
+            c.check()
+        assert ei.value.peer == 2 and "peer 2" in str(ei.value)
+        with pytest.raises(sollat.CommunicatorFaultedError):
+            c.all_reduce(xs, algo=algo)
+        c._set_test_hooks()
+        c.reset()
+        check_call(c, xs, algo)  # the GPU and the communicator work again
+    # the error is also raised by the next call without an explicit check()
+    c._set_test_hooks(absent=1)
+    c.all_reduce(random_inputs(r, 10, torch.float32, DEV, gen), algo="oneshot_ll")
+    torch.cuda.synchronize()
+    with pytest.raises(sollat.PeerTimeoutError):
+        c.all_reduce(random_inputs(r, 10, torch.float32, DEV, gen), algo="oneshot_ll")
+    c._set_test_hooks()
+    c.reset()
+    torch.cuda.synchronize()
+    assert torch.ones(4, device=DEV).sum().item() == 4.0
+
+
+def test_call_mismatch_is_reported() -> None:
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
+    gen = torch.Generator(device=DEV).manual_seed(10)
+    xs = random_inputs(r, 100, torch.float32, DEV, gen)
+    c._set_test_hooks(mismatch=3)
+    c.all_reduce(xs, algo="oneshot_ll")
+    with pytest.raises((sollat.CallMismatchError, sollat.PeerTimeoutError)) as ei:
+        c.check()
+    assert isinstance(ei.value, sollat.CallMismatchError)
+    c._set_test_hooks()
+    c.reset()
+    check_call(c, xs, "oneshot_ll")
+
+
+def test_small_epoch_space_wraps_correctly() -> None:
+    """SOLLAT_EPOCH_BITS=2: epochs wrap every 4 calls; stale lines must still never be accepted."""
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
+    c._extra_defines = {"SOLLAT_EPOCH_BITS": "2"}
+    gen = torch.Generator(device=DEV).manual_seed(12)
+    sizes = [3, 300, 5000, 70000, 300]
+    for k in range(200):
+        n = sizes[k % len(sizes)]
+        xs = random_inputs(r, n, torch.float32, DEV, gen)
+        check_call(c, xs, "oneshot_ll")
+    c.check()
+
+
+def test_torch_compile_keeps_the_op() -> None:
+    r = 2
+    c = comm(r)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ys = c.all_reduce([a * 2, b * 2], algo="oneshot_ll")
+        return ys[0] + 1
+
+    cf = torch.compile(f, fullgraph=True)
+    a, b = torch.randn(1000, device=DEV), torch.randn(1000, device=DEV)
+    out = cf(a, b)
+    ref = rank_order_reduce([a * 2, b * 2], "sum") + 1
+    assert_bitwise(out, ref, "torch.compile")
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    c = comm(2)
+    x = torch.randn(10, device=DEV)
+    with pytest.raises(sollat.UnsupportedError, match="dtype"):
+        c.all_reduce([x.int(), x.int()])
+    with pytest.raises(sollat.UnsupportedError, match="op"):
+        c.all_reduce([x, x], op="prod")
+    with pytest.raises(sollat.UnsupportedError, match="cpu"):
+        c.all_reduce([x.cpu(), x.cpu()])
+    with pytest.raises(sollat.UnsupportedError, match="2 tensors"):
+        c.all_reduce([x, x, x])
+    with pytest.raises(sollat.UnsupportedError, match="same shape"):
+        c.all_reduce([x, x[:5]])
+    with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
+        c.all_reduce([x, x], algo="ring")
+    with pytest.raises(sollat.UnsupportedError, match="nccl"):
+        c.all_reduce([x, x], algo="nccl")
+    with pytest.raises(sollat.UnsupportedError, match="world size"):
+        sollat.VirtualCommunicator(9, DEV)
