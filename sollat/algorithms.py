@@ -70,6 +70,12 @@ ALGORITHMS: dict[str, Algorithm] = {
                   doc="one-shot push, LL protocol (8 B payload + 8 B flag per 16 B store)"),
         Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 1, 16, True, False,
                   doc="one-shot push, sentinel protocol (16 B payload, receiver resets)"),
+        Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 2, 16, True, True,
+                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
+                  doc="two-shot (reduce-scatter + all-gather), LL protocol in both phases"),
+        Algorithm("twoshot_sentinel", "allreduce_twoshot.cu", "twoshot", "sentinel", 2, 16, True, True,
+                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
+                  doc="two-shot (reduce-scatter + all-gather), sentinel protocol in both phases"),
     )
 }
 

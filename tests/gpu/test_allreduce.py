@@ -238,10 +238,10 @@ def test_call_mismatch_is_reported() -> None:
     gen = torch.Generator(device=DEV).manual_seed(10)
     xs = random_inputs(r, 100, torch.float32, DEV, gen)
     c._set_test_hooks(mismatch=3)
-    c.all_reduce(xs, algo="oneshot_ll")
-    with pytest.raises((sollat.CallMismatchError, sollat.PeerTimeoutError)) as ei:
+    with pytest.raises(sollat.CallMismatchError) as ei:
+        c.all_reduce(xs, algo="oneshot_ll")  # raised by this call or by check(), whichever sees it
         c.check()
-    assert isinstance(ei.value, sollat.CallMismatchError)
+    assert 3 in (ei.value.peer, ei.value.rank)
     c._set_test_hooks()
     c.reset()
     check_call(c, xs, "oneshot_ll")

@@ -70,6 +70,11 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   template <typename T, class Op>
   __device__ bool recvReduce(int n, const PackT<T> (&own)[kSlots], AccT<T> (&out)[kSlots]);
 
+  // Receives lines 0..n-1 from every peer (all loads in flight together) into got[peer][line];
+  // got[own rank] is left untouched. Returns false on fault.
+  template <typename T>
+  __device__ bool recvGather(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
+
   // Sentinel: marks this rank's line i from `peer` empty again (recv* already does this for what
   // it consumed). LL: no-op. resetRange does lines first..first+count-1.
   __device__ void reset(int peer, int i);
@@ -85,6 +90,7 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ Line* ownLine(int src, int i) const;
   __device__ void beforeSend();
   template <typename T> __device__ int poll(int src, int i, PackT<T>& v);
+  template <typename T> __device__ bool pollAll(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
 };
 
 }  // namespace sollat

@@ -134,12 +134,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
   return true;
 }
 
+// Polls lines 0..n-1 of every peer until all are complete, then resets them (sentinel).
 template <class Proto, int kMaxRanks, int kSlots>
-template <typename T, class Op>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
-                                                                                AccT<T> (&out)[kSlots]) {
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, PackT<T> (&got)[kMaxRanks][kSlots]) {
   static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
-  PackT<T> got[kMaxRanks][kSlots];
   unsigned pending = 0;
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
@@ -184,7 +183,25 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(i
         if (p < this->d.nranks && p != this->d.rank && i < n) Proto::reset(ownLine(p, i));
     if (n > 0) this->resetPending = true;
   }
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i < n) this->used |= 1u << i;
+  return true;
+}
 
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvGather(int n,
+                                                                                PackT<T> (&got)[kMaxRanks][kSlots]) {
+  return pollAll<T>(n, got);
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T, class Op>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
+                                                                                AccT<T> (&out)[kSlots]) {
+  PackT<T> got[kMaxRanks][kSlots];
+  if (!pollAll<T>(n, got)) return false;
   // Reduce in rank order 0..nranks-1 (own values in place of the own rank's line).
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
@@ -193,7 +210,6 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(i
 #pragma unroll
     for (int p = 1; p < kMaxRanks; ++p)
       if (p < this->d.nranks) acc_reduce<Op>(out[i], (p == this->d.rank) ? own[i] : got[p][i]);
-    this->used |= 1u << i;
   }
   return true;
 }

@@ -1,0 +1,97 @@
+// Two-shot AllReduce (reduce-scatter + all-gather), push mode, barrier-free, with the LLBuffer API.
+//
+// The message is cut into R line-aligned chunks; rank c owns chunk c. Thread (block, slot, thread)
+// handles chunk-line j of every chunk:
+//   reduce-scatter (buffer 0): send line j of chunk c to rank c, for every c != self; receive line
+//                  j of the own chunk from every peer and reduce in rank order 0..R-1.
+//   all-gather     (buffer 1): bcast the reduced line to every peer and write it; receive line j of
+//                  chunk c from its owner c and write it.
+// Every rank computes the same rank-order sums, so outputs are bitwise identical across ranks.
+// The two phases use separate buffers with their own epochs, so each is its own credit loop
+// (ll_buffer.h): a line of either buffer is written again only after the writer received the
+// next epoch of that buffer's channel from the reader. A thread reads all R input lines before
+// it writes any output, and writes exactly those positions, so in-place calls are safe.
+//
+// Module defines as in allreduce_oneshot.cu. Kernels: twoshot_pg and twoshot_vr.
+#include "sollat/collective.h"
+
+using namespace sollat;
+
+constexpr int kBuffers = 2;
+
+template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) {
+  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef typename Buf::template PackT<T> P;
+  typedef typename Buf::template AccT<T> A;
+  constexpr int kElems = P::kElems;
+
+  const FaultSink fault = make_fault(a.st);
+  const int R = a.st->nranks;
+  const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
+  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
+  Buf rs(make_desc<kMaxRanks>(a, 0, region_bytes), fault, slot0);
+  Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
+
+  const bool in_aligned = is_aligned(in, sizeof(P));
+  const bool out_aligned = is_aligned(out, sizeof(P));
+  // Chunk length in lines (sollat/algorithms.py: lines_per_rank for two-shot).
+  const u64 chunk_lines = ((a.n + R - 1) / R + kElems - 1) / kElems;
+  const u64 chunk_elems = chunk_lines * kElems;
+  const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
+
+  for (u64 base = 0; base < chunk_lines; base += per_iter) {
+    int active = 0;
+    u64 line[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      line[i] = base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x;
+      if (line[i] < chunk_lines) active = i + 1;
+    }
+    if (active == 0) break;
+
+    // Reduce-scatter: push line j of chunk c to its owner c.
+    P mine[kSlots];
+#pragma unroll
+    for (int c = 0; c < kMaxRanks; ++c) {
+      if (c >= R) continue;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (i >= active) continue;
+        P v = load_pack<T, sizeof(P)>(in, c * chunk_elems + line[i] * kElems, a.n, in_aligned);
+        if (c == a.rank) mine[i] = v;
+        else rs.template send<T>(c, i, v);
+      }
+    }
+    A acc[kSlots];
+    if (!rs.template recvReduce<T, Op>(active, mine, acc)) return;
+
+    // All-gather: push the reduced line of the own chunk to every peer, write it, collect the others.
+    P red[kSlots];
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= active) continue;
+      acc_to_pack(acc[i], red[i]);
+      ag.template bcast<T>(i, red[i]);
+      store_pack<T, sizeof(P)>(out, a.rank * chunk_elems + line[i] * kElems, a.n, out_aligned, red[i]);
+    }
+    P got[kMaxRanks][kSlots];
+    if (!ag.template recvGather<T>(active, got)) return;
+#pragma unroll
+    for (int c = 0; c < kMaxRanks; ++c) {
+      if (c >= R || c == a.rank) continue;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) store_pack<T, sizeof(P)>(out, c * chunk_elems + line[i] * kElems, a.n, out_aligned, got[c][i]);
+    }
+    rs.advanceEpoch();
+    ag.advanceEpoch();
+  }
+  rs.commit();
+  ag.commit();
+}
+
+__device__ __forceinline__ void twoshot_body(const CallArgs& a, const SOLLAT_T* in, SOLLAT_T* out) {
+  twoshot<SOLLAT_T, SOLLAT_OP, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS>(a, in, out);
+}
+SOLLAT_DEFINE_ENTRY_POINTS(twoshot, SOLLAT_T, twoshot_body)

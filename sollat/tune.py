@@ -1,0 +1,150 @@
+"""``python -m sollat tune``: measure every algorithm on this machine and write the selection table.
+
+With one GPU it tunes virtual ranks (``--ranks``); under torchrun it tunes the real group and
+also measures NCCL, so the table falls back to NCCL wherever NCCL is faster. Timing is the
+benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls, median).
+The table is written to the user cache (``select.user_table_dir()``), keyed by GPU model, world
+size and driver, where ``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into
+``sollat/tuning/`` to ship it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from . import select
+from .select import NCCL, Rule, Table
+
+DEFAULT_SIZES = [1 << k for k in range(7, 25)]  # 128 B .. 16 MiB
+
+
+def rules_from_winners(winners: list[tuple[int, str]]) -> tuple[Rule, ...]:
+    """Merge per-size winners (sorted by size) into rules: each run of one winner is one rule
+    ending at the largest size it won. A run that ends in NCCL stays NCCL up to its end."""
+    rules: list[Rule] = []
+    for nbytes, algo in sorted(winners):
+        if rules and rules[-1].algorithm == algo:
+            rules[-1] = Rule(nbytes, algo)
+        else:
+            rules.append(Rule(nbytes, algo))
+    return tuple(rules)
+
+
+def table_path(gpu: str, world_size: int, driver: str, root: Path | None = None) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
+    return (root or select.user_table_dir()) / f"{slug}-ws{world_size}-driver{driver}.json"
+
+
+def driver_version() -> str:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except Exception:
+        return "unknown"
+
+
+def measure(run: Callable[[str, int, torch.dtype], float], algos: list[str], sizes: list[int],
+            dtype: torch.dtype) -> list[tuple[int, str, dict[str, float]]]:
+    out = []
+    for nbytes in sizes:
+        times = {a: run(a, nbytes, dtype) for a in algos}
+        best = min(times, key=lambda a: times[a])
+        out.append((nbytes, best, times))
+        cells = "  ".join(f"{a}={t:.2f}" for a, t in times.items())
+        print(f"{nbytes:>10} B  best {best:<18} {cells}", flush=True)
+    return out
+
+
+def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str]:
+    from . import VirtualCommunicator
+    from .bench.timing import time_calls
+
+    comm = VirtualCommunicator(ranks)
+    dev = comm.device
+
+    def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
+        n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+        sets = [[torch.randn(n, device=dev).to(dtype) for _ in range(ranks)] for _ in range(4)]
+        outs = [[torch.empty_like(x) for x in s] for s in sets]
+        t = time_calls(lambda i: comm.all_reduce(sets[i % 4], algo=algo, out=outs[i % 4]), calls=50, replays=15,
+                       device=dev)
+        comm.check()
+        return t.stats.median
+
+    return run, list(comm.algorithms), comm.gpu_name
+
+
+def _distributed_runner() -> tuple[Callable[[str, int, torch.dtype], float], list[str], str]:
+    import torch.distributed as dist
+
+    from . import Communicator
+    from .bench.timing import time_calls
+
+    if not dist.is_initialized():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    comm = Communicator()
+    dev = comm.device
+
+    def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
+        n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
+        xs = [torch.randn(n, device=dev).to(dtype) for _ in range(4)]
+        outs = [torch.empty_like(x) for x in xs]
+        if algo == NCCL:
+            def call(i: int) -> None:
+                dist.all_reduce(outs[i % 4])
+        else:
+            def call(i: int) -> None:
+                comm.all_reduce(xs[i % 4], algo=algo, out=outs[i % 4])
+        t = time_calls(call, calls=50, replays=15, device=dev, sync=dist.barrier)
+        worst = torch.tensor([t.stats.median], device=dev)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # a collective is done when its last rank is
+        return float(worst.item())
+
+    return run, [*comm.algorithms, NCCL], comm.gpu_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sollat tune", description=__doc__)
+    p.add_argument("--ranks", type=int, default=4, help="virtual ranks when not under torchrun (default 4)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--sizes", default=None, help="comma-separated byte sizes (default 128 B .. 16 MiB, x2)")
+    p.add_argument("--out", default=None, help="directory to write the table to (default: user cache)")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("sollat tune: no CUDA GPU is visible; nothing to measure. The built-in tables are in "
+              f"{select.TUNING_DIR}.")
+        return 0
+    distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
+    dtype = getattr(torch, a.dtype)
+    run, algos, gpu = _distributed_runner() if distributed else _virtual_runner(a.ranks)
+    ranks = int(os.environ["WORLD_SIZE"]) if distributed else a.ranks
+    results = measure(run, algos, sizes, dtype)
+    rules = rules_from_winners([(nb, best) for nb, best, _ in results])
+    driver = driver_version()
+    how = (f"{ranks} GPUs under torchrun, NCCL included" if distributed else
+           f"{ranks} virtual ranks on one GPU (they share its SMs and L2: this does not predict NVLink)")
+    table = Table(gpu, ranks, rules,
+                  note=f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}")
+    if distributed and int(os.environ["RANK"]) != 0:
+        return 0
+    path = table_path(gpu, ranks, driver, Path(a.out) if a.out else None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(table.to_json() + "\n")
+    print(f"sollat tune: wrote {path}")
+    print(json.dumps([{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in rules]))
+    return 0
+
+
+__all__ = ["NCCL", "main", "rules_from_winners", "table_path"]

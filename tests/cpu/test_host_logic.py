@@ -1,0 +1,131 @@
+"""Host-side checks of the communicators without a GPU (objects built with __new__, fields set by hand)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import sollat
+from sollat import algorithms, communicator
+from sollat.communicator import VirtualCommunicator
+
+
+def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
+    c = VirtualCommunicator.__new__(VirtualCommunicator)
+    c.world_size = world_size
+    c.device = torch.device("cuda", 0)
+    c._algos = tuple(algorithms.ALGORITHMS)
+    c._faulted = False
+    c.gpu_name = "Fake GPU"
+    c.timeout_s = 1.0
+    return c
+
+
+def test_cpu_tensor_wrong_op_dtype_size() -> None:
+    c = fake_virtual()
+    x = torch.ones(4)
+    with pytest.raises(sollat.UnsupportedError, match="CUDA tensors"):
+        c._check_common(x, "sum", "tensors[0]")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        c._check_common([1, 2], "sum", "tensors[0]")  # type: ignore[arg-type]
+
+
+def test_list_length_is_checked() -> None:
+    c = fake_virtual(4)
+    with pytest.raises(sollat.UnsupportedError, match="needs a list of 4 tensors, got 3 tensors"):
+        c._all_reduce_impl([torch.ones(2)] * 3, "sum", "auto", None, False)
+    with pytest.raises(sollat.UnsupportedError, match="single tensor"):
+        c._all_reduce_impl(torch.ones(2), "sum", "auto", None, False)
+
+
+def test_algorithm_resolution_errors() -> None:
+    c = fake_virtual()
+    with pytest.raises(sollat.UnsupportedError, match="unknown algorithm 'ring'"):
+        c._resolve("ring", 64, torch.float32, "sum", False)
+    with pytest.raises(sollat.UnsupportedError, match="needs a process group"):
+        c._resolve("nccl", 64, torch.float32, "sum", False)
+    c._algos = ("oneshot_ll",)
+    with pytest.raises(sollat.UnsupportedError, match="not enabled"):
+        c._resolve("oneshot_sentinel", 64, torch.float32, "sum", False)
+    assert c._resolve("oneshot_ll", 64, torch.float32, "sum", True) == "oneshot_ll"
+
+
+def test_impossible_requests_are_clear_errors() -> None:
+    alg = algorithms.get("oneshot_ll")
+    with pytest.raises(sollat.UnsupportedError, match="does not support dtype torch.int32"):
+        alg.check(torch.int32, "sum")
+    with pytest.raises(sollat.UnsupportedError, match="does not support op 'prod'"):
+        alg.check(torch.float32, "prod")
+    with pytest.raises(sollat.UnsupportedError, match="at most 8 ranks"):
+        algorithms.max_ranks_template(9)
+
+
+def test_auto_uses_the_table() -> None:
+    c = fake_virtual(4)
+    assert c.selected_algorithm(128, torch.bfloat16) in c.algorithms
+    assert c.selected_algorithm(10 << 30, torch.bfloat16) in c.algorithms  # no NCCL with virtual ranks
+
+
+def test_device_fault_records_become_exceptions() -> None:
+    c = fake_virtual()
+    c._raise_if_faulted(np.zeros(8, dtype=np.int32))
+    rec = np.array([1, 0, 2, 3, 4, 5, 6, 0], dtype=np.int32)
+    with pytest.raises(sollat.PeerTimeoutError, match="peer 2 did not deliver") as ei:
+        c._raise_if_faulted(rec)
+    assert (ei.value.rank, ei.value.peer, ei.value.slot, ei.value.epoch) == (0, 2, 5, 6)
+    assert c._faulted
+    with pytest.raises(sollat.CommunicatorFaultedError, match="reset"):
+        c._guard()
+    rec = np.array([2, 1, 3, 0, 0, 0, 0, 0x1235], dtype=np.int32)
+    with pytest.raises(sollat.CallMismatchError, match="peer 3 called all_reduce with different arguments"):
+        c._raise_if_faulted(rec)
+
+
+def test_signatures_are_odd_and_distinguish_calls() -> None:
+    from sollat.dtypes import DTYPES
+
+    a, b = algorithms.get("oneshot_ll"), algorithms.get("oneshot_sentinel")
+    f32, bf = DTYPES[torch.float32], DTYPES[torch.bfloat16]
+    sigs = {algorithms.signature(alg, dt, op, n) for alg in (a, b) for dt in (f32, bf) for op in ("sum", "max")
+            for n in (1, 2, 1000)}
+    assert len(sigs) == 24 and all(s & 1 for s in sigs)
+
+
+def test_state_block_layout_matches_header() -> None:
+    import re
+    import struct
+
+    from sollat import build
+
+    text = (build.INCLUDE_DIR / "sollat" / "collective.h").read_text()
+    body = text.split("struct CommState {")[1].split("};")[0]
+    fields = re.findall(r"^\s*(u64|int)\s+(\w+)(\[kMaxWorld\])?;", body, re.M)
+    size = sum((8 if t == "u64" else 4) * (8 if arr else 1) for t, _, arr in fields)
+    assert size == struct.calcsize(communicator._STATE_FMT)
+
+
+def test_virtual_communicator_without_gpu_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(sollat.UnsupportedError, match="no CUDA device"):
+        VirtualCommunicator(2)
+
+
+def test_communicator_needs_torch_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists")
+    with pytest.raises(sollat.UnsupportedError, match="init_process_group"):
+        sollat.Communicator()
+
+
+def test_custom_ops_are_registered() -> None:
+    assert hasattr(torch.ops.sollat, "all_reduce") and hasattr(torch.ops.sollat, "all_reduce_virtual")
+    x = torch.ones(3)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fx = torch.empty(3)
+        y = torch.ops.sollat.all_reduce(fx, 1, "sum", "auto", False)
+        assert y.shape == x.shape

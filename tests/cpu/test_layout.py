@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sollat import build, layout
+from sollat.algorithms import ALGORITHMS
+
+
+def _header_int(name: str) -> int:
+    text = (build.INCLUDE_DIR / "sollat" / "impl" / "ll_buffer__types.h").read_text()
+    m = re.search(rf"constexpr int {name} = (\d+);", text)
+    assert m, name
+    return int(m.group(1))
+
+
+def test_header_constants_match_layout() -> None:
+    assert _header_int("kMaxThreads") == layout.MAX_THREADS
+    assert _header_int("kMaxSlotsPerThread") == layout.MAX_SLOTS
+
+
+@pytest.mark.parametrize("lines", [1, 2, 31, 32, 33, 511, 512, 513, 4096, 8191, 65536, 10**6, 10**7])
+@pytest.mark.parametrize("max_blocks", [1, 4, 16])
+@pytest.mark.parametrize("max_slots", [1, 2, 4])
+def test_plan_covers_every_line(lines: int, max_blocks: int, max_slots: int) -> None:
+    g = layout.plan(lines, max_blocks=max_blocks, max_slots=max_slots)
+    assert 1 <= g.blocks <= max_blocks
+    assert g.threads % 32 == 0 and g.threads <= layout.MAX_THREADS
+    assert g.slots <= max_slots
+    assert g.lines_per_iteration * g.iterations >= lines
+    assert g.lines_per_iteration * (g.iterations - 1) < lines  # no empty iteration
+
+
+def test_slot_indices_are_unique_and_fit() -> None:
+    max_blocks = 16
+    seen = set()
+    for b in range(max_blocks):
+        for i in range(layout.MAX_SLOTS):
+            for t in (0, 1, 255, 511):
+                s = layout.slot_index(b, i, t)
+                assert s not in seen
+                assert 0 <= s < layout.lines_per_src(max_blocks)
+                seen.add(s)
+
+
+def test_line_index_regions_do_not_overlap() -> None:
+    nranks, lps = 4, layout.lines_per_src(2)
+    lines = {layout.line_index(p, src, s, nranks=nranks, lines_per_src=lps)
+             for p in (0, 1) for src in range(nranks) for s in (0, lps - 1)}
+    assert len(lines) == 2 * nranks * 2
+    assert max(lines) < 2 * nranks * lps
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+@pytest.mark.parametrize("nranks", [2, 3, 4, 8])
+def test_scratch_sizing(name: str, nranks: int) -> None:
+    alg = ALGORITHMS[name]
+    per_region = 2 * nranks * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS * layout.LINE_BYTES
+    assert alg.scratch_bytes(nranks) == alg.buffers * per_region
+    assert alg.epoch_words() == alg.buffers * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS
