@@ -31,6 +31,8 @@ class Algorithm:
     ops: frozenset[str] = frozenset(OPS)
     # (max ranks template, slots) instantiations that compile without register spills
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
+    # LL128 atomic: a warp-unit of 512 B of scratch carries this many user bytes (0: line-based)
+    unit_user_bytes: int = 0
     doc: str = ""
 
     @property
@@ -42,9 +44,10 @@ class Algorithm:
 
     def lines_per_rank(self, n: int, dt: DType, nranks: int) -> int:
         """Lines each thread-grid of one rank walks: the message (one-shot) or one chunk (two-shot)."""
-        per = self.elems_per_line(dt)
         count = layout.ceil_div(n, nranks) if self.two_shot else n
-        return layout.ceil_div(count, per)
+        if self.unit_user_bytes:  # one lane per 16 B of a warp-unit: 32 lanes per unit
+            return layout.WARP * layout.ceil_div(count, self.unit_user_bytes // dt.size)
+        return layout.ceil_div(count, self.elems_per_line(dt))
 
     def max_slots(self, max_ranks: int) -> int:
         return max(s for r, s in self.slot_choices if r == max_ranks)
@@ -76,6 +79,11 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("twoshot_sentinel", "allreduce_twoshot.cu", "twoshot", "sentinel", 2, 16, True, True,
                   slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather), sentinel protocol in both phases"),
+        Algorithm("ll128", "allreduce_ll128.cu", "ll128", "ll", 2, 16, False, True,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (4, 1), (8, 1)), unit_user_bytes=496,
+                  doc="two-shot LL128 atomic: 128 B line atomic adds with a counter element, LL all-gather; "
+                      "not deterministic, fp32 atomics flush denormals"),
     )
 }
 
@@ -87,7 +95,8 @@ def max_ranks_template(nranks: int) -> int:
     raise UnsupportedError(f"sollat supports at most {layout.MAX_RANKS} ranks, got {nranks}")
 
 
-def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool) -> dict[str, str]:
+def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
+                   split_counter: bool = True) -> dict[str, str]:
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_OP": {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op],
@@ -95,6 +104,10 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
     }
+    if alg.unit_user_bytes:
+        # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
+        # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).
+        d["SOLLAT_LL128_SPLIT"] = "1" if split_counter else "0"
     if test_hooks:
         d["SOLLAT_TEST_HOOKS"] = "1"
     return d

@@ -158,9 +158,13 @@ class _CommBase:
         self._faulted = True
         rank, peer, block, thread, slot, epoch, seen = (int(x) for x in rec[1:8])
         where = f"(rank {rank} waited for peer {peer}; block {block}, thread {thread}, slot {slot}, epoch {epoch})"
+        who = f"peer {peer}" if peer >= 0 else "some peer (an LL128 line counter did not reach the world size)"
+        if code == 2 and peer < 0:
+            raise SollatError(f"sollat all_reduce: an LL128 line counter overshot the world size (0x{seen & 0xFFFFFFFF:08x}) "
+                              f"{where}; a peer called with different arguments. Call reset() on every rank.")
         if code == 1:
             raise PeerTimeoutError(
-                f"sollat all_reduce: peer {peer} did not deliver its data within {self.timeout_s:g} s {where}. "
+                f"sollat all_reduce: {who} did not deliver its data within {self.timeout_s:g} s {where}. "
                 "Did every rank call all_reduce with the same arguments? Call reset() on every rank before reuse.",
                 rank=rank, peer=peer, slot=slot, epoch=epoch)
         if code == 2:
@@ -209,7 +213,8 @@ class _CommBase:
         max_blocks = alg.max_blocks
         while True:
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
-            defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks)
+            defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
+                                                split_counter=self._entry == "vr")
             defines.update(self._extra_defines)
             kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
             per_sm = self._blocks_per_sm(kernel, geo.threads)

@@ -17,11 +17,12 @@ def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
             dt = DTYPES[dtype]
             for op in sorted(alg.ops):
                 for rmax, slots in alg.slot_choices:
-                    d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False)
-                    key = (alg.kernel_file, tuple(sorted(d.items())))
-                    if key not in seen:
-                        seen.add(key)
-                        yield alg.kernel_file, d
+                    for split in (True, False):
+                        d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False, split_counter=split)
+                        key = (alg.kernel_file, tuple(sorted(d.items())))
+                        if key not in seen:
+                            seen.add(key)
+                            yield alg.kernel_file, d
 
 
 def _compile_one(args: tuple[str, dict[str, str], str]) -> str:

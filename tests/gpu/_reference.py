@@ -42,3 +42,23 @@ def assert_bitwise(out: torch.Tensor, ref: torch.Tensor, what: str) -> None:
 
 def random_inputs(r: int, n: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> list[torch.Tensor]:
     return [torch.randn(n, device=device, dtype=torch.float32, generator=gen).to(dtype) for _ in range(r)]
+
+
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float64: 2.0**-53}
+
+
+def assert_within_sum_bound(out: torch.Tensor, xs: list[torch.Tensor], what: str) -> None:
+    """Non-deterministic sums (LL128 atomic): the standard recursive-summation bound
+    |y - sum| <= (R-1) u sum|x_i|  (accumulation in the dtype itself, any order), plus R times the
+    smallest normal for fp32 vector atomics flushing denormals to zero. NaN never passes."""
+    r = len(xs)
+    x64 = torch.stack([x.double() for x in xs])
+    exact = x64.sum(0)
+    bound = (r - 1) * UNIT_ROUNDOFF[out.dtype] * x64.abs().sum(0) + (r + 1) * torch.finfo(out.dtype).tiny
+    err = (out.double() - exact).abs()
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise AssertionError(f"{what}: {int(bad.sum())} elements outside the summation bound; first at {i}: "
+                             f"got {out.flatten()[i].item()!r}, exact {exact.flatten()[i].item()!r}, "
+                             f"bound {bound.flatten()[i].item():.3g}")

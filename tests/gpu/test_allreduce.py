@@ -15,12 +15,16 @@ import sollat
 from sollat import layout
 from sollat.algorithms import ALGORITHMS
 
-from ._reference import assert_bitwise, random_inputs, rank_order_reduce
+from ._reference import assert_bitwise, assert_within_sum_bound, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+def dtypes_of(algo: str) -> list[torch.dtype]:
+    return [d for d in DTYPES if d in ALGORITHMS[algo].dtypes]
 DETERMINISTIC = [a for a, alg in ALGORITHMS.items() if alg.deterministic]
 _comms: dict[int, sollat.VirtualCommunicator] = {}
 
@@ -37,9 +41,21 @@ def check_call(c: sollat.VirtualCommunicator, xs: list[torch.Tensor], algo: str,
         for o in outs:
             o.fill_(float("nan"))
     ys = c.all_reduce(xs, op=op, algo=algo, out=outs)
-    ref = rank_order_reduce(xs, op)
-    for r, y in enumerate(ys):
-        assert_bitwise(y, ref, f"{algo} R={c.world_size} {xs[0].dtype} n={xs[0].numel()} {op} rank {r}")
+    check_result(ys, xs, algo, op)
+
+
+def check_result(ys: list[torch.Tensor], xs: list[torch.Tensor], algo: str, op: str = "sum", what: str = "") -> None:
+    """Bitwise against the rank-order reference for deterministic algorithms; the summation bound
+    against a float64 sum (and identical results on every rank) otherwise."""
+    tag = f"{what}{algo} R={len(xs)} {xs[0].dtype} n={xs[0].numel()} {op}"
+    if ALGORITHMS[algo].deterministic:
+        ref = rank_order_reduce(xs, op)
+        for r, y in enumerate(ys):
+            assert_bitwise(y, ref, f"{tag} rank {r}")
+    else:
+        for r, y in enumerate(ys):
+            assert_within_sum_bound(y, xs, f"{tag} rank {r}")
+            assert_bitwise(y, ys[0], f"{tag}: rank {r} differs from rank 0")
 
 
 def _sizes_for(algo: str, r: int, dtype: torch.dtype) -> list[int]:
@@ -55,12 +71,16 @@ def _sizes_for(algo: str, r: int, dtype: torch.dtype) -> list[int]:
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sum_sizes(r: int, algo: str, dtype: torch.dtype) -> None:
+    if dtype not in ALGORITHMS[algo].dtypes:
+        with pytest.raises(sollat.UnsupportedError, match="does not support dtype"):
+            comm(r).all_reduce(random_inputs(r, 8, dtype, DEV, torch.Generator(device=DEV)), algo=algo)
+        return
     c = comm(r)
     gen = torch.Generator(device=DEV).manual_seed(hash((r, algo, str(dtype))) % 2**31)
     for n in _sizes_for(algo, r, dtype):
         xs = random_inputs(r, n, dtype, DEV, gen)
         outs = [torch.empty_like(x) for x in xs]
-        check_call(c, xs, algo, "sum", outs) if ALGORITHMS[algo].deterministic else c.all_reduce(xs, algo=algo)
+        check_call(c, xs, algo, "sum", outs)
 
 
 @pytest.mark.parametrize("r", [2, 8])
@@ -111,16 +131,14 @@ def test_misaligned_views_and_non_contiguous(algo: str) -> None:
         xs = [b[off:off + n] for b in bufs]
         obufs = [torch.full((n + 8,), float("nan"), dtype=dtype, device=DEV) for _ in range(r)]
         outs = [o[off + 1:off + 1 + n] for o in obufs]
-        if ALGORITHMS[algo].deterministic:
-            check_call(c, xs, algo, "sum", outs)
-            for o in obufs:  # nothing outside the view was written
-                assert torch.isnan(o[:off + 1]).all() and torch.isnan(o[off + 1 + n:]).all()
+        check_call(c, xs, algo, "sum", outs)
+        for o in obufs:  # nothing outside the view was written
+            assert torch.isnan(o[:off + 1]).all() and torch.isnan(o[off + 1 + n:]).all()
     # non-contiguous inputs are handled (copied); shapes are kept
     xs = [torch.randn(64, 33, device=DEV, generator=gen).t() for _ in range(r)]
     ys = c.all_reduce(xs, algo=algo)
     assert ys[0].shape == (33, 64)
-    if ALGORITHMS[algo].deterministic:
-        assert_bitwise(ys[0], rank_order_reduce([x.contiguous() for x in xs], "sum"), "non-contiguous")
+    check_result(ys, [x.contiguous() for x in xs], algo, what="non-contiguous ")
 
 
 @pytest.mark.parametrize("r", [2, 4, 8])
@@ -150,19 +168,16 @@ def test_back_to_back_eager_varying(r: int) -> None:
         dtype = (torch.float32, torch.bfloat16)[k % 2]
         xs = random_inputs(r, n, dtype, DEV, gen)
         ys = c.all_reduce(xs, algo=algo)
-        ref = rank_order_reduce(xs, "sum")
+        kept = [x.clone() for x in xs]
         for x in xs:  # overwrite inputs immediately: the call must not read them later
             x.fill_(float("nan"))
-        if ALGORITHMS[algo].deterministic:
-            pending.append((ys, ref, algo, n))
+        pending.append((ys, kept, algo))
         if len(pending) >= 64:
-            for ys_, ref_, a, nn in pending:
-                for y in ys_:
-                    assert_bitwise(y, ref_, f"eager call {k} {a} n={nn}")
+            for ys_, xs_, a in pending:
+                check_result(ys_, xs_, a, what=f"eager call {k} ")
             pending.clear()
-    for ys_, ref_, a, nn in pending:
-        for y in ys_:
-            assert_bitwise(y, ref_, f"eager {a} n={nn}")
+    for ys_, xs_, a in pending:
+        check_result(ys_, xs_, a, what="eager ")
     c.check()
 
 
@@ -197,10 +212,7 @@ def test_cuda_graph_many_calls(r: int) -> None:
         g.replay()
         torch.cuda.synchronize()
         for k, (algo, xs, outs) in enumerate(calls):
-            if ALGORITHMS[algo].deterministic:
-                ref = rank_order_reduce(xs, "sum")
-                for o in outs:
-                    assert_bitwise(o, ref, f"graph call {k} {algo} n={xs[0].numel()}")
+            check_result(outs, xs, algo, what=f"graph call {k} ")
     c.check()
 
 
@@ -214,7 +226,8 @@ def test_timeout_names_the_peer_and_gpu_recovers() -> None:
         c.all_reduce(xs, algo=algo)
         with pytest.raises(sollat.PeerTimeoutError) as ei:
             c.check()
-        assert ei.value.peer == 2 and "peer 2" in str(ei.value)
+        # LL128 may time out on a line counter, which cannot name the missing rank
+        assert ei.value.peer == 2 or (algo == "ll128" and ei.value.peer == -1), str(ei.value)
         with pytest.raises(sollat.CommunicatorFaultedError):
             c.all_reduce(xs, algo=algo)
         c._set_test_hooks()

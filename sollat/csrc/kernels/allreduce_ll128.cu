@@ -1,0 +1,205 @@
+// Two-shot LL128 atomic AllReduce (fp32, bf16, fp16; sum only). Not deterministic: float atomics
+// land in any order; vector f32 atomics flush denormals to zero; 16-bit types accumulate in their
+// own precision (packed-pair atomics), not in fp32.
+//
+// Line protocol (lanes, counter, displaced elements, ordering): sollat/ll128.h.
+//
+// The message is cut into R chunks of whole warp-units (Traits<T>::kUnitElems user elements, 124
+// fp32 or 248 16-bit); rank c owns chunk c. Warp w (global warp id over the grid) handles unit j
+// = w, w + nwarps, ... of every chunk, one epoch per iteration:
+//   reduce-scatter (buffer 0, accumulator): for every chunk c (own included) each lane adds its
+//       16 B into owner c's accumulator line with one vector red (counter 1 in element 0 of lanes
+//       0/8/16/24, the displaced elements in lane 31). The owner polls its 4 counters until they
+//       read R, reads the lines, restores the displaced elements, zeroes the lines, fences.
+//   all-gather (buffer 1, LL): lanes 0..30 bcast their reduced 16 B as two LL lines (kSlots = 2)
+//       to every peer and write them; then receive the other chunks' unit j and write them.
+//
+// Buffer 0 layout (each rank's scratch, region 0): 16-byte line index
+//       (parity * nranks + 0) * lines_per_src + blockIdx.x * kMaxThreads + threadIdx.x
+//   i.e. the source-0 part of an LL region; a warp's unit is 32 consecutive 16-byte lines (512 B,
+//   512-byte aligned if the region is). Zero at rest (the host zero-fills it once).
+//   Epochs: buffer 0's epoch array, index blockIdx.x * kMaxThreads + threadIdx.x (all lanes of a
+//   warp hold the same value); parity = epoch & 1.
+// Buffer 1: a regular LLBuffer<ProtoLL, R, 2> region.
+// Both regions are 2 * nranks * lines_per_src * 16 bytes; lines_per_src >= max_blocks * 2048.
+//
+// Launch: blockDim.x a multiple of 32 (<= 512); any grid. All co-resident for _vr (as two-shot).
+// In-place safe: a warp reads its R input units before writing exactly those positions.
+//
+// Module defines: SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_OP (OpSum only),
+// SOLLAT_PROTO (ProtoLL), SOLLAT_MAX_RANKS, SOLLAT_SLOTS (1, unused), SOLLAT_LL128_SPLIT (0/1).
+// Kernels: ll128_pg and ll128_vr.
+#include "sollat/collective.h"
+#include "sollat/ll128.h"
+
+using namespace sollat;
+
+constexpr int kBuffers = 2;
+
+// load_pack/store_pack (collective.h) with the element-wise path (tails, misaligned views) kept
+// out of line: it is rare, and inlined R times over it costs registers the fast path needs.
+template <typename T>
+__device__ __noinline__ Pack<T, 16> load16_slow(const T* p, u64 e0, u64 n) {
+  return load_pack<T, 16>(p, e0, n, false);
+}
+template <typename T>
+__device__ __noinline__ void store16_slow(T* p, u64 e0, u64 n, Pack<T, 16> v) {
+  store_pack<T, 16>(p, e0, n, false, v);
+}
+template <typename T>
+__device__ __forceinline__ Pack<T, 16> load16(const T* p, u64 e0, u64 n, bool aligned) {
+  if (aligned && e0 + Pack<T, 16>::kElems <= n) return *reinterpret_cast<const Pack<T, 16>*>(p + e0);
+  return load16_slow<T>(p, e0, n);
+}
+template <typename T>
+__device__ __forceinline__ void store16(T* p, u64 e0, u64 n, bool aligned, const Pack<T, 16>& v) {
+  if (aligned && e0 + Pack<T, 16>::kElems <= n) *reinterpret_cast<Pack<T, 16>*>(p + e0) = v;
+  else store16_slow<T>(p, e0, n, v);
+}
+
+template <typename T, int kMaxRanks, bool kSplit>
+__device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, T* out) {
+  typedef LLBuffer<ProtoLL, kMaxRanks, 2> AG;
+  typedef Pack<T, 16> P;
+  typedef Pack<T, 8> H;
+  typedef ll128::W4 W4;
+  typedef ll128::CounterBits<T> CB;
+  constexpr int E = P::kElems;
+  constexpr int UE = ll128::Traits<T>::kUnitElems;
+  constexpr unsigned kFull = 0xFFFFFFFFu;
+  T* const tag = nullptr;  // overload selector for the ll128:: helpers
+
+  const FaultSink fault = make_fault(a.st);
+  const int R = a.st->nranks;
+  const u64 lps = (u64)a.lines_per_src;
+  const u64 region_bytes = 2ull * R * lps * sizeof(Line);
+  const int lane = threadIdx.x & 31;
+  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
+  AG ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
+
+  const BufferDesc<kMaxRanks> acc = make_desc<kMaxRanks>(a, 0, region_bytes);
+  const int acc_slot = blockIdx.x * kMaxThreads + threadIdx.x;
+  Line* const own_acc = select_base(acc, a.rank);
+  u32 epoch = acc.epochs[acc_slot];
+
+  const bool in_aligned = is_aligned(in, sizeof(P));
+  const bool out_aligned = is_aligned(out, sizeof(P));
+  const u64 units = ((a.n + R - 1) / R + UE - 1) / UE;  // warp-units per chunk
+  const u64 chunk_elems = units * UE;
+  const int warps_per_block = blockDim.x >> 5;
+  const u64 nwarps = (u64)gridDim.x * warps_per_block;
+  const bool ctr_lane = (lane & (ll128::kLanesPerLine - 1)) == 0;
+  const bool disp_lane = lane == ll128::kDisplacedLane;
+  const int line_k = lane >> 3;
+
+  for (u64 j = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5); j < units; j += nwarps) {
+    const u64 loff = (u64)(epoch & 1) * R * lps + acc_slot;  // this lane's 16 B in any owner
+    const u64 lane_e = j * UE + (u64)lane * E;                // element offset inside a chunk
+
+    // ---- reduce-scatter: one vector add per chunk into its owner's line -------------------
+#pragma unroll
+    for (int c = 0; c < kMaxRanks; ++c) {
+      if (c >= R) continue;
+      P v;
+      if (!disp_lane) v = load16<T>(in, c * chunk_elems + lane_e, a.n, in_aligned);
+      else memset(&v, 0, sizeof(v));
+      W4 w = bit_cast<W4>(v);
+      const u32 x0 = w.w[0] & CB::kMask;  // element 0 (displaced on lanes 8k)
+      const u32 d0 = __shfl_sync(kFull, x0, 0), d1 = __shfl_sync(kFull, x0, 8);
+      const u32 d2 = __shfl_sync(kFull, x0, 16), d3 = __shfl_sync(kFull, x0, 24);
+      if (disp_lane) {
+        if (sizeof(T) == 4) { w.w[0] = d0; w.w[1] = d1; w.w[2] = d2; w.w[3] = d3; }
+        else { w.w[0] = d0 | (d1 << 16); w.w[1] = d2 | (d3 << 16); w.w[2] = 0; w.w[3] = 0; }
+      } else if (ctr_lane) {
+        w.w[0] = (w.w[0] & ~CB::kMask) | (kSplit ? 0u : CB::kOne);
+      }
+      ll128::red_add_v4(tag, select_base(acc, c) + loff, w);
+    }
+    if (kSplit) {
+      __syncwarp();
+      fence_acq_rel_gpu();
+      if (ctr_lane) {
+#pragma unroll
+        for (int c = 0; c < kMaxRanks; ++c)
+          if (c < R) ll128::red_add_counter(tag, select_base(acc, c) + loff);
+      }
+    }
+
+    // ---- owner: wait for R on the 4 counters (each lane polls its line's counter) ---------
+    Line* const my = own_acc + loff;
+    {
+      const u32* ctr = (const u32*)(own_acc + (loff & ~(u64)(ll128::kLanesPerLine - 1)));
+      Spin spin(fault);
+      for (;;) {
+        const u32 cw = ld_volatile_u32(ctr);
+        const float cv = ll128::counter_value(tag, cw);
+        const bool done = cv == (float)R;
+        if (__all_sync(kFull, done)) break;
+        const bool over = cv > (float)R;  // some rank added twice: a call mismatch
+        if (__any_sync(kFull, over)) {
+          if (over) fault.raise(kMismatch, a.rank, -1, acc_slot, epoch, cw);
+          return;
+        }
+        const bool go = spin.again(a.rank, -1, acc_slot, epoch);
+        if (!__all_sync(kFull, go)) return;
+      }
+    }
+    if (kSplit) fence_acq_rel_gpu();
+    W4 r = bit_cast<W4>(ld_volatile_line(my));
+    // Restore element 0 of lanes 8k from lane 31's element k.
+    {
+      const u32 s0 = __shfl_sync(kFull, r.w[0], ll128::kDisplacedLane);
+      const u32 s1 = __shfl_sync(kFull, r.w[1], ll128::kDisplacedLane);
+      u32 x;
+      if (sizeof(T) == 4) {
+        const u32 s2 = __shfl_sync(kFull, r.w[2], ll128::kDisplacedLane);
+        const u32 s3 = __shfl_sync(kFull, r.w[3], ll128::kDisplacedLane);
+        x = line_k == 0 ? s0 : line_k == 1 ? s1 : line_k == 2 ? s2 : s3;
+      } else {
+        const u32 s = (line_k < 2) ? s0 : s1;
+        x = (line_k & 1) ? (s >> 16) : (s & 0xFFFFu);
+      }
+      if (ctr_lane) r.w[0] = (r.w[0] & ~CB::kMask) | x;
+    }
+    // Zero the line for its next use; the fence orders it before the all-gather sends below.
+    st_volatile_line(my, 0, 0);
+    fence_acq_rel_gpu();
+
+    // ---- all-gather: own unit to every peer (LL, two lines per lane), write, collect -------
+    const P red = bit_cast<P>(r);
+    if (!disp_lane) {
+      const Line rl = bit_cast<Line>(r);
+      ag.template bcast<T>(0, bit_cast<H>(rl.lo));
+      ag.template bcast<T>(1, bit_cast<H>(rl.hi));
+      store16<T>(out, a.rank * chunk_elems + lane_e, a.n, out_aligned, red);
+    }
+    H got[kMaxRanks][2];
+    bool ok = true;
+    if (!disp_lane) ok = ag.template recvGather<T>(2, got);
+    if (!__all_sync(kFull, ok)) return;
+    if (!disp_lane) {
+#pragma unroll
+      for (int c = 0; c < kMaxRanks; ++c) {
+        if (c >= R || c == a.rank) continue;
+        Line l;
+        l.lo = bit_cast<u64>(got[c][0]);
+        l.hi = bit_cast<u64>(got[c][1]);
+        store16<T>(out, c * chunk_elems + lane_e, a.n, out_aligned, bit_cast<P>(l));
+      }
+    }
+    ag.advanceEpoch();
+    epoch += 1;
+  }
+  acc.epochs[acc_slot] = epoch;
+  ag.commit();
+}
+
+template <class Op> struct IsSum { static constexpr bool value = false; };
+template <> struct IsSum<OpSum> { static constexpr bool value = true; };
+
+__device__ __forceinline__ void ll128_body(const CallArgs& a, const SOLLAT_T* in, SOLLAT_T* out) {
+  static_assert(sizeof(SOLLAT_T) == 4 || sizeof(SOLLAT_T) == 2, "LL128 atomic: fp32, bf16, fp16 only");
+  static_assert(IsSum<SOLLAT_OP>::value, "LL128 atomic: sum only");
+  ll128_allreduce<SOLLAT_T, SOLLAT_MAX_RANKS, SOLLAT_LL128_SPLIT != 0>(a, in, out);
+}
+SOLLAT_DEFINE_ENTRY_POINTS(ll128, SOLLAT_T, ll128_body)
