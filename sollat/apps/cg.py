@@ -1,0 +1,405 @@
+"""Distributed conjugate gradients on the 3-D Poisson equation, with NCCL or sollat dot products.
+
+    torchrun --nproc-per-node 4 -m sollat.apps.cg --n 256 --backends nccl,sollat
+    python -m sollat.apps.cg --virtual-ranks 4 --n 64 --check-single-rank
+
+Every iteration has two AllReduces of ``nrhs`` numbers (8 to 64 bytes in fp64 for 1 to 8 systems) on
+its critical path. Each backend solves the same problem from the same start; the report gives the
+time to solution, the time per iteration, and how the residual histories of the backends compare.
+See docs/apps.md and :mod:`sollat.apps.poisson` for the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .backends import AllReduceBackend, BackendSpec, make_backend, parse_backend_list
+from .poisson import DistHalo, PoissonCG, VirtualHalo
+
+DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
+
+# Largest accepted relative difference between two residual histories at the same iteration.
+# Measured between 1, 2, 3 and 4 ranks on the CPU (n 16..48, 71..219 iterations): at most 3e-14 in
+# fp64 and 9e-6 in fp32; the tolerances leave four and two orders of magnitude for longer solves and
+# other reduction orders.
+HISTORY_TOL: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-3}
+
+
+@dataclass
+class CGArgs:
+    n: int
+    nrhs: int
+    dtype: torch.dtype
+    tol: float
+    max_iters: int
+    chunk: int
+    repeats: int
+    backends: list[BackendSpec]
+    distributed: bool
+    world_size: int
+    device: str
+    halo: str
+    history_tol: float
+    check_single_rank: bool
+    graph: bool
+    seed: int
+    json_path: str | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sollat.apps.cg",
+                                description="CG on the 3-D Poisson equation with NCCL or sollat dot products.")
+    p.add_argument("--n", type=int, default=128, help="grid points per dimension (n^3 unknowns)")
+    p.add_argument("--nrhs", type=int, default=1,
+                   help="systems solved together; each dot-product AllReduce carries nrhs numbers")
+    p.add_argument("--dtype", default="fp64", choices=sorted(DTYPES))
+    p.add_argument("--tol", type=float, default=None,
+                   help="stop when every |r|/|r0| is below this (default 1e-8 fp64, 1e-5 fp32)")
+    p.add_argument("--max-iters", type=int, default=None, help="give up after this many (default 10 n)")
+    p.add_argument("--chunk", type=int, default=20,
+                   help="iterations per CUDA-graph replay between convergence checks")
+    p.add_argument("--repeats", type=int, default=3, help="timed solves per backend (the median is reported)")
+    p.add_argument("--backends", default=None,
+                   help="comma-separated: nccl, sollat, sollat:<algorithm>, reference; the first is the "
+                        "baseline (default: nccl,sollat; cpu on a CPU device)")
+    p.add_argument("--virtual-ranks", type=int, default=None, metavar="R",
+                   help="run all R ranks in this process on one device")
+    p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
+    p.add_argument("--halo", default="p2p", choices=("p2p", "allgather"),
+                   help="under torchrun: how neighbours exchange boundary planes (always NCCL)")
+    p.add_argument("--history-tol", type=float, default=None,
+                   help="largest accepted relative difference of residual histories (default by dtype)")
+    p.add_argument("--check-single-rank", action="store_true",
+                   help="also solve with one rank on this device and compare residual histories")
+    p.add_argument("--no-graph", action="store_true", help="run iterations eagerly instead of as a CUDA graph")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", default=None, help="also write the results here (rank 0)")
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> CGArgs:
+    """Parse and check the command line; errors exit with status 2 and a message."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    env = os.environ if env is None else env
+    distributed = "WORLD_SIZE" in env and "RANK" in env
+    if a.n < 2:
+        parser.error("--n must be >= 2")
+    if a.nrhs < 1:
+        parser.error("--nrhs must be >= 1")
+    for name in ("chunk", "repeats"):
+        if getattr(a, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if a.max_iters is not None and a.max_iters < 1:
+        parser.error("--max-iters must be >= 1")
+    if a.tol is not None and not 0 < a.tol < 1:
+        parser.error("--tol must be in (0, 1)")
+    if a.history_tol is not None and a.history_tol < 0:
+        parser.error("--history-tol must be >= 0")
+    if distributed:
+        if a.virtual_ranks is not None:
+            parser.error("--virtual-ranks runs every rank in one process; do not combine it with torchrun")
+        if a.device is not None:
+            parser.error("--device is set by torchrun (cuda:LOCAL_RANK)")
+        if a.check_single_rank:
+            parser.error("--check-single-rank needs the whole grid on one device: use --virtual-ranks")
+        world = int(env["WORLD_SIZE"])
+        device = f"cuda:{int(env.get('LOCAL_RANK', '0'))}"
+    else:
+        world = 1 if a.virtual_ranks is None else a.virtual_ranks
+        if world < 1:
+            parser.error("--virtual-ranks must be >= 1")
+        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if world > a.n:
+        parser.error(f"{world} ranks cannot split {a.n} planes (need ranks <= n)")
+    on_gpu = torch.device(device).type == "cuda"
+    try:
+        backends = parse_backend_list(a.backends or ("nccl,sollat" if on_gpu else "cpu"))
+    except ValueError as e:
+        parser.error(str(e))
+    for spec in backends:
+        if spec.kind == "noop":
+            parser.error("backend noop is only used internally, to time an iteration without AllReduce")
+        if spec.kind == "sollat" and not on_gpu:
+            parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
+        if distributed and spec.kind in ("reference", "cpu"):
+            parser.error(f"backend {spec.label} runs only with --virtual-ranks (under torchrun use nccl or sollat)")
+    dtype = DTYPES[a.dtype]
+    return CGArgs(n=a.n, nrhs=a.nrhs, dtype=dtype,
+                  tol=a.tol if a.tol is not None else (1e-8 if dtype == torch.float64 else 1e-5),
+                  max_iters=a.max_iters or 10 * a.n, chunk=a.chunk, repeats=a.repeats, backends=backends,
+                  distributed=distributed, world_size=world, device=device, halo=a.halo,
+                  history_tol=HISTORY_TOL[dtype] if a.history_tol is None else a.history_tol,
+                  check_single_rank=a.check_single_rank, graph=on_gpu and not a.no_graph, seed=a.seed,
+                  json_path=a.json_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Solving
+
+
+@dataclass
+class Solve:
+    iterations: int  # first iteration with every |r|/|r0| < tol (0 if not reached)
+    iterations_run: int  # including those after convergence inside the last chunk
+    seconds: float  # wall clock from the first iteration to the host seeing convergence
+    iter_ms: list[float] = field(default_factory=list)  # per chunk, ms per iteration (CUDA events)
+    residuals: torch.Tensor | None = None  # [iterations_run, nrhs] |r|/|r0|, fp64 on the CPU
+
+
+class Solver:
+    """Runs CG iterations of ``problem`` through ``backend`` in chunks, eagerly or as CUDA-graph replays."""
+
+    def __init__(self, problem: PoissonCG, backend: AllReduceBackend, *, chunk: int, use_graph: bool) -> None:
+        self.problem, self.backend, self.chunk = problem, backend, chunk
+        self.graph: torch.cuda.CUDAGraph | None = None
+        problem.reset(backend)
+        with backend.tracing() as calls:
+            if use_graph:
+                dev = problem.device
+                side = torch.cuda.Stream(dev)
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    for _ in range(2):
+                        problem.iterate(backend)
+                torch.cuda.current_stream(dev).wait_stream(side)
+                problem.reset(backend)
+                calls.clear()
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph):
+                    for _ in range(chunk):
+                        problem.iterate(backend)
+            else:
+                problem.iterate(backend)
+        self.calls_per_iteration = calls[:len(calls) // (chunk if use_graph else 1)]
+
+    def run_chunk(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            for _ in range(self.chunk):
+                self.problem.iterate(self.backend)
+
+    def solve(self, tol: float, max_iters: int) -> Solve:
+        p = self.problem
+        if max_iters + self.chunk > p.capacity:
+            raise ValueError(f"cg: history holds {p.capacity} iterations; max_iters + chunk is larger")
+        p.reset(self.backend)
+        cuda = p.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(p.device)
+        iter_ms: list[float] = []
+        done, it = 0, 0
+        t0 = time.perf_counter()
+        while it < max_iters:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self.run_chunk()
+                end.record()
+                end.synchronize()
+                iter_ms.append(start.elapsed_time(end) / self.chunk)
+            else:
+                c0 = time.perf_counter()
+                self.run_chunk()
+                iter_ms.append((time.perf_counter() - c0) * 1e3 / self.chunk)
+            rel = (p.history[it:it + self.chunk] / p.rr0).sqrt().amax(dim=1)
+            below = (rel < tol).nonzero()
+            it += self.chunk
+            if below.numel():
+                done = it - self.chunk + int(below[0]) + 1
+                break
+        seconds = time.perf_counter() - t0
+        residuals = (p.history[:it] / p.rr0).sqrt().double().cpu()
+        return Solve(iterations=done, iterations_run=it, seconds=seconds, iter_ms=iter_ms, residuals=residuals)
+
+
+def compare_histories(base: torch.Tensor, other: torch.Tensor, upto: int) -> tuple[float, bool]:
+    """Largest relative difference of two ``|r|/|r0|`` histories over the first ``upto`` iterations, and bitwise."""
+    a, b = base[:upto], other[:upto]
+    if a.shape != b.shape:
+        return float("inf"), False
+    rel = ((a - b).abs() / a.abs().clamp_min(torch.finfo(a.dtype).tiny)).max().item() if upto else 0.0
+    return rel, torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Main
+
+
+def _setup_device(args: CGArgs) -> tuple[torch.device, int]:
+    if args.distributed:
+        import torch.distributed as dist
+
+        device = torch.device(args.device)
+        torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=device)
+        return device, dist.get_rank()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("cg: no CUDA device; use --device cpu")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device, 0
+
+
+@dataclass
+class BackendRun:
+    name: str
+    rank_order: bool
+    algorithms: list[str]
+    solves: list[Solve]
+    noop_iter_ms: float | None = None
+
+    @property
+    def best(self) -> Solve:
+        return sorted(self.solves, key=lambda s: s.seconds)[len(self.solves) // 2]  # the median solve
+
+
+def run(args: CGArgs) -> dict[str, Any]:
+    device, rank = _setup_device(args)
+
+    def say(*a: object) -> None:
+        if rank == 0:
+            print(*a, flush=True)
+
+    ranks = (rank,) if args.distributed else tuple(range(args.world_size))
+    capacity = args.max_iters + 2 * args.chunk
+    halo = (DistHalo(args.halo, rank, args.world_size, (args.nrhs, args.n + 2, args.n + 2),
+                     device=device, dtype=args.dtype) if args.distributed else VirtualHalo())
+    problem = PoissonCG(args.n, args.nrhs, world_size=args.world_size, ranks=ranks, device=device,
+                        dtype=args.dtype, seed=args.seed, capacity=capacity, halo=halo)
+    es = torch.empty((), dtype=args.dtype).element_size()
+    mode = (f"torchrun, {args.world_size} GPUs, halo {args.halo}" if args.distributed
+            else f"{args.world_size} virtual rank(s) on {device}")
+    say(f"3-D Poisson, {args.n}^3 unknowns x {args.nrhs} system(s), {str(args.dtype).replace('torch.', '')}; "
+        f"{mode}; z-slabs {[z1 - z0 for z0, z1 in problem.slabs]}")
+    say(f"stop at |r|/|r0| < {args.tol:g} (at most {args.max_iters} iterations); "
+        f"{'CUDA graph of ' + str(args.chunk) + ' iterations per replay' if args.graph else 'eager'}")
+
+    reference: Solve | None = None
+    if args.check_single_rank:
+        single = PoissonCG(args.n, args.nrhs, world_size=1, ranks=(0,), device=device, dtype=args.dtype,
+                           seed=args.seed, capacity=capacity)
+        solver = Solver(single, make_backend("noop", world_size=1, device=device, distributed=False),
+                        chunk=args.chunk, use_graph=args.graph)
+        reference = solver.solve(args.tol, args.max_iters)
+        say(f"single-rank reference: {reference.iterations} iterations")
+        del solver, single
+
+    noop_ms: float | None = None
+    if args.world_size > 1:
+        noop = make_backend("noop", world_size=args.world_size, device=device, distributed=args.distributed)
+        solver = Solver(problem, noop, chunk=args.chunk, use_graph=args.graph)
+        times = []
+        for _ in range(max(3, args.repeats)):
+            problem.reset(noop)
+            t0 = _now(device)
+            solver.run_chunk()
+            times.append((_now(device) - t0) * 1e3 / args.chunk)
+        noop_ms = statistics.median(times)
+        del solver
+
+    runs: list[BackendRun] = []
+    for spec in args.backends:
+        backend = make_backend(spec, world_size=args.world_size, device=device, distributed=args.distributed)
+        solver = Solver(problem, backend, chunk=args.chunk, use_graph=args.graph)
+        solver.solve(args.tol, args.max_iters)  # warm-up solve
+        solves = [solver.solve(args.tol, args.max_iters) for _ in range(args.repeats)]
+        calls = solver.calls_per_iteration
+        err = problem.relative_error(backend).max().item()
+        run_ = BackendRun(backend.name, backend.rank_order_for(calls), [backend.algorithm_for(c) for c in calls],
+                          solves, noop_ms)
+        runs.append(run_)
+        say(f"  {backend.name}: {len(calls)} AllReduces per iteration of "
+            f"{', '.join(sorted({f'{c.nbytes} B [{a}]' for c, a in zip(calls, run_.algorithms, strict=True)}))}; "
+            f"|x - u*|/|u*| = {err:.2e}")
+        del solver, backend
+    report = _report(args, say, runs, reference, es)
+    if args.json_path and rank == 0:
+        with open(args.json_path, "w") as f:
+            json.dump(report, f, indent=2)
+    return report
+
+
+def _now(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _report(args: CGArgs, say: Any, runs: list[BackendRun], reference: Solve | None, es: int) -> dict[str, Any]:
+    say(f"\n{'backend':<24}{'iters':>7}{'to solution ms':>16}{'us/iter p50':>13}{'AR share':>10}")
+    out: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, torch.dtype) else v)
+                                      for k, v in asdict(args).items() if k != "backends"},
+                           "backends": [s.label for s in args.backends], "message_bytes": args.nrhs * es,
+                           "results": {}, "checks": {}}
+    for r in runs:
+        s = r.best
+        per_iter = statistics.median(x for sv in r.solves for x in sv.iter_ms)
+        share = None if r.noop_iter_ms is None else max(0.0, (per_iter - r.noop_iter_ms) / per_iter)
+        say(f"{r.name:<24}{s.iterations:>7}{s.seconds * 1e3:>16.2f}{per_iter * 1e3:>13.2f}"
+            f"{'-' if share is None else f'{share:.1%}':>10}")
+        out["results"][r.name] = {"iterations": s.iterations, "iterations_run": s.iterations_run,
+                                  "time_to_solution_s": [sv.seconds for sv in r.solves],
+                                  "us_per_iteration_p50": per_iter * 1e3, "ar_share": share,
+                                  "rank_order": r.rank_order, "algorithms": r.algorithms}
+    if runs and runs[0].noop_iter_ms is not None:
+        say(f"iteration without AllReduce (noop backend): {runs[0].noop_iter_ms * 1e3:.2f} us; "
+            f"AR share = 1 - that / us per iteration")
+    ok = all(r.best.iterations > 0 for r in runs)
+    base_name, base = ("single rank", reference) if reference is not None else (
+        (runs[0].name, runs[0].best) if runs else ("", None))
+    if base is not None and base.residuals is not None:
+        say(f"\nresidual histories vs {base_name} (relative tolerance {args.history_tol:g}):")
+        for r in runs:
+            s = r.best
+            assert s.residuals is not None
+            upto = max(base.iterations, s.iterations)
+            rel, bitwise = compare_histories(base.residuals, s.residuals, upto)
+            first = runs[0]
+            vs_first = None if r is first else compare_histories(first.best.residuals, s.residuals,  # type: ignore[arg-type]
+                                                                 upto)[1]
+            expect = r is not first and first.rank_order and r.rank_order
+            line_ok = s.iterations == base.iterations and rel <= args.history_tol and (vs_first or not expect)
+            ok = ok and line_ok
+            extra = "" if vs_first is None else (f"; bitwise equal to {first.name}: {'yes' if vs_first else 'no'}"
+                                                 f"{' (expected)' if expect else ' (not required)'}")
+            say(f"  {r.name:<22} iterations {s.iterations} vs {base.iterations}; max rel diff {rel:.3g}"
+                f"{'; bitwise' if bitwise else ''}{extra}  {'ok' if line_ok else 'FAILED'}")
+            out["checks"][r.name] = {"iterations": s.iterations, "base_iterations": base.iterations,
+                                     "max_rel_diff": rel, "bitwise_vs_base": bitwise,
+                                     "bitwise_vs_first": vs_first, "bitwise_expected": expect, "ok": line_ok}
+    out["ok"] = ok
+    say("\nresult: " + ("ok" if ok else "CHECK FAILED"))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        report = run(args)
+    finally:
+        if args.distributed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
