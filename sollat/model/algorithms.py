@@ -1,0 +1,380 @@
+"""Algorithms as straight-line thread programs of memory operations, mirroring the kernels.
+
+Each modelled thread (one per (rank, call, block, thread) of the call's geometry) runs a fixed
+list of instructions; the only control flow of the device kernels that depends on timing is the
+poll loop, which the machine models as a *blocking* instruction (enabled once the line holds what
+the poll waits for). Everything else is a pure function of the call, exactly as on the device,
+where the cut of a call is ``layout.plan`` and the epoch of every line-channel is a counter in
+device memory that advances once per iteration in which the channel carries data.
+
+The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
+``allreduce_twoshot.cu``, ``allreduce_ll128.cu``) and the ``LLBuffer`` primitives they call
+(``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (lazy fence per buffer: ``beforeSend``),
+``recvReduce``/``recvGather`` (``pollAll``: every line polled, then every consumed line reset),
+``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel end).
+
+=====================  =======================================================================
+shared instructions    ``SEND`` (one LL/sentinel line store to a peer), ``POLL`` (accept one
+                       line of own scratch), ``ADD`` (a line-atomic LL128 add), ``POLL128``
+local instructions     ``RESET``/``ZERO`` (issue a store to own scratch that may be performed
+                       later), ``FENCE``, ``ADDC`` (own contribution), ``COMBINE`` (LL128
+                       restore), ``ISSUE_ADD`` (one lane of a non-atomic LL128 add), ``OUT``,
+                       ``END`` (kernel end: waits for the thread's stores to be performed)
+=====================  =======================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from . import protocols, rules
+from .config import Config, Mutation
+from .scratch import LineInfo, Scratch
+
+SEND, POLL, ADD, POLL128 = 0, 1, 2, 3
+RESET, ZERO, FENCE, OUT, ADDC, COMBINE, ISSUE_ADD, END = 10, 11, 12, 13, 14, 15, 16, 17
+SHARED_OPS = frozenset({SEND, POLL, ADD, POLL128})
+OP_NAMES = {SEND: "SEND", POLL: "POLL", ADD: "ADD128", POLL128: "POLL128", RESET: "RESET", ZERO: "ZERO",
+            FENCE: "FENCE", OUT: "OUT", ADDC: "ADDC", COMBINE: "COMBINE", ISSUE_ADD: "ISSUE_ADD", END: "END"}
+COUNTER_LANE = -1  # ISSUE_ADD of the split-mode counter (element 0 of lane 0 only)
+
+
+class Instr(NamedTuple):
+    op: int
+    where: str  # "r1 call2 b0.t1 it0 slot0"
+    line: int = -1  # dense scratch line
+    value: Any = None  # constant payload (SEND/ADD/ISSUE_ADD/ADDC); OUT: the output line
+    reg: int = -1  # register read (SEND of a reduced value) or written (POLL/ADDC/OUT/COMBINE)
+    flag: Any = None  # LL flag written / waited for; None: sentinel
+    tag: Any = None  # ghost identity of the data: (call, message line, epoch)
+    lane: int = -1  # ISSUE_ADD: the lane (COUNTER_LANE: the split-mode counter)
+    peer: int = -1  # SEND: destination rank; POLL: source rank
+    expect: Any = None  # OUT: the exact sum; POLL128: the counter value (nranks)
+    srcs: tuple[int, ...] = ()  # COMBINE: snapshot registers
+
+
+@dataclass
+class ThreadProgram:
+    label: str  # "r1 call2 b0.t1"
+    code: list[Instr] = field(default_factory=list)
+    nregs: int = 0
+
+
+def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
+    """Deterministic, call-dependent inputs: a stale or lost contribution changes the sum."""
+    return 1 + ((rank + 1) * 7919 + (call + 1) * 104729 + (line + 1) * 1299709 + elem * 15485863) % 997
+
+
+class _Builder:
+    """Appends instructions for one thread. ``dirty`` is ``LLBuffer::resetPending``, per buffer."""
+
+    def __init__(self, cfg: Config, label: str) -> None:
+        self.cfg = cfg
+        self.prog = ThreadProgram(label)
+        self.dirty: dict[str, bool] = {}
+        self.where = label
+        self.it = 0
+
+    def at(self, it: int, slot: int) -> None:
+        self.it = it
+        self.where = f"{self.prog.label} it{it} slot{slot}"
+
+    def reg(self) -> int:
+        self.prog.nregs += 1
+        return self.prog.nregs - 1
+
+    def emit(self, op: int, **kw: Any) -> None:
+        self.prog.code.append(Instr(op, self.where, **kw))
+
+    def before_send(self, buffer: str) -> None:
+        """``LLBuffer::beforeSend``: a reset stored since this buffer's last send is fenced first."""
+        if self.dirty.get(buffer) and not self.cfg.has(Mutation.RESET_AFTER_SEND):
+            self.emit(FENCE)
+        self.dirty[buffer] = False
+
+    def reset(self, buffer: str, line: int) -> None:
+        """``ProtoSentinel::reset`` of a consumed line (``pollAll``), marking the buffer's resetPending."""
+        if self.cfg.has(Mutation.SKIP_SENTINEL_RESET):
+            return
+        self.emit(RESET, line=line)
+        self.dirty[buffer] = True
+
+    def end(self) -> ThreadProgram:
+        self.emit(END)
+        return self.prog
+
+
+@dataclass
+class Programs:
+    """All thread programs of a configuration: ``calls[rank][call]`` is the list of threads."""
+
+    cfg: Config
+    scratch: Scratch
+    calls: list[list[list[ThreadProgram]]]
+    shared_steps: int  # shared instructions over all threads (a bound on a run's length)
+
+
+class _Gen:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.scratch = Scratch(ll128_lanes=cfg.ll128_lanes, ll128_elems=cfg.ll128_lines)
+        self.kind = cfg.proto
+
+    def line(self, rank: int, buffer: str, epoch: int, src: int, slot: int) -> int:
+        """``LLBuffer::peerLine`` / ``ownLine``: (parity, src, slot) in ``rank``'s region of ``buffer``."""
+        par = rules.parity(self.cfg, epoch)
+        addr = rules.line_address(self.cfg, par, src, slot)
+        return self.scratch.line(LineInfo(rank, buffer, self.kind, par, src, slot, 0, addr))
+
+    def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
+        par = rules.parity(self.cfg, epoch)
+        addr = rules.acc_line_address(self.cfg, par, slot, sub)
+        return self.scratch.line(LineInfo(rank, "acc", "ll128", par, -1, slot, sub, addr))
+
+    def flag(self, sig: int, epoch: int) -> Any:
+        return rules.ll_flag(self.cfg, sig, epoch) if self.kind == "ll" else None
+
+    def _poll_all(self, B: _Builder, r: int, buffer: str, items: list[tuple[int, int, int, int, Any]],
+                  sig: int, epochs: dict[tuple[str, int], int]) -> None:
+        """``LLBuffer::pollAll``: poll every (peer, slot) line until complete, then reset them all.
+
+        ``items``: (peer, slot i, channel s, register, ghost tag) in the device's (peer, slot) order.
+        """
+        polled = []
+        for p, i, s, reg, tag in items:
+            B.at(B.it, i)
+            e = epochs.get((buffer, s), 0)
+            ln = self.line(r, buffer, e, p, s)
+            B.emit(POLL, line=ln, reg=reg, flag=self.flag(sig, e), tag=tag, peer=p)
+            polled.append(ln)
+        if self.kind == "sentinel":
+            for ln in polled:
+                B.reset(buffer, ln)
+
+    # ---- one-shot: allreduce_oneshot.cu ---------------------------------------------------------
+    def oneshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
+        cfg, R = self.cfg, self.cfg.nranks
+        geo = rules.model_geometry(cfg, n)
+        sig = rules.signature(cfg, n)
+        threads = []
+        for b in range(geo.blocks):
+            for t in range(geo.threads):
+                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
+                for it in range(geo.iterations):
+                    B.at(it, 0)
+                    chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(cfg, b, i, t))
+                             for i in range(geo.slots)]
+                    chans = [c for c in chans if c[1] < n]
+                    if not chans:
+                        break
+                    for i, x, s in chans:  # buf.bcast(i, own[i])
+                        B.at(it, i)
+                        e = epochs.get(("oneshot", s), 0)
+                        B.before_send("oneshot")
+                        for p in range(R):
+                            if p != r:
+                                B.emit(SEND, line=self.line(p, "oneshot", e, r, s), value=input_value(r, k, x),
+                                       flag=self.flag(sig, e), tag=(k, x, e), peer=p)
+                    acc = {i: B.reg() for i, _, _ in chans}
+                    items = [(p, i, s, acc[i], (k, x, epochs.get(("oneshot", s), 0)))
+                             for p in range(R) if p != r for i, x, s in chans]
+                    self._poll_all(B, r, "oneshot", items, sig, epochs)  # buf.recvReduce
+                    for i, x, s in chans:  # own value in rank order (sum: exact either way)
+                        B.at(it, i)
+                        B.emit(ADDC, reg=acc[i], value=input_value(r, k, x))
+                        B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
+                        epochs[("oneshot", s)] = epochs.get(("oneshot", s), 0) + 1  # buf.advanceEpoch
+                threads.append(B.end())  # buf.commit, kernel end
+        return threads
+
+    # ---- two-shot: allreduce_twoshot.cu ---------------------------------------------------------
+    def twoshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
+        cfg, R = self.cfg, self.cfg.nranks
+        cl = rules.chunk_lines(cfg, n)
+        geo = rules.model_geometry(cfg, cl)
+        sig = rules.signature(cfg, n)
+        unpadded = cfg.has(Mutation.UNPADDED_CHUNKS)
+
+        def inp(q: int, m: int) -> int:
+            return input_value(q, k, m) if m < n else 0  # load_pack pads past n with zeros
+
+        threads = []
+        for b in range(geo.blocks):
+            for t in range(geo.threads):
+                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
+                for it in range(geo.iterations):
+                    B.at(it, 0)
+                    chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(cfg, b, i, t))
+                             for i in range(geo.slots)]
+                    chans = [c for c in chans if c[1] < cl]
+                    if not chans:
+                        break
+
+                    def exists(c: int, x: int) -> bool:
+                        return not unpadded or c * cl + x < n
+
+                    # reduce-scatter: rs.send(c, i, line x of chunk c) for every c != self
+                    for c in range(R):
+                        if c == r:
+                            continue
+                        for i, x, s in chans:
+                            if not exists(c, x):
+                                continue
+                            B.at(it, i)
+                            e = epochs.get(("rs", s), 0)
+                            B.before_send("rs")
+                            B.emit(SEND, line=self.line(c, "rs", e, r, s), value=inp(r, c * cl + x),
+                                   flag=self.flag(sig, e), tag=(k, c * cl + x, e), peer=c)
+                    mine = [ch for ch in chans if exists(r, ch[1])]
+                    acc = {i: B.reg() for i, _, _ in mine}
+                    items = [(p, i, s, acc[i], (k, r * cl + x, epochs.get(("rs", s), 0)))
+                             for p in range(R) if p != r for i, x, s in mine]
+                    self._poll_all(B, r, "rs", items, sig, epochs)  # rs.recvReduce
+                    for i, x, _s in mine:
+                        B.emit(ADDC, reg=acc[i], value=inp(r, r * cl + x))
+                    # all-gather: ag.bcast(i, reduced), write own chunk's line
+                    for i, x, s in mine:
+                        B.at(it, i)
+                        e = epochs.get(("ag", s), 0)
+                        m = r * cl + x
+                        B.before_send("ag")
+                        for p in range(R):
+                            if p != r:
+                                B.emit(SEND, line=self.line(p, "ag", e, r, s), reg=acc[i],
+                                       flag=self.flag(sig, e), tag=(k, m, e), peer=p)
+                        if m < n:
+                            B.emit(OUT, reg=acc[i], expect=sum(inp(q, m) for q in range(R)), value=m)
+                    got = {(c, i): B.reg() for c in range(R) for i, x, _ in chans if c != r and exists(c, x)}
+                    items = [(c, i, s, got[(c, i)], (k, c * cl + x, epochs.get(("ag", s), 0)))
+                             for c in range(R) if c != r for i, x, s in chans if exists(c, x)]
+                    self._poll_all(B, r, "ag", items, sig, epochs)  # ag.recvGather
+                    for c in range(R):
+                        for i, x, _s in chans:
+                            m = c * cl + x
+                            if c != r and m < n:
+                                B.at(it, i)
+                                B.emit(OUT, reg=got[(c, i)], expect=sum(inp(q, m) for q in range(R)), value=m)
+                    for _i, _x, s in chans:  # rs.advanceEpoch(); ag.advanceEpoch()
+                        epochs[("rs", s)] = epochs.get(("rs", s), 0) + 1
+                        epochs[("ag", s)] = epochs.get(("ag", s), 0) + 1
+                threads.append(B.end())
+        return threads
+
+    # ---- two-shot LL128 atomic: allreduce_ll128.cu ------------------------------------------------
+    def ll128(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
+        """One model thread = one warp (a bundle of warps); a model line of a call = one warp-unit."""
+        cfg, R = self.cfg, self.cfg.nranks
+        cl = rules.chunk_lines(cfg, n)
+        geo = rules.model_geometry(cfg, cl)
+        sig = rules.signature(cfg, n)
+        W, L = cfg.ll128_lines, cfg.ll128_lanes
+        P = protocols.ll128_payload(W, L)
+        g = rules.bundle(cfg)
+        split = cfg.ll128_split
+        atomic = cfg.line_atomic and not split
+
+        def inp(q: int, m: int) -> tuple[int, ...]:
+            return tuple(input_value(q, k, m, j) if m < n else 0 for j in range(P))
+
+        def total(m: int) -> tuple[int, ...]:
+            return tuple(sum(v) for v in zip(*(inp(q, m) for q in range(R)), strict=True))
+
+        threads = []
+        for b in range(geo.blocks):
+            for t in range(geo.threads):
+                B = _Builder(cfg, f"r{r} call{k} b{b}.w{t}")
+                slot = rules.acc_slot(b, t * g)  # lane 0 of the representative warp
+                ch = rules.channel(cfg, b, 0, t)  # the all-gather LLBuffer's channel
+                for it in range(geo.iterations):
+                    x = rules.message_line(geo, it, b, 0, t)  # unit j of every chunk
+                    if x >= cl:
+                        break
+                    B.at(it, 0)
+                    e = epochs.get(("acc", slot), 0)
+                    # reduce-scatter: every lane adds into every owner's line (own chunk included)
+                    packed = {c: protocols.ll128_pack(inp(r, c * cl + x), W, L, counter=0 if split else 1)
+                              for c in range(R)}
+                    for c in range(R):
+                        tag = (k, c * cl + x, e)
+                        for sub in range(W):
+                            ln = self.acc_line(c, e, slot, sub)
+                            if atomic:
+                                B.emit(ADD, line=ln, value=packed[c][sub], tag=tag, peer=c)
+                            else:
+                                for lane in range(L):
+                                    B.emit(ISSUE_ADD, line=ln, lane=lane, value=packed[c][sub][lane], tag=tag, peer=c)
+                    if split:  # __syncwarp(); fence.acq_rel.gpu; counter adds
+                        if not cfg.has(Mutation.SPLIT_NO_FENCE):
+                            B.emit(FENCE)
+                        for c in range(R):
+                            for sub in range(W):
+                                B.emit(ISSUE_ADD, line=self.acc_line(c, e, slot, sub), lane=COUNTER_LANE,
+                                       value=(1,) + (0,) * (W - 1), tag=(k, c * cl + x, e), peer=c)
+                    # owner: poll the W counters until R, read, restore, zero, fence
+                    m = r * cl + x
+                    snaps = []
+                    for sub in range(W):
+                        snap = B.reg()
+                        snaps.append(snap)
+                        B.emit(POLL128, line=self.acc_line(r, e, slot, sub), reg=snap, expect=R, tag=(k, m, e))
+                    red = B.reg()
+                    B.emit(COMBINE, reg=red, srcs=tuple(snaps))
+                    if not cfg.has(Mutation.SKIP_LL128_ZERO):
+                        for sub in range(W):
+                            B.emit(ZERO, line=self.acc_line(r, e, slot, sub))
+                        if not cfg.has(Mutation.RESET_AFTER_SEND):
+                            B.emit(FENCE)
+                    epochs[("acc", slot)] = e + 1
+                    # all-gather (LLBuffer<ProtoLL>): bcast own unit, write it, collect the others
+                    ea = epochs.get(("ag", ch), 0)
+                    for p in range(R):
+                        if p != r:
+                            B.emit(SEND, line=self.line(p, "ag", ea, r, ch), reg=red, flag=self.flag(sig, ea),
+                                   tag=(k, m, ea), peer=p)
+                    if m < n:
+                        B.emit(OUT, reg=red, expect=total(m), value=m)
+                    for c in range(R):
+                        if c == r:
+                            continue
+                        mc = c * cl + x
+                        gr = B.reg()
+                        B.emit(POLL, line=self.line(r, "ag", ea, c, ch), reg=gr, flag=self.flag(sig, ea),
+                               tag=(k, mc, ea), peer=c)
+                        if mc < n:
+                            B.emit(OUT, reg=gr, expect=total(mc), value=mc)
+                    epochs[("ag", ch)] = ea + 1
+                threads.append(B.end())
+        return threads
+
+
+def build(cfg: Config) -> Programs:
+    """Programs of every thread of every call on every rank.
+
+    Each rank runs its own epoch bookkeeping (a counter per (buffer, line-channel), written back at
+    kernel end and read by the next call), as each device does with its own epoch array.
+    """
+    gen = _Gen(cfg)
+    make = {"oneshot": gen.oneshot, "twoshot": gen.twoshot, "ll128": gen.ll128}[cfg.algorithm]
+    calls: list[list[list[ThreadProgram]]] = []
+    for r in range(cfg.nranks):
+        epochs: dict[tuple[str, int], int] = {}
+        per_rank = []
+        for k, n in enumerate(cfg.calls):
+            start = dict(epochs)
+            per_rank.append(make(r, k, n, epochs))
+            if cfg.has(Mutation.SKIP_COMMIT):
+                epochs = start  # the kernel's advances never reach device memory
+        calls.append(per_rank)
+    _check_outputs(cfg, calls)
+    shared = sum(1 for rank in calls for call in rank for th in call for ins in th.code if ins.op in SHARED_OPS)
+    return Programs(cfg, gen.scratch, calls, shared)
+
+
+def _check_outputs(cfg: Config, calls: list[list[list[ThreadProgram]]]) -> None:
+    """Static coverage: every output line of every rank and call is written exactly once."""
+    for r, per_rank in enumerate(calls):
+        for k, threads in enumerate(per_rank):
+            written = sorted(ins.value for th in threads for ins in th.code if ins.op == OUT)
+            if written != list(range(cfg.calls[k])):
+                raise AssertionError(f"rank {r} call {k}: outputs written {written}, want 0..{cfg.calls[k] - 1}")

@@ -1,0 +1,466 @@
+"""The executable model: ranks running thread programs against scratch memory, one step at a time.
+
+A *step* is one shared-memory operation of one thread (a line store to a peer, an accepted
+poll, a line-atomic add) followed by that thread's local work up to its next shared operation,
+or the *performing* of one delayed store (a sentinel reset, an LL128 zeroing, one lane of a
+non-atomic LL128 add). Any interleaving of steps is a legal execution of the modelled hardware:
+
+* LL and sentinel lines are 16-byte single-copy-atomic stores (``st.volatile.v2.b64``).
+* A thread's line stores to peers are performed in program order, when issued; the model delays
+  only what the protocols must order explicitly: stores to the thread's own scratch that give a
+  line back (reset, zeroing) and, when ``ll128_line_atomic`` is off, the lanes of an LL128 add.
+  Delayed stores are performed in any order, and before the thread passes a ``FENCE`` or ends its
+  kernel (``END``). Same-address order is kept (a store waits for the thread's delayed store to
+  the same line), as is store-to-load forwarding for the thread's own reset.
+* Kernel boundary: a rank starts call k+1 only when every thread of call k has ended (so all its
+  stores are performed). Ranks are never synchronised with each other.
+* A poll is a blocking step: it is enabled only when the line holds what the poll accepts, so no
+  schedule spins; a state where nothing is enabled but a thread is unfinished is a deadlock.
+
+Checks on every step (the ghost state is in :mod:`sollat.model.scratch`): a store never lands on
+a line holding unconsumed data, nor on a line whose reset/zeroing is still pending; a poll only
+accepts the data it waits for (call, message line and epoch, from the right sender); an LL128
+counter of R implies every lane holds all R contributions; every output equals the exact sum;
+every run ends with every thread finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import protocols
+from .algorithms import (
+    ADD,
+    ADDC,
+    COMBINE,
+    COUNTER_LANE,
+    END,
+    FENCE,
+    ISSUE_ADD,
+    OP_NAMES,
+    OUT,
+    POLL,
+    POLL128,
+    RESET,
+    SEND,
+    ZERO,
+    Instr,
+    Programs,
+    build,
+)
+from .config import Config, Mutation
+from .scratch import CONSUMED, FREE, FULL, RESET_PENDING, STATUS_NAMES, Ghost
+
+# delayed store kinds
+P_RESET, P_ZERO, P_LANE = 0, 1, 2
+#: (owner thread index or -1, kind, line, payload, ghost tag, writer rank, issuing instruction)
+Pending = tuple[int, int, int, Any, Any, int, Instr]
+Action = tuple[int, int, int]  # (0, rank, thread): step; (1, rank, i): perform delayed store i
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # overwrite reset-race stale torn overshoot wrong-sum mismatch deadlock duplicate no-progress
+    message: str
+    line: int = -1  # dense scratch line involved, if any
+
+    def __str__(self) -> str:
+        return f"VIOLATION [{self.kind}] {self.message}"
+
+
+class State:
+    """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
+
+    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost")
+
+    def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
+                 pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost]) -> None:
+        self.call = call
+        self.pc = pc
+        self.regs = regs
+        self.pend = pend
+        self.mem = mem
+        self.ghost = ghost
+
+    def copy(self) -> State:
+        return State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
+                     self.mem[:], self.ghost[:])
+
+    def key(self) -> tuple[Any, ...]:
+        return (tuple(self.call), tuple(map(tuple, self.pc)), tuple(map(tuple, self.regs)),
+                tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost))
+
+
+def _fmt_tag(tag: Any) -> str:
+    if tag is None:
+        return "nothing"
+    (k, m, e), *rest = tag if isinstance(tag[0], tuple) else (tag,)
+    who = f" from r{rest[0]}" if rest else ""
+    return f"call {k} line {m} epoch {e}{who}"
+
+
+def _status(g: Ghost) -> str:
+    if g[0] == FREE and g[1] is not None:
+        return "already consumed"
+    return STATUS_NAMES[g[0]]
+
+
+def _ranks(mask: int, nranks: int) -> str:
+    got = [q for q in range(nranks) if mask >> q & 1]
+    return f"ranks {got} only" if got else "no rank yet"
+
+
+def _fmt_flag(flag: Any) -> str:
+    return f"flag(sig={flag[0]:#010x}, epoch={flag[1]})"
+
+
+class Machine:
+    """Static part of the model (programs, scratch layout) plus the step semantics."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.programs: Programs = build(cfg)
+        self.R = cfg.nranks
+        self.ncalls = len(cfg.calls)
+        self.code: list[list[list[tuple[Instr, ...]]]] = [
+            [[tuple(th.code) for th in call] for call in rank] for rank in self.programs.calls]
+        self.nregs = [[[th.nregs for th in call] for call in rank] for rank in self.programs.calls]
+        self.labels = [[[th.label for th in call] for call in rank] for rank in self.programs.calls]
+        self.scratch = self.programs.scratch
+        self.names = [info.name() for info in self.scratch.infos]
+        self.kinds = [info.kind for info in self.scratch.infos]
+        self.full_mask = (1 << self.R) - 1
+        self.lanes = cfg.ll128_lanes
+        self.zero_line = protocols.ll128_zero(cfg.ll128_lanes, cfg.ll128_lines)
+        self.boundary_orders = not cfg.has(Mutation.NO_BOUNDARY_ORDER)
+        #: upper bound on the steps of any run (shared steps + delayed stores)
+        self.max_steps = self.programs.shared_steps + sum(
+            1 for rank in self.code for call in rank for th in call for ins in th
+            if ins.op in (RESET, ZERO, ISSUE_ADD)) + 1
+
+    # ---- state ---------------------------------------------------------------------------------
+    def initial(self) -> State:
+        st = State([0] * self.R, [[] for _ in range(self.R)], [[] for _ in range(self.R)],
+                   [() for _ in range(self.R)], self.scratch.initial_memory(), self.scratch.initial_ghost())
+        for r in range(self.R):
+            v = self._start_call(st, r, None)
+            if v is not None:
+                raise AssertionError(f"initial state violates: {v}")
+        return st
+
+    def finished(self, st: State) -> bool:
+        return all(k >= self.ncalls for k in st.call) and not any(st.pend)
+
+    def _start_call(self, st: State, r: int, log: list[str] | None) -> Violation | None:
+        while st.call[r] < self.ncalls:
+            k = st.call[r]
+            n = len(self.code[r][k])
+            st.pc[r] = [0] * n
+            st.regs[r] = [(0,) * self.nregs[r][k][j] for j in range(n)]
+            if log is not None:
+                log.append(f"    r{r} starts call {k} ({n} thread{'s' if n != 1 else ''})")
+            for j in range(n):
+                v = self._settle(st, r, j, log, advance=False)
+                if v is not None:
+                    return v
+            if any(pc < len(c) for pc, c in zip(st.pc[r], self.code[r][k], strict=True)):
+                return None
+            st.call[r] += 1  # every thread of the call already finished (no data for this rank)
+            if log is not None:
+                log.append(f"    r{r} ends call {k} (kernel boundary)")
+        st.pc[r] = []
+        st.regs[r] = []
+        return None
+
+    # ---- enabled steps -------------------------------------------------------------------------
+    def _own_pending_line(self, st: State, r: int, j: int, line: int) -> bool:
+        return any(e[0] == j and e[2] == line for e in st.pend[r])
+
+    def _poll_ready(self, st: State, r: int, j: int, ins: Instr) -> bool:
+        """Would the poll ``ins`` of thread (r, j) accept its line now? (Same test as ``enabled``.)"""
+        content = st.mem[ins.line]
+        if ins.flag is not None:
+            return protocols.ll_try_load(content, ins.flag) != 0
+        # store-to-load forwarding: the thread sees its own reset even before it is performed
+        if self._forwarded_reset(st.pend[r], j, ins.line):
+            return False
+        return protocols.sentinel_full(content)
+
+    def enabled(self, st: State) -> list[Action]:
+        acts: list[Action] = []
+        mem = st.mem
+        ncalls = self.ncalls
+        for r in range(self.R):
+            k = st.call[r]
+            pend = st.pend[r]
+            if k < ncalls:
+                code = self.code[r][k]
+                pcs = st.pc[r]
+                for j, c in enumerate(code):
+                    pc = pcs[j]
+                    if pc >= len(c):
+                        continue
+                    ins = c[pc]
+                    op = ins.op
+                    if op == POLL:
+                        content = mem[ins.line]
+                        flag = ins.flag
+                        if flag is not None:  # protocols.ll_try_load != 0, inlined
+                            f = content[1]
+                            if f == flag or (f[1] == flag[1] and f != (0, 0)):
+                                acts.append((0, r, j))
+                        elif content is not None and not (pend and self._forwarded_reset(pend, j, ins.line)):
+                            acts.append((0, r, j))
+                    elif op in (SEND, ADD):
+                        if pend and self._own_pending_line(st, r, j, ins.line):
+                            continue
+                        acts.append((0, r, j))
+                    elif op == POLL128 and protocols.ll128_counter(mem[ins.line]) >= ins.expect:
+                        acts.append((0, r, j))  # > R: the device reports an overshoot (a mismatch)
+            for i in range(len(pend)):
+                acts.append((1, r, i))
+        return acts
+
+    @staticmethod
+    def _forwarded_reset(pend: tuple[Pending, ...], j: int, line: int) -> bool:
+        return any(e[0] == j and e[1] == P_RESET and e[2] == line for e in pend)
+
+    # ---- steps ---------------------------------------------------------------------------------
+    def apply(self, st: State, act: Action, log: list[str] | None = None) -> Violation | None:
+        kind, r, j = act
+        if kind == 1:
+            pend = st.pend[r]
+            entry = pend[j]
+            st.pend[r] = pend[:j] + pend[j + 1:]
+            v = self._perform(st, r, entry, log)
+            if v is not None:
+                return v
+            owner = entry[0]
+            if owner >= 0 and st.call[r] < self.ncalls:
+                return self._settle(st, r, owner, log)
+            return None
+        k = st.call[r]
+        ins = self.code[r][k][j][st.pc[r][j]]
+        v = self._shared(st, r, j, ins, log)
+        if v is not None:
+            return v
+        st.pc[r][j] += 1
+        return self._settle(st, r, j, log)
+
+    def _set_reg(self, st: State, r: int, j: int, reg: int, value: Any) -> None:
+        regs = list(st.regs[r][j])
+        regs[reg] = value
+        st.regs[r][j] = tuple(regs)
+
+    def _shared(self, st: State, r: int, j: int, ins: Instr, log: list[str] | None) -> Violation | None:
+        op = ins.op
+        ln = ins.line
+        g = st.ghost[ln]
+        if op == SEND:
+            val = ins.value if ins.reg < 0 else st.regs[r][j][ins.reg]
+            if log is not None:
+                fl = f" {_fmt_flag(ins.flag)}" if ins.flag is not None else ""
+                log.append(f"{ins.where}: SEND {val}{fl} -> {self.names[ln]}  [{_fmt_tag(ins.tag)}]")
+            if g[0] == FULL:
+                return Violation("overwrite", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)} into {self.names[ln]} "
+                                 f"which still holds unconsumed {_fmt_tag(g[1])}", ln)
+            if g[0] == RESET_PENDING:
+                return Violation("reset-race", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)} into {self.names[ln]} "
+                                 f"before the receiver's reset of {_fmt_tag(g[1])} is performed: the reset will "
+                                 "erase the new data", ln)
+            st.mem[ln] = (val, ins.flag) if ins.flag is not None else val
+            st.ghost[ln] = (FULL, (ins.tag, r), ())
+            return None
+        if op == POLL:
+            content = st.mem[ln]
+            if ins.flag is not None:
+                if protocols.ll_try_load(content, ins.flag) < 0:
+                    if log is not None:
+                        log.append(f"{ins.where}: POLL {self.names[ln]} sees {_fmt_flag(content[1])}")
+                    return Violation("mismatch", f"r{r} ({ins.where}) polls {self.names[ln]} for "
+                                     f"{_fmt_flag(ins.flag)} and finds {_fmt_flag(content[1])}: reported as a call "
+                                     f"mismatch although every rank made the same calls (line holds {_fmt_tag(g[1])})",
+                                     ln)
+                val = content[0]
+            else:
+                val = content
+            if log is not None:
+                fl = f" {_fmt_flag(content[1])}" if ins.flag is not None else ""
+                log.append(f"{ins.where}: POLL {self.names[ln]} accepts {val}{fl}  "
+                           f"[holds {_fmt_tag(g[1])}, {_status(g)}]")
+            want = (ins.tag, ins.peer)
+            if g[0] != FULL or g[1] != want:
+                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {_fmt_tag(want)}, "
+                                 f"but the line holds {_fmt_tag(g[1])} ({_status(g)})", ln)
+            self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], val))
+            st.ghost[ln] = (FREE if ins.flag is not None else CONSUMED, g[1], ())
+            return None
+        if op == ADD:
+            if log is not None:
+                log.append(f"{ins.where}: ADD128 {ins.value} -> {self.names[ln]} (line-atomic)  "
+                           f"[{_fmt_tag(ins.tag)}]")
+            v = self._acc_check(g, ins, r, range(self.lanes), ln)
+            if v is not None:
+                return v
+            st.mem[ln] = protocols.line_add(st.mem[ln], ins.value)
+            bit = 1 << r
+            masks = g[2] if g[0] == FULL else (0,) * self.lanes
+            st.ghost[ln] = (FULL, ins.tag, tuple(m | bit for m in masks))
+            return None
+        if op == POLL128:
+            snap = st.mem[ln]
+            if log is not None:
+                log.append(f"{ins.where}: POLL128 {self.names[ln]} counter={protocols.ll128_counter(snap)} "
+                           f"reads {snap}")
+            if protocols.ll128_counter(snap) > ins.expect:
+                return Violation("overshoot", f"r{r} ({ins.where}) polls {self.names[ln]}: the counter reads "
+                                 f"{protocols.ll128_counter(snap)} > {ins.expect} ranks (line holds {_fmt_tag(g[1])}, "
+                                 f"{_status(g)})", ln)
+            if g[0] != FULL or g[1] != ins.tag:
+                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {_fmt_tag(ins.tag)}, but "
+                                 f"the line holds {_fmt_tag(g[1])} ({_status(g)})", ln)
+            torn = [(lane, m) for lane, m in enumerate(g[2]) if m != self.full_mask]
+            if torn:
+                what = "; ".join(f"lane {lane} has contributions from "
+                                 f"{_ranks(m, self.R)}" for lane, m in torn)
+                return Violation("torn", f"r{r} ({ins.where}) reads {self.names[ln]}: the counter says all "
+                                 f"{self.R} ranks added, but {what} (torn line)", ln)
+            self._set_reg(st, r, j, ins.reg, snap)
+            st.ghost[ln] = (CONSUMED, g[1], g[2])
+            return None
+        raise AssertionError(f"not a shared op: {ins}")
+
+    def _acc_check(self, g: Ghost, ins: Instr, r: int, lanes: Any, ln: int) -> Violation | None:
+        what = f"r{r} ({ins.where}) adds {_fmt_tag(ins.tag)} into {self.names[ln]}"
+        if g[0] == RESET_PENDING:
+            return Violation("reset-race", f"{what} before the owner's zeroing after {_fmt_tag(g[1])} is performed: "
+                             "the zeroing will erase the contribution", ln)
+        if g[0] == CONSUMED:
+            return Violation("overwrite", f"{what}, which still holds the consumed sum of {_fmt_tag(g[1])} "
+                             "(never zeroed)", ln)
+        if g[0] == FULL:
+            if g[1] != ins.tag:
+                return Violation("overwrite", f"{what}, which still holds unconsumed contributions of "
+                                 f"{_fmt_tag(g[1])}", ln)
+            bit = 1 << r
+            if any(g[2][lane] & bit for lane in lanes):
+                return Violation("duplicate", f"{what} twice", ln)
+        return None
+
+    def _perform(self, st: State, r: int, e: Pending, log: list[str] | None) -> Violation | None:
+        owner, kind, ln, payload, tag, writer, ins = e
+        g = st.ghost[ln]
+        if kind == P_LANE:
+            lane, vals = payload
+            counter = lane == COUNTER_LANE
+            if log is not None:
+                part = "the counter" if counter else f"lane {lane}"
+                log.append(f"    performed: {part} of the add by r{writer} ({ins.where}) -> {self.names[ln]} "
+                           f"+= {vals}  [{_fmt_tag(tag)}]")
+            v = self._acc_check(g, ins, writer, () if counter else (lane,), ln)
+            if v is not None:
+                return v
+            st.mem[ln] = protocols.lane_add(st.mem[ln], 0 if counter else lane, vals)
+            masks = list(g[2]) if g[0] == FULL else [0] * self.lanes
+            if not counter:
+                masks[lane] |= 1 << writer
+            st.ghost[ln] = (FULL, tag, tuple(masks))
+            return None
+        what = "reset" if kind == P_RESET else "zeroing"
+        if log is not None:
+            log.append(f"    performed: {what} of {self.names[ln]} issued by {ins.where}")
+        if g[0] == FULL:
+            return Violation("reset-race", f"the {what} of {self.names[ln]} issued by {ins.where} is performed after "
+                             f"new data {_fmt_tag(g[1])} arrived: that data is lost", ln)
+        st.mem[ln] = protocols.EMPTY if kind == P_RESET else self.zero_line
+        st.ghost[ln] = (FREE, None, ())
+        return None
+
+    def _settle(self, st: State, r: int, j: int, log: list[str] | None, advance: bool = True) -> Violation | None:
+        """Run thread (r, j)'s local instructions up to its next shared one (or a blocking fence/end)."""
+        k = st.call[r]
+        code = self.code[r][k][j]
+        pc = st.pc[r][j]
+        n = len(code)
+        while pc < n:
+            ins = code[pc]
+            op = ins.op
+            if op < RESET:
+                break
+            if op == FENCE:
+                if any(e[0] == j for e in st.pend[r]):
+                    break
+                if log is not None:
+                    log.append(f"    {ins.where}: FENCE (its earlier stores are performed)")
+            elif op == END:
+                if any(e[0] == j for e in st.pend[r]):
+                    if self.boundary_orders:
+                        break
+                    st.pend[r] = tuple((-1, *e[1:]) if e[0] == j else e for e in st.pend[r])
+                st.regs[r][j] = ()
+                if log is not None:
+                    log.append(f"    {ins.where}: END")
+            elif op in (RESET, ZERO):
+                g = st.ghost[ins.line]
+                st.pend[r] = (*st.pend[r], (j, P_RESET if op == RESET else P_ZERO, ins.line, None, g[1], r, ins))
+                st.ghost[ins.line] = (RESET_PENDING, g[1], g[2])
+                if log is not None:
+                    log.append(f"    {ins.where}: {OP_NAMES[op]} {self.names[ins.line]} issued (not yet performed)")
+            elif op == ISSUE_ADD:
+                st.pend[r] = (*st.pend[r], (j, P_LANE, ins.line, (ins.lane, ins.value), ins.tag, r, ins))
+                if log is not None:
+                    part = "counter" if ins.lane == COUNTER_LANE else f"lane {ins.lane}"
+                    log.append(f"    {ins.where}: {part} add {ins.value} -> {self.names[ins.line]} issued")
+            elif op == ADDC:
+                self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], ins.value))
+            elif op == COMBINE:
+                snaps = [st.regs[r][j][s] for s in ins.srcs]
+                self._set_reg(st, r, j, ins.reg, protocols.ll128_restore(snaps, self.cfg.ll128_lines, self.lanes))
+            elif op == OUT:
+                got = st.regs[r][j][ins.reg]
+                if log is not None:
+                    log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
+                if got != ins.expect:
+                    return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
+                                     f"the exact sum is {ins.expect}")
+            pc += 1
+        st.pc[r][j] = pc
+        if advance and pc == n and all(p == len(c) for p, c in zip(st.pc[r], self.code[r][k], strict=True)):
+            if log is not None:
+                log.append(f"    r{r} ends call {k} (kernel boundary: all its threads finished)")
+            st.call[r] = k + 1
+            return self._start_call(st, r, log)
+        return None
+
+    # ---- diagnostics ---------------------------------------------------------------------------
+    def deadlock(self, st: State) -> Violation:
+        lines = []
+        for r in range(self.R):
+            k = st.call[r]
+            if k >= self.ncalls:
+                continue
+            for j, c in enumerate(self.code[r][k]):
+                pc = st.pc[r][j]
+                if pc >= len(c):
+                    continue
+                ins = c[pc]
+                if ins.op in (POLL, POLL128):
+                    g = st.ghost[ins.line]
+                    if ins.flag is not None:
+                        want = _fmt_flag(ins.flag)
+                    else:
+                        want = f"counter == {ins.expect}" if ins.op == POLL128 else "data"
+                    lines.append(f"{ins.where} waits on {self.names[ins.line]} for {want} ({_fmt_tag(ins.tag)}); "
+                                 f"it holds {st.mem[ins.line]!r}, {_fmt_tag(g[1])} ({_status(g)})")
+                else:
+                    lines.append(f"{ins.where} blocked at {OP_NAMES[ins.op]}")
+        return Violation("deadlock", "no step is enabled but threads are unfinished: " + " | ".join(lines))
+
+    def describe(self, st: State, act: Action) -> str:
+        kind, r, j = act
+        if kind == 1:
+            e = st.pend[r][j]
+            return f"perform delayed store of r{r} to {self.names[e[2]]}"
+        ins = self.code[r][st.call[r]][j][st.pc[r][j]]
+        return f"{ins.where}: {OP_NAMES[ins.op]} {self.names[ins.line] if ins.line >= 0 else ''}"

@@ -1,0 +1,315 @@
+"""Named configurations, the catalogue of planted bugs, and the bounded sweep / long soak.
+
+The CI sweep (:func:`sweep`) runs every :data:`EXHAUSTIVE` configuration to completion and a fixed
+number of adversarial random schedules on every :data:`RANDOM` configuration (seeded, so every CI
+run checks the same schedules); :func:`soak` keeps drawing new random schedules until a deadline.
+Work is spread over worker processes (``workers``, default: up to 2).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+
+from .config import Config, Mutation
+from .explore import Report, exhaustive, random_runs
+
+
+def _c(name: str, **kw: object) -> Config:
+    return Config(name=name, **kw)  # type: ignore[arg-type]
+
+
+#: Tiny configurations explored exhaustively (every interleaving): 2-3 ranks, 1-2 threads, 2-5 calls
+#: of different sizes, covering chunked iterations, several slots/blocks, idle channels, uneven
+#: two-shot chunks and 2-bit epochs (wrap-around).
+EXHAUSTIVE: list[Config] = [
+    _c("oneshot-ll-2r1t", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1)),
+    _c("oneshot-sentinel-2r1t", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1)),
+    _c("oneshot-ll-3r1t", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 2)),
+    _c("oneshot-sentinel-3r1t", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 3, 2)),
+    _c("oneshot-ll-3r2t", algorithm="oneshot", protocol="ll", nranks=3, threads=2, calls=(2, 3, 1)),
+    _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 5, 1)),
+    _c("oneshot-ll-2r1t-bits2", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3, 1), epoch_bits=2),
+    _c("oneshot-sentinel-2r1t-slots2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3), max_slots=2),
+    _c("oneshot-sentinel-2r1t-blocks2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3),
+       max_blocks=2),
+    _c("twoshot-ll-2r1t", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2)),
+    _c("twoshot-sentinel-2r1t", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 4, 2)),
+    _c("twoshot-ll-3r2t", algorithm="twoshot", protocol="ll", nranks=3, threads=2, calls=(6, 3)),
+    _c("twoshot-sentinel-3r1t", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(3, 7, 2)),
+    _c("twoshot-sentinel-2r2t", algorithm="twoshot", protocol="sentinel", nranks=2, threads=2, calls=(4, 6, 2)),
+    _c("ll128-2r1t", algorithm="ll128", nranks=2, calls=(2, 4, 2)),
+    _c("ll128-3r1t", algorithm="ll128", nranks=3, calls=(3, 7)),
+    _c("ll128-split-torn-2r1t", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
+       ll128_split=True, ll128_lines=1),
+]
+
+#: Larger configurations for random schedules: more ranks, blocks, slots, threads and calls.
+#: (config, runs in the CI sweep); small ones get many runs, big ones fewer (similar CPU time).
+RANDOM: list[tuple[Config, int]] = [
+    (_c("oneshot-ll-2r1t-x4", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3)), 27000),
+    (_c("oneshot-sentinel-2r1t-x4", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1, 3)), 20000),
+    (_c("oneshot-sentinel-3r1t-bits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
+        epoch_bits=2), 6000),
+    (_c("oneshot-ll-3r1t-bits2", algorithm="oneshot", protocol="ll", nranks=3, calls=(2, 1, 3, 1, 2), epoch_bits=2),
+     6000),
+    (_c("twoshot-ll-2r1t-x4", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 5, 1, 3)), 15000),
+    (_c("twoshot-sentinel-2r1t-x4", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 5, 1, 3)), 10000),
+    (_c("twoshot-sentinel-3r1t-x3", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7)), 4000),
+    (_c("ll128-2r1t-x3", algorithm="ll128", nranks=2, calls=(2, 5, 1)), 6000),
+    (_c("ll128-split-torn-2r1t-w2", algorithm="ll128", nranks=2, calls=(2, 5, 1), ll128_line_atomic=False,
+        ll128_split=True), 3000),
+    (_c("oneshot-ll-3r2t-b2s2", algorithm="oneshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
+        calls=(1, 5, 2, 12, 3)), 1500),
+    (_c("oneshot-sentinel-4r2t-b2s2", algorithm="oneshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
+        max_slots=2, calls=(3, 1, 9, 2)), 800),
+    (_c("oneshot-sentinel-8r1t", algorithm="oneshot", protocol="sentinel", nranks=8, calls=(1, 2, 1)), 600),
+    (_c("twoshot-ll-3r2t-b2s2", algorithm="twoshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
+        calls=(4, 13, 2, 24, 7)), 1000),
+    (_c("twoshot-sentinel-4r2t-b2s2", algorithm="twoshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
+        max_slots=2, calls=(4, 13, 2, 24, 7)), 500),
+    (_c("ll128-3r2t", algorithm="ll128", nranks=3, threads=2, calls=(3, 7, 2)), 1500),
+    (_c("ll128-split-torn-3r1t", algorithm="ll128", nranks=3, calls=(3, 7, 2), ll128_line_atomic=False,
+        ll128_split=True), 1200),
+    (_c("ll128-4r1t-lanes4", algorithm="ll128", nranks=4, calls=(4, 9), ll128_lines=2, ll128_lanes=4), 800),
+]
+
+
+@dataclass(frozen=True)
+class Planted:
+    """A planted bug and a configuration on which the checker must produce a counterexample."""
+
+    name: str
+    config: Config
+    kinds: frozenset[str]  # violation kinds that count as catching it
+    rule: str  # the rule it breaks (for the docs and the printed report)
+
+
+def _p(name: str, cfg: Config, kinds: Iterable[str], rule: str) -> Planted:
+    return Planted(name, replace(cfg, name=name), frozenset(kinds), rule)
+
+
+_O_LL = Config(algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1))
+_O_SE = Config(algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1))
+_T_LL = Config(algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2))
+_T_SE = Config(algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 4, 2))
+_LL128 = Config(algorithm="ll128", nranks=2, calls=(2, 4, 2))
+_RACE = ("reset-race", "overwrite", "stale", "wrong-sum", "deadlock")
+
+PLANTED: list[Planted] = [
+    _p("single-buffer/oneshot-ll", _O_LL.with_mutation(Mutation.SINGLE_BUFFER), ("overwrite",),
+       "double buffering: a line is rewritten only after the credit for it"),
+    _p("single-buffer/oneshot-sentinel", _O_SE.with_mutation(Mutation.SINGLE_BUFFER), ("overwrite", "reset-race"),
+       "double buffering: a line is rewritten only after the credit for it"),
+    _p("single-buffer/twoshot-sentinel", _T_SE.with_mutation(Mutation.SINGLE_BUFFER), ("reset-race", "overwrite"),
+       "two-shot sentinel: per-buffer lazy fences suffice only with two parities"),
+    _p("skip-sentinel-reset/oneshot", _O_SE.with_mutation(Mutation.SKIP_SENTINEL_RESET), ("stale",),
+       "sentinel: the receiver stores the sentinel back after reading"),
+    _p("skip-sentinel-reset/twoshot", _T_SE.with_mutation(Mutation.SKIP_SENTINEL_RESET), ("stale",),
+       "sentinel: the receiver stores the sentinel back after reading"),
+    _p("reused-flag/oneshot-same-call", replace(_O_LL, calls=(2, 2)).with_mutation(Mutation.REUSED_FLAG),
+       ("stale",), "LL: the flag carries the epoch"),
+    _p("reused-flag/twoshot", _T_LL.with_mutation(Mutation.REUSED_FLAG), ("stale", "mismatch"),
+       "LL: the flag carries the epoch"),
+    _p("epoch-bits-1/oneshot", replace(_O_LL, calls=(2, 2), epoch_bits=1), ("stale",),
+       "LL: at least 2 epoch bits (stale lines hold e-2)"),
+    _p("reset-after-send/oneshot-sentinel", _O_SE.with_mutation(Mutation.RESET_AFTER_SEND), _RACE,
+       "sentinel: the reset is fenced before the next send"),
+    _p("reset-after-send/twoshot-sentinel", _T_SE.with_mutation(Mutation.RESET_AFTER_SEND), _RACE,
+       "sentinel: the reset is fenced before the next send"),
+    _p("zero-after-send/ll128", _LL128.with_mutation(Mutation.RESET_AFTER_SEND), _RACE,
+       "LL128: the zeroing is fenced before the next all-gather send"),
+    _p("torn-ll128", _LL128.with_mutation(Mutation.TORN_LL128), ("torn",),
+       "LL128: a counter of R implies complete lanes (line-atomic adds, or data fenced before counter)"),
+    _p("split-no-fence/ll128", replace(_LL128, ll128_split=True, ll128_line_atomic=False).with_mutation(
+        Mutation.SPLIT_NO_FENCE), ("torn",), "LL128 split mode: data adds are fenced before the counter add"),
+    _p("unpadded-chunks/twoshot-ll-bits2", Config(algorithm="twoshot", protocol="ll", nranks=2, calls=(4, 3, 4),
+                                                  epoch_bits=2).with_mutation(Mutation.UNPADDED_CHUNKS),
+       ("stale",), "two-shot: chunk lines past the message are sent as padding, so stale LL lines hold e-2"),
+    _p("skip-ll128-zero", _LL128.with_mutation(Mutation.SKIP_LL128_ZERO), ("overwrite", "wrong-sum", "deadlock"),
+       "LL128: the owner zeroes the line after reading (zero at rest)"),
+    _p("skip-commit/oneshot-ll", replace(_O_LL, calls=(1, 1)).with_mutation(Mutation.SKIP_COMMIT),
+       ("stale", "overwrite"), "epochs: counters are written back at kernel end (commit)"),
+    _p("skip-commit/twoshot-sentinel", _T_SE.with_mutation(Mutation.SKIP_COMMIT), _RACE,
+       "epochs: counters are written back at kernel end (commit)"),
+    _p("no-boundary-order/oneshot-sentinel", _O_SE.with_mutation(Mutation.NO_BOUNDARY_ORDER), _RACE,
+       "kernel boundary: a kernel's stores are performed before the next kernel's"),
+]
+
+#: Mutations the checker proves harmless in a given algorithm (documented, and tested as such).
+BENIGN: list[Planted] = [
+    _p("single-buffer/twoshot-ll", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3, 7, 2))
+       .with_mutation(Mutation.SINGLE_BUFFER), (),
+       "two-shot: the all-gather receive is the credit for the next reduce-scatter send"),
+    _p("single-buffer/ll128", Config(algorithm="ll128", nranks=3, calls=(3, 7)).with_mutation(Mutation.SINGLE_BUFFER),
+       (),
+       "two-shot: the all-gather receive is the credit for the next reduce-scatter add"),
+]
+
+
+# ---- running work, serially or on worker processes --------------------------------------------
+_Task = tuple[str, Config, int, int]  # (method, config, runs or max_states, seed)
+
+
+def _run_task(task: _Task) -> Report:
+    method, cfg, n, seed = task
+    if method == "exhaustive":
+        return exhaustive(cfg, max_states=n)
+    return random_runs(cfg, n, seed)
+
+
+def _soak_task(task: tuple[Config, float, int]) -> Report:
+    cfg, seconds, seed = task
+    return random_runs(cfg, 1 << 62, seed, seconds=seconds)
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def _map(fn: Callable[..., Report], tasks: list, workers: int,  # type: ignore[type-arg]
+         progress: Callable[[Report], None] | None) -> list[Report]:
+    out: list[Report] = []
+    if workers <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            rep = fn(t)
+            out.append(rep)
+            if progress:
+                progress(rep)
+        return out
+    ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
+        futs: list[Future[Report]] = [ex.submit(fn, t) for t in tasks]
+        for f in futs:
+            rep = f.result()
+            out.append(rep)
+            if progress:
+                progress(rep)
+    return out
+
+
+@dataclass
+class SweepResult:
+    reports: list[Report] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def random_interleavings(self) -> int:
+        return sum(r.interleavings for r in self.reports if r.method == "random")
+
+    @property
+    def exhaustive_interleavings(self) -> int:
+        return sum(r.interleavings for r in self.reports if r.method == "exhaustive")
+
+    @property
+    def states(self) -> int:
+        return sum(r.states for r in self.reports if r.method == "exhaustive")
+
+    @property
+    def steps(self) -> int:
+        return sum(r.steps for r in self.reports)
+
+    @property
+    def failures(self) -> list[Report]:
+        return [r for r in self.reports if not r.ok or (r.method == "exhaustive" and not r.complete)]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        n_ex = sum(1 for r in self.reports if r.method == "exhaustive")
+        n_rd = sum(1 for r in self.reports if r.method == "random")
+        lines = [
+            f"random schedules executed and checked: {self.random_interleavings:,} "
+            f"({n_rd} runs of configurations, {sum(r.steps for r in self.reports if r.method == 'random'):,} steps)",
+        ]
+        if n_ex:
+            lines.append(f"exhaustive: {n_ex} configurations, {self.states:,} states, "
+                         f"{sum(r.steps for r in self.reports if r.method == 'exhaustive'):,} transitions, "
+                         f"covering {self.exhaustive_interleavings:.3e} interleavings (every schedule)")
+        lines.append(f"interleavings explored in total: {self.random_interleavings + self.exhaustive_interleavings:.3e}"
+                     f" in {self.seconds:.1f} s; {'all clean' if self.ok else f'{len(self.failures)} FAILED'}")
+        return "\n".join(lines)
+
+
+def _merge_random(reports: list[Report]) -> list[Report]:
+    """One report per random configuration (tasks may split a configuration's runs)."""
+    merged: dict[str, Report] = {}
+    out: list[Report] = []
+    for r in reports:
+        if r.method != "random":
+            out.append(r)
+            continue
+        m = merged.get(r.config)
+        if m is None:
+            m = Report(r.config, "random")
+            merged[r.config] = m
+            out.append(m)
+        m.interleavings += r.interleavings
+        m.steps += r.steps
+        m.seconds += r.seconds
+        for k, v in r.adversaries.items():
+            m.adversaries[k] = m.adversaries.get(k, 0) + v
+        if r.counterexample is not None and m.counterexample is None:
+            m.counterexample = r.counterexample
+    return out
+
+
+def sweep(scale: float = 1.0, seed: int = 0, *, workers: int | None = None, exhaustive_configs: bool = True,
+          max_states: int = 500_000, progress: Callable[[Report], None] | None = None,
+          chunk: int = 2000) -> SweepResult:
+    """The bounded sweep: every EXHAUSTIVE config completely, ``scale`` x the RANDOM run counts."""
+    t0 = time.perf_counter()
+    tasks: list[_Task] = []
+    if exhaustive_configs:
+        tasks += [("exhaustive", c, max_states, seed) for c in EXHAUSTIVE]
+    for i, (cfg, runs) in enumerate(RANDOM):
+        n = max(1, int(runs * scale))
+        for part, start in enumerate(range(0, n, chunk)):
+            tasks.append(("random", cfg, min(chunk, n - start), seed * 1_000_003 + i * 1009 + part))
+    # big tasks first so the workers finish together
+    reports = _map(_run_task, tasks, workers if workers is not None else default_workers(), progress)
+    return SweepResult(_merge_random(reports), time.perf_counter() - t0)
+
+
+def soak(seconds: float, seed: int = 1, *, workers: int | None = None,
+         progress: Callable[[Report], None] | None = None, slice_seconds: float = 30.0) -> SweepResult:
+    """Random schedules on every RANDOM config, fresh seeds, until ``seconds`` have passed."""
+    t0 = time.perf_counter()
+    w = workers if workers is not None else default_workers()
+    reports: list[Report] = []
+    round_ = 0
+    while True:
+        left = seconds - (time.perf_counter() - t0)
+        if left <= 0.5:
+            break
+        per = max(0.5, min(slice_seconds, left) * w / len(RANDOM))
+        tasks = [(cfg, per, (seed << 20) + round_ * 1000 + i) for i, (cfg, _) in enumerate(RANDOM)]
+        reports += _map(_soak_task, tasks, w, progress)
+        round_ += 1
+        if any(not r.ok for r in reports):
+            break
+    return SweepResult(_merge_random(reports), time.perf_counter() - t0)
+
+
+def check_planted(planted: Planted, *, random_runs_budget: int = 3000, seed: int = 0) -> tuple[Report, Report]:
+    """Exhaustive and random search on a planted bug; both reports should hold a counterexample."""
+    return exhaustive(planted.config), random_runs(planted.config, random_runs_budget, seed)
+
+
+def find_config(name: str) -> Config:
+    for c in EXHAUSTIVE:
+        if c.name == name:
+            return c
+    for c, _ in RANDOM:
+        if c.name == name:
+            return c
+    for p in PLANTED + BENIGN:
+        if p.name == name:
+            return p.config
+    raise KeyError(name)

@@ -1,0 +1,234 @@
+"""The protocol model checker (sollat.model): clean protocols pass, planted bugs are caught.
+
+The bounded sweep runs once per session (module fixture) on up to 2 worker processes; set
+SOLLAT_MODEL_SOAK=<seconds> to also run the long random soak.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sollat import layout
+from sollat.model import (
+    BENIGN,
+    EXHAUSTIVE,
+    PLANTED,
+    RANDOM,
+    Config,
+    Machine,
+    Mutation,
+    cli,
+    exhaustive,
+    protocols,
+    random_runs,
+    rules,
+)
+from sollat.model.algorithms import SEND
+from sollat.model.sweep import SweepResult, soak, sweep
+
+MIN_INTERLEAVINGS = 100_000
+
+
+@pytest.fixture(scope="module")
+def swept() -> SweepResult:
+    return sweep(seed=0)
+
+
+# ---- the bounded sweep ---------------------------------------------------------------------------
+def test_sweep_explores_enough_interleavings(swept: SweepResult) -> None:
+    print("\n" + "\n".join(r.summary() for r in swept.reports))
+    print(swept.summary())
+    assert swept.ok, [str(r.counterexample) for r in swept.failures]
+    # Executed one by one (each a complete adversarial schedule, every step checked):
+    assert swept.random_interleavings >= MIN_INTERLEAVINGS
+    # Plus every interleaving of every exhaustive configuration (counted on the state graph):
+    assert swept.exhaustive_interleavings > swept.states > 10_000
+    assert swept.random_interleavings + swept.exhaustive_interleavings >= MIN_INTERLEAVINGS
+
+
+@pytest.mark.parametrize("name", [c.name for c in EXHAUSTIVE])
+def test_exhaustive_config_is_clean_and_complete(swept: SweepResult, name: str) -> None:
+    cfg = next(c for c in EXHAUSTIVE if c.name == name)
+    rep = next(r for r in swept.reports if r.method == "exhaustive" and r.config == cfg.label())
+    assert rep.counterexample is None, str(rep.counterexample)
+    assert rep.complete and rep.interleavings > 0
+
+
+@pytest.mark.parametrize("name", [c.name for c, _ in RANDOM])
+def test_random_config_is_clean(swept: SweepResult, name: str) -> None:
+    cfg, runs = next((c, n) for c, n in RANDOM if c.name == name)
+    rep = next(r for r in swept.reports if r.method == "random" and r.config == cfg.label())
+    assert rep.counterexample is None, str(rep.counterexample)
+    assert rep.interleavings == runs
+    assert len(rep.adversaries) == 8  # every adversary took part
+
+
+# ---- planted bugs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("planted", PLANTED, ids=[p.name for p in PLANTED])
+def test_planted_bug_is_caught_with_a_counterexample(planted) -> None:  # type: ignore[no-untyped-def]
+    ex = exhaustive(planted.config)
+    assert ex.counterexample is not None, f"{planted.name}: exhaustive search found nothing"
+    v = ex.counterexample.violation
+    assert v.kind in planted.kinds, str(v)
+    text = ex.counterexample.format()
+    assert f"VIOLATION [{v.kind}]" in text and "trace" in text
+    assert "#1 " in text  # numbered steps: which rank wrote what, when
+    if v.line >= 0:  # the violating line is named and its history is marked
+        name = Machine(planted.config).names[v.line]
+        assert name in text and "*#" in text
+    rnd = random_runs(planted.config, 3000, seed=1)
+    assert rnd.counterexample is not None, f"{planted.name}: random schedules found nothing"
+    assert rnd.counterexample.violation.kind in planted.kinds, str(rnd.counterexample.violation)
+
+
+@pytest.mark.parametrize("benign", BENIGN, ids=[p.name for p in BENIGN])
+def test_benign_mutation_is_proved_harmless(benign) -> None:  # type: ignore[no-untyped-def]
+    rep = exhaustive(benign.config)
+    assert rep.ok and rep.complete, str(rep.counterexample)
+
+
+def test_every_mutation_is_planted_somewhere() -> None:
+    planted = set().union(*(p.config.mutations for p in PLANTED))
+    assert planted == set(Mutation)
+
+
+def test_counterexample_reads_well() -> None:
+    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2, 1)).with_mutation(Mutation.RESET_AFTER_SEND)
+    text = exhaustive(cfg).counterexample.format()  # type: ignore[union-attr]
+    assert "before the receiver's reset" in text
+    assert "RESET r1.oneshot" in text and "issued (not yet performed)" in text
+    assert "SEND" in text and "POLL" in text and "kernel boundary" in text
+
+
+def test_torn_line_counterexample_is_short() -> None:
+    cfg = Config(algorithm="ll128", calls=(2, 4)).with_mutation(Mutation.TORN_LL128)
+    ce = exhaustive(cfg).counterexample
+    assert ce is not None and ce.violation.kind == "torn"
+    assert len(ce.schedule) <= 4  # breadth-first: two counter lanes land, the owner reads
+    assert "counter says all 2 ranks added" in ce.format()
+
+
+# ---- the checker's own machinery -----------------------------------------------------------------
+def test_interleaving_count_is_exact() -> None:
+    # 2 ranks, one line: each rank SENDs then POLLs the other's line: S0 S1 in either order, then
+    # P0 P1 in either order -> 4 schedules.
+    assert exhaustive(Config(algorithm="oneshot", protocol="ll", calls=(1,))).interleavings == 4
+    # Brute-force enumeration (no state merging) agrees with the count on the state graph.
+    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2))
+    m = Machine(cfg)
+
+    def count(st) -> int:  # type: ignore[no-untyped-def]
+        acts = m.enabled(st)
+        if not acts:
+            assert m.finished(st)
+            return 1
+        total = 0
+        for a in acts:
+            c = st.copy()
+            assert m.apply(c, a) is None
+            total += count(c)
+        return total
+
+    assert count(m.initial()) == exhaustive(cfg).interleavings
+
+
+def test_deadlock_is_reported() -> None:
+    cfg = Config(algorithm="oneshot", protocol="ll", calls=(1, 1))
+    m = Machine(cfg)
+    code = list(m.code[1][1][0])
+    code.remove(next(i for i in code if i.op == SEND))  # rank 1 never sends in call 1
+    m.code[1][1][0] = tuple(code)
+    rep = exhaustive(cfg, machine=m)
+    assert rep.counterexample is not None and rep.counterexample.violation.kind == "deadlock"
+    assert "waits on r0.oneshot" in rep.counterexample.format()
+    rnd = random_runs(cfg, 5, machine=m)
+    assert rnd.counterexample is not None and rnd.counterexample.violation.kind == "deadlock"
+
+
+def test_random_runs_count_and_are_reproducible() -> None:
+    cfg = next(c for c, _ in RANDOM if c.name == "twoshot-sentinel-3r1t-x3")
+    a = random_runs(cfg, 40, seed=7)
+    b = random_runs(cfg, 40, seed=7)
+    assert a.interleavings == b.interleavings == 40 and a.steps == b.steps
+
+
+def test_config_names_are_unique() -> None:
+    names = [c.name for c in EXHAUSTIVE] + [c.name for c, _ in RANDOM] + [p.name for p in PLANTED + BENIGN]
+    assert len(names) == len(set(names))
+
+
+# ---- rules come from sollat.layout -----------------------------------------------------------------
+@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("lines", [1, 2, 3, 5, 9, 17, 40])
+def test_model_geometry_is_layout_plan_at_bundle_granularity(threads: int, lines: int) -> None:
+    cfg = Config(threads=threads, max_blocks=2, max_slots=2)
+    g = layout.MAX_THREADS // threads
+    real = layout.plan(lines * g, max_blocks=2, max_slots=2)
+    geo = rules.model_geometry(cfg, lines)
+    assert (geo.blocks, geo.threads * g, geo.slots, geo.iterations) == \
+        (real.blocks, real.threads, real.slots, real.iterations)
+    # every message line is handled exactly once, by a bundle that acts as a whole
+    seen = sorted(rules.message_line(geo, it, b, i, t) for it in range(geo.iterations) for b in range(geo.blocks)
+                  for i in range(geo.slots) for t in range(geo.threads))
+    assert seen[:lines] == list(range(lines))
+    assert rules.channel(cfg, 1, 1, 1) == layout.slot_index(1, 1, g)
+
+
+@pytest.mark.parametrize("cfg", EXHAUSTIVE + [c for c, _ in RANDOM], ids=lambda c: c.name)
+def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
+    m = Machine(cfg)
+    assert not m.scratch.aliases
+    lps = layout.lines_per_src(cfg.max_blocks)
+    for info in m.scratch.infos:  # addresses stay inside the region the host allocates
+        assert 0 <= info.address < 2 * cfg.nranks * lps
+
+
+def test_ll_flag_rules() -> None:
+    cfg = Config(epoch_bits=2)
+    f5 = rules.ll_flag(cfg, 0x1235, 5)
+    assert f5 == (0x1235, 1) and rules.ll_flag(cfg, 0x1235, 3) != f5  # e-2 differs in 2 bits
+    assert protocols.ll_try_load((7, f5), f5) == 1
+    assert protocols.ll_try_load(protocols.LL_REST, f5) == 0  # flag 0 is never valid
+    assert protocols.ll_try_load((7, (0x9999, 1)), f5) == -1  # right epoch, other call: mismatch
+    assert rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), 0x1235, 5) == \
+        rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), 0x1235, 3)
+
+
+@pytest.mark.parametrize("lines,lanes", [(1, 2), (2, 2), (2, 4), (4, 8)])
+def test_ll128_pack_restore(lines: int, lanes: int) -> None:
+    n = protocols.ll128_payload(lines, lanes)
+    if (lines, lanes) == (4, 8):
+        assert n == 124  # fp32 on the device: 31 lanes x 4 elements
+    a = tuple(range(1, n + 1))
+    b = tuple(range(100, 100 + n))
+    pa, pb = protocols.ll128_pack(a, lines, lanes), protocols.ll128_pack(b, lines, lanes)
+    summed = [protocols.line_add(x, y) for x, y in zip(pa, pb, strict=True)]
+    assert all(protocols.ll128_counter(s) == 2 for s in summed)
+    assert protocols.ll128_restore(summed, lines, lanes) == tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+# ---- command line --------------------------------------------------------------------------------
+def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--list"]) == 0
+    assert cli.main(["--config", "ll128-3r1t", "--exhaustive"]) == 0
+    assert cli.main(["--config", "oneshot-sentinel-8r1t", "--runs", "20"]) == 0
+    assert cli.main(["--mutation", "torn-ll128"]) == 0
+    out = capsys.readouterr().out
+    assert "planted bugs" in out and "VIOLATION [torn]" in out and "caught" in out
+    assert cli.main(["--config", "no-such-config"]) == 2
+
+
+def test_cli_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--demo"]) == 0
+    out = capsys.readouterr().out
+    assert "interleavings" in out and "VIOLATION [reset-race]" in out and "all clean" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SOLLAT_MODEL_SOAK"), reason="set SOLLAT_MODEL_SOAK=<seconds> for the soak")
+def test_soak() -> None:
+    res = soak(float(os.environ["SOLLAT_MODEL_SOAK"]), seed=int(os.environ.get("SOLLAT_MODEL_SEED", "1")))
+    print(res.summary())
+    assert res.ok, [str(r.counterexample) for r in res.failures]
