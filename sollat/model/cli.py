@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 from .explore import Report, exhaustive, random_runs
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep
 
 
-def _progress(verbose: bool):  # type: ignore[no-untyped-def]
+def _progress(verbose: bool) -> Callable[[Report], None]:
     def show(rep: Report) -> None:
         if verbose or not rep.ok:
             print(rep.summary(), flush=True)

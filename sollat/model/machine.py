@@ -177,16 +177,6 @@ class Machine:
     def _own_pending_line(self, st: State, r: int, j: int, line: int) -> bool:
         return any(e[0] == j and e[2] == line for e in st.pend[r])
 
-    def _poll_ready(self, st: State, r: int, j: int, ins: Instr) -> bool:
-        """Would the poll ``ins`` of thread (r, j) accept its line now? (Same test as ``enabled``.)"""
-        content = st.mem[ins.line]
-        if ins.flag is not None:
-            return protocols.ll_try_load(content, ins.flag) != 0
-        # store-to-load forwarding: the thread sees its own reset even before it is performed
-        if self._forwarded_reset(st.pend[r], j, ins.line):
-            return False
-        return protocols.sentinel_full(content)
-
     def enabled(self, st: State) -> list[Action]:
         acts: list[Action] = []
         mem = st.mem
@@ -218,9 +208,17 @@ class Machine:
                         acts.append((0, r, j))
                     elif op == POLL128 and protocols.ll128_counter(mem[ins.line]) >= ins.expect:
                         acts.append((0, r, j))  # > R: the device reports an overshoot (a mismatch)
-            for i in range(len(pend)):
+            for i, e in enumerate(pend):
+                if i and self._ordered_after(pend, i, e):
+                    continue
                 acts.append((1, r, i))
         return acts
+
+    @staticmethod
+    def _ordered_after(pend: tuple[Pending, ...], i: int, e: Pending) -> bool:
+        """Same-address order: a delayed store waits for the same thread's earlier delayed store to
+        the same line when either is a whole-line store (reset/zeroing); lane adds commute."""
+        return any(p[0] == e[0] and p[2] == e[2] and (p[1] != P_LANE or e[1] != P_LANE) for p in pend[:i])
 
     @staticmethod
     def _forwarded_reset(pend: tuple[Pending, ...], j: int, line: int) -> bool:
@@ -456,11 +454,3 @@ class Machine:
                 else:
                     lines.append(f"{ins.where} blocked at {OP_NAMES[ins.op]}")
         return Violation("deadlock", "no step is enabled but threads are unfinished: " + " | ".join(lines))
-
-    def describe(self, st: State, act: Action) -> str:
-        kind, r, j = act
-        if kind == 1:
-            e = st.pend[r][j]
-            return f"perform delayed store of r{r} to {self.names[e[2]]}"
-        ins = self.code[r][st.call[r]][j][st.pc[r][j]]
-        return f"{ins.where}: {OP_NAMES[ins.op]} {self.names[ins.line] if ins.line >= 0 else ''}"

@@ -11,16 +11,19 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from .config import Config, Mutation
 from .explore import Report, exhaustive, random_runs
 
+T = TypeVar("T")
 
-def _c(name: str, **kw: object) -> Config:
-    return Config(name=name, **kw)  # type: ignore[arg-type]
+
+def _c(name: str, **kw: Any) -> Config:
+    return Config(name=name, **kw)
 
 
 #: Tiny configurations explored exhaustively (every interleaving): 2-3 ranks, 1-2 threads, 2-5 calls
@@ -171,7 +174,7 @@ def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def _map(fn: Callable[..., Report], tasks: list, workers: int,  # type: ignore[type-arg]
+def _map(fn: Callable[[T], Report], tasks: Sequence[T], workers: int,
          progress: Callable[[Report], None] | None) -> list[Report]:
     out: list[Report] = []
     if workers <= 1 or len(tasks) <= 1:
@@ -226,7 +229,7 @@ class SweepResult:
         n_rd = sum(1 for r in self.reports if r.method == "random")
         lines = [
             f"random schedules executed and checked: {self.random_interleavings:,} "
-            f"({n_rd} runs of configurations, {sum(r.steps for r in self.reports if r.method == 'random'):,} steps)",
+            f"on {n_rd} configurations ({sum(r.steps for r in self.reports if r.method == 'random'):,} steps)",
         ]
         if n_ex:
             lines.append(f"exhaustive: {n_ex} configurations, {self.states:,} states, "
@@ -272,7 +275,6 @@ def sweep(scale: float = 1.0, seed: int = 0, *, workers: int | None = None, exha
         n = max(1, int(runs * scale))
         for part, start in enumerate(range(0, n, chunk)):
             tasks.append(("random", cfg, min(chunk, n - start), seed * 1_000_003 + i * 1009 + part))
-    # big tasks first so the workers finish together
     reports = _map(_run_task, tasks, workers if workers is not None else default_workers(), progress)
     return SweepResult(_merge_random(reports), time.perf_counter() - t0)
 

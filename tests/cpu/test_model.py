@@ -26,7 +26,8 @@ from sollat.model import (
     rules,
 )
 from sollat.model.algorithms import SEND
-from sollat.model.sweep import SweepResult, soak, sweep
+from sollat.model.machine import State
+from sollat.model.sweep import Planted, SweepResult, soak, sweep
 
 MIN_INTERLEAVINGS = 100_000
 
@@ -67,7 +68,7 @@ def test_random_config_is_clean(swept: SweepResult, name: str) -> None:
 
 # ---- planted bugs ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("planted", PLANTED, ids=[p.name for p in PLANTED])
-def test_planted_bug_is_caught_with_a_counterexample(planted) -> None:  # type: ignore[no-untyped-def]
+def test_planted_bug_is_caught_with_a_counterexample(planted: Planted) -> None:
     ex = exhaustive(planted.config)
     assert ex.counterexample is not None, f"{planted.name}: exhaustive search found nothing"
     v = ex.counterexample.violation
@@ -84,7 +85,7 @@ def test_planted_bug_is_caught_with_a_counterexample(planted) -> None:  # type: 
 
 
 @pytest.mark.parametrize("benign", BENIGN, ids=[p.name for p in BENIGN])
-def test_benign_mutation_is_proved_harmless(benign) -> None:  # type: ignore[no-untyped-def]
+def test_benign_mutation_is_proved_harmless(benign: Planted) -> None:
     rep = exhaustive(benign.config)
     assert rep.ok and rep.complete, str(rep.counterexample)
 
@@ -96,7 +97,9 @@ def test_every_mutation_is_planted_somewhere() -> None:
 
 def test_counterexample_reads_well() -> None:
     cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2, 1)).with_mutation(Mutation.RESET_AFTER_SEND)
-    text = exhaustive(cfg).counterexample.format()  # type: ignore[union-attr]
+    ce = exhaustive(cfg).counterexample
+    assert ce is not None
+    text = ce.format()
     assert "before the receiver's reset" in text
     assert "RESET r1.oneshot" in text and "issued (not yet performed)" in text
     assert "SEND" in text and "POLL" in text and "kernel boundary" in text
@@ -119,7 +122,7 @@ def test_interleaving_count_is_exact() -> None:
     cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2))
     m = Machine(cfg)
 
-    def count(st) -> int:  # type: ignore[no-untyped-def]
+    def count(st: State) -> int:
         acts = m.enabled(st)
         if not acts:
             assert m.finished(st)
