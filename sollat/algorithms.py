@@ -44,7 +44,7 @@ class Algorithm:
 
     def lines_per_rank(self, n: int, dt: DType, nranks: int) -> int:
         """Lines each thread-grid of one rank walks: the message (one-shot) or one chunk (two-shot)."""
-        count = layout.ceil_div(n, nranks) if self.two_shot else n
+        count = layout.chunk_count(n, nranks) if self.two_shot else n
         if self.unit_user_bytes:  # one lane per 16 B of a warp-unit: 32 lanes per unit
             return layout.WARP * layout.ceil_div(count, self.unit_user_bytes // dt.size)
         return layout.ceil_div(count, self.elems_per_line(dt))

@@ -220,6 +220,11 @@ class _CommBase:
             per_sm = self._blocks_per_sm(kernel, geo.threads)
             if geo.blocks * self._launch_ranks <= per_sm * self._num_sms:
                 break
+            if self._entry == "pg":
+                # Real ranks must cut every call identically (epochs agree only then), so the
+                # grid may not depend on this GPU's occupancy: refuse instead of re-planning.
+                raise UnsupportedError(f"all_reduce: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
+                                       f"on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
             if max_blocks == 1:
                 raise UnsupportedError(f"all_reduce: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
                                        f"cannot be co-resident on {self.gpu_name}")

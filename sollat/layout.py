@@ -40,6 +40,25 @@ def line_index(parity: int, src: int, slot: int, *, nranks: int, lines_per_src: 
     return (parity * nranks + src) * lines_per_src + slot
 
 
+def message_line(geo: Geometry, it: int, block: int, slot: int, thread: int) -> int:
+    """Line of the message (one-shot) or chunk (two-shot) handled by (iteration, block, slot, thread):
+    consecutive threads take consecutive lines, then slots, then blocks, then iterations.
+    Device: the iteration loops of ``allreduce_oneshot.cu`` and ``allreduce_twoshot.cu``."""
+    return ((it * geo.blocks + block) * geo.slots + slot) * geo.threads + thread
+
+
+def chunk_count(n: int, nranks: int) -> int:
+    """Two-shot: elements per chunk before rounding to whole lines; rank c owns chunk c.
+    Device: ``chunk_lines`` in ``allreduce_twoshot.cu``; host: ``Algorithm.lines_per_rank``."""
+    return ceil_div(n, nranks)
+
+
+def ll128_acc_slot(block: int, thread: int) -> int:
+    """LL128 accumulator slot (and epoch index) of a lane; its 16-byte line is
+    ``line_index(parity, 0, acc_slot)``. Device: ``acc_slot`` in ``allreduce_ll128.cu``."""
+    return block * MAX_THREADS + thread
+
+
 def lines_per_src(max_blocks: int) -> int:
     return max_blocks * MAX_SLOTS * MAX_THREADS
 
@@ -80,7 +99,7 @@ def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_t
     blocks = min(max_blocks, ceil_div(total_lines, MAX_THREADS))
     per_block_lines = ceil_div(total_lines, blocks)
     slots = 1
-    while slots < max_slots and per_block_lines > slots * MAX_THREADS:
-        slots *= 2
+    while 2 * slots <= max_slots and per_block_lines > slots * MAX_THREADS:
+        slots *= 2  # powers of two only, never above max_slots
     per_iter = blocks * MAX_THREADS * slots
     return Geometry(blocks, MAX_THREADS, slots, ceil_div(total_lines, per_iter))

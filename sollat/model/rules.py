@@ -2,7 +2,7 @@
 
 Every function names the device code that implements the same rule. Slot mapping, line
 addresses and launch geometry are *imported* from ``sollat/layout.py`` (the single source of
-truth); only what layout.py does not define yet is written here, and marked so.
+truth); only the model's own bundling is written here.
 
 Bundles
 -------
@@ -59,13 +59,7 @@ def model_geometry(cfg: Config, model_lines: int) -> Geometry:
     return Geometry(real.blocks, real.threads // g, real.slots, real.iterations)
 
 
-def message_line(geo: Geometry, it: int, block: int, slot: int, thread: int) -> int:
-    """Line of the message (or chunk) handled by (iteration, block, slot, thread).
-
-    Not in layout.py yet (consecutive threads take consecutive lines, then slots, then blocks, then
-    iterations); device: the iteration loop of ``allreduce_oneshot.cu`` / ``allreduce_twoshot.cu``.
-    """
-    return ((it * geo.blocks + block) * geo.slots + slot) * geo.threads + thread
+message_line = layout.message_line
 
 
 def channel(cfg: Config, block: int, slot: int, thread: int) -> int:
@@ -83,12 +77,7 @@ def line_address(cfg: Config, par: int, src: int, slot: int) -> int:
     return layout.line_index(par, src, slot, nranks=cfg.nranks, lines_per_src=layout.lines_per_src(cfg.max_blocks))
 
 
-def acc_slot(block: int, thread: int) -> int:
-    """LL128 accumulator slot (and epoch index) of a thread: ``blockIdx.x * kMaxThreads + threadIdx.x``.
-
-    Not in layout.py yet; device: ``acc_slot`` in ``allreduce_ll128.cu``.
-    """
-    return block * layout.MAX_THREADS + thread
+acc_slot = layout.ll128_acc_slot
 
 
 def acc_line_address(cfg: Config, par: int, slot: int, line: int) -> int:
@@ -126,4 +115,4 @@ def chunk_lines(cfg: Config, call_lines: int) -> int:
     the message are sent as zero padding (``load_pack`` is bounded by ``n``), so every (sender,
     receiver) pair carries data in every iteration in which the channel does.
     """
-    return layout.ceil_div(call_lines, cfg.nranks)
+    return layout.chunk_count(call_lines, cfg.nranks)

@@ -22,7 +22,7 @@ def test_header_constants_match_layout() -> None:
 
 @pytest.mark.parametrize("lines", [1, 2, 31, 32, 33, 511, 512, 513, 4096, 8191, 65536, 10**6, 10**7])
 @pytest.mark.parametrize("max_blocks", [1, 4, 16])
-@pytest.mark.parametrize("max_slots", [1, 2, 4])
+@pytest.mark.parametrize("max_slots", [1, 2, 3, 4])
 def test_plan_covers_every_line(lines: int, max_blocks: int, max_slots: int) -> None:
     g = layout.plan(lines, max_blocks=max_blocks, max_slots=max_slots)
     assert 1 <= g.blocks <= max_blocks
@@ -59,3 +59,11 @@ def test_scratch_sizing(name: str, nranks: int) -> None:
     per_region = 2 * nranks * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS * layout.LINE_BYTES
     assert alg.scratch_bytes(nranks) == alg.buffers * per_region
     assert alg.epoch_words() == alg.buffers * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS
+
+
+def test_message_lines_cover_each_line_once() -> None:
+    for lines in (1, 77, 513, 70000):
+        g = layout.plan(lines, max_blocks=4, max_slots=2)
+        seen = [layout.message_line(g, it, b, i, t) for it in range(g.iterations) for b in range(g.blocks)
+                for i in range(g.slots) for t in range(g.threads)]
+        assert len(set(seen)) == len(seen) and set(range(lines)) <= set(seen)
