@@ -16,6 +16,13 @@ using namespace sollat;
 
 constexpr int kBuffers = 1;
 
+// Latency breakdown switch (scripts/latency_breakdown.py only; results are then WRONG on purpose):
+// 1 = send but do not wait (output = own data), 2 = no communication (copy input to output),
+// 3 = return right after the prologue. 0 (default) is the real kernel.
+#ifndef SOLLAT_BREAKDOWN
+#define SOLLAT_BREAKDOWN 0
+#endif
+
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) {
   typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
@@ -23,6 +30,7 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
 
+  if (SOLLAT_BREAKDOWN == 3) return;
   const FaultSink fault = make_fault(a.st);
   const u64 region_bytes = 2ull * a.st->nranks * a.lines_per_src * sizeof(Line);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
@@ -46,12 +54,18 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
     }
     if (active == 0) break;  // later iterations only have higher lines: nothing more for this thread
 
+    if (SOLLAT_BREAKDOWN != 2) {
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i)
-      if (i < active) buf.template bcast<T>(i, own[i]);
-
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) buf.template bcast<T>(i, own[i]);
+    }
     A acc[kSlots];
-    if (!buf.template recvReduce<T, Op>(active, own, acc)) return;  // fault recorded; host raises
+    if (SOLLAT_BREAKDOWN == 0) {
+      if (!buf.template recvReduce<T, Op>(active, own, acc)) return;  // fault recorded; host raises
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) pack_to_acc(own[i], acc[i]);
+    }
 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {

@@ -1,0 +1,48 @@
+"""Where the one-shot's time goes at small sizes (development tool; kernels built with
+SOLLAT_BREAKDOWN give wrong results on purpose and are never used by the library).
+
+Rows: full kernel; send without waiting; no communication (copy); prologue only; the empty-kernel
+floor with and without PDL. Same timing as the benchmark (CUDA-graph replay, median).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import sollat
+from sollat import build, launch
+from sollat.bench.timing import time_calls
+
+
+def main() -> int:
+    dev = torch.device("cuda", 0)
+    launch.ensure_device(0)
+    from cuda.core import ObjectCode
+
+    k = ObjectCode.from_cubin(build.compile_cubin('extern "C" __global__ void e() {}', name="empty",
+                                                  arch=build.device_arch())).get_kernel("e")
+    for pdl in (False, True):
+        t = time_calls(lambda i, pdl=pdl: launch.launch(k, (1, 1), 32, (), device=dev, pdl=pdl), calls=100,
+                       replays=15, device=dev)
+        print(f"empty kernel pdl={pdl}: {t.stats.median:.3f} us", flush=True)
+    for r in (2, 4, 8):
+        for algo in ("oneshot_ll", "oneshot_sentinel"):
+            cells = []
+            for mode, label in ((0, "full"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")):
+                c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
+                if mode:
+                    c._extra_defines = {"SOLLAT_BREAKDOWN": str(mode)}
+                sets = [[torch.randn(32, device=dev) for _ in range(r)] for _ in range(4)]
+                outs = [[torch.empty_like(x) for x in s] for s in sets]
+                t = time_calls(lambda i, c=c, sets=sets, outs=outs, algo=algo: c.all_reduce(
+                    sets[i % 4], algo=algo, out=outs[i % 4]), calls=100, replays=15, device=dev)
+                cells.append(f"{label}={t.stats.median:.3f}")
+                del c
+            print(f"R={r} {algo} 128B fp32: " + "  ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
