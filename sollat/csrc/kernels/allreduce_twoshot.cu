@@ -75,15 +75,10 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
       ag.template bcast<T>(i, red[i]);
       store_pack<T, sizeof(P)>(out, a.rank * chunk_elems + line[i] * kElems, a.n, out_aligned, red[i]);
     }
-    P got[kMaxRanks][kSlots];
-    if (!ag.template recvGather<T>(active, got)) return;
-#pragma unroll
-    for (int c = 0; c < kMaxRanks; ++c) {
-      if (c >= R || c == a.rank) continue;
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) store_pack<T, sizeof(P)>(out, c * chunk_elems + line[i] * kElems, a.n, out_aligned, got[c][i]);
-    }
+    const bool ok = ag.template recvEach<T>(active, [&](int c, int i, const P& v) {
+      store_pack<T, sizeof(P)>(out, c * chunk_elems + line[i] * kElems, a.n, out_aligned, v);
+    });
+    if (!ok) return;
     rs.advanceEpoch();
     ag.advanceEpoch();
   }

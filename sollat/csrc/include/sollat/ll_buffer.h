@@ -74,6 +74,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // got[own rank] is left untouched. Returns false on fault.
   template <typename T>
   __device__ bool recvGather(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
+  // Like recvGather, but hands each received line to fn(peer, i, pack) instead of storing it
+  // (no second array: fewer registers when the caller writes the data straight out).
+  template <typename T, class Fn>
+  __device__ bool recvEach(int n, Fn&& fn);
 
   // Sentinel: marks this rank's line i from `peer` empty again (recv* already does this for what
   // it consumed). LL: no-op. resetRange does lines first..first+count-1.
@@ -89,8 +93,8 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
   __device__ void beforeSend();
-  template <typename T> __device__ int poll(int src, int i, PackT<T>& v);
-  template <typename T> __device__ bool pollAll(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
+  template <typename T> __device__ int poll(int src, int i, Line& l);
+  template <typename T> __device__ bool pollAll(int n, Line (&lines)[kMaxRanks][kSlots]);
 };
 
 }  // namespace sollat

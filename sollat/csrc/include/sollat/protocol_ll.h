@@ -45,15 +45,17 @@ struct ProtoLL {
     st_volatile_line(dst, bit_cast<u64>(v), flag(sig, epoch));
   }
 
-  // Decodes one polled line. Returns 1 when it holds this epoch's data for this call (v is
-  // filled), 0 when not yet, -1 when it holds this epoch from a call with another signature.
+  // Readiness of one polled line: 1 when it holds this epoch's data for this call, 0 when not
+  // yet, -1 when it holds this epoch from a call with another signature (*seen gets it).
   template <typename T>
-  __device__ __forceinline__ static int decode(const Line& l, u32 sig, u32 epoch, Pack<T, 8>& v, u32* seen) {
-    u64 want = flag(sig, epoch);
-    if (l.hi == want) { v = bit_cast<Pack<T, 8>>(l.lo); return 1; }
+  __device__ __forceinline__ static int check(const Line& l, u32 sig, u32 epoch, u32* seen) {
+    const u64 want = flag(sig, epoch);
+    if (l.hi == want) return 1;
     if ((u32)l.hi == (u32)want && l.hi != 0) { *seen = (u32)(l.hi >> 32); return -1; }
     return 0;
   }
+  template <typename T>
+  __device__ __forceinline__ static Pack<T, 8> payload(const Line& l) { return bit_cast<Pack<T, 8>>(l.lo); }
 
   __device__ __forceinline__ static void reset(Line*) {}
 };

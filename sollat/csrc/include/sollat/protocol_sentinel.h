@@ -31,10 +31,33 @@
 
 namespace sollat {
 
+// Works on the two 64-bit halves of a line directly (no local arrays: those cost stack traffic on
+// the hot path). Lane k of a 64-bit word holds element k of that half.
 template <typename T>
-__device__ __forceinline__ bool is_nan_bits(typename Bits<T>::type b) {
-  return (b & Bits<T>::kExpMask) == Bits<T>::kExpMask && (b & Bits<T>::kManMask) != 0;
-}
+struct SentinelWords {
+  typedef typename Bits<T>::type B;
+  static constexpr int kBits = 8 * (int)sizeof(B);
+  static constexpr int kPerWord = 64 / kBits;
+  static constexpr u64 kLaneMask = (kBits == 64) ? ~0ull : ((1ull << kBits) - 1ull);
+
+  // Every NaN lane replaced by the canonical NaN.
+  __device__ __forceinline__ static u64 canonicalise(u64 w) {
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) {
+      const u64 b = (w >> (k * kBits)) & kLaneMask;
+      const bool nan = (b & (u64)Bits<T>::kExpMask) == (u64)Bits<T>::kExpMask && (b & (u64)Bits<T>::kManMask) != 0;
+      if (nan) w = (w & ~(kLaneMask << (k * kBits))) | ((u64)Bits<T>::kCanonicalNaN << (k * kBits));
+    }
+    return w;
+  }
+  // True when no lane is the sentinel (all ones).
+  __device__ __forceinline__ static bool full(u64 w) {
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < kPerWord; ++k) ok &= ((w >> (k * kBits)) & kLaneMask) != kLaneMask;
+    return ok;
+  }
+};
 
 struct ProtoSentinel {
   static constexpr int kPayloadBytes = 16;
@@ -43,32 +66,17 @@ struct ProtoSentinel {
 
   template <typename T>
   __device__ __forceinline__ static void store(Line* dst, const Pack<T, 16>& v, u32, u32) {
-    typedef typename Bits<T>::type B;
-    constexpr int kN = 16 / (int)sizeof(B);
-    B b[kN];
-    memcpy(b, &v, 16);
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      if (is_nan_bits<T>(b[i])) b[i] = Bits<T>::kCanonicalNaN;
-    Line l;
-    memcpy(&l, b, 16);
-    st_volatile_line(dst, l.lo, l.hi);
+    const Line l = bit_cast<Line>(v);
+    st_volatile_line(dst, SentinelWords<T>::canonicalise(l.lo), SentinelWords<T>::canonicalise(l.hi));
   }
 
-  // Decodes one polled line: 1 when no element is the sentinel (v is filled), else 0.
+  // Readiness of one polled line: 1 when no element is the sentinel, else 0.
   template <typename T>
-  __device__ __forceinline__ static int decode(const Line& l, u32, u32, Pack<T, 16>& v, u32*) {
-    typedef typename Bits<T>::type B;
-    constexpr int kN = 16 / (int)sizeof(B);
-    B b[kN];
-    memcpy(b, &l, 16);
-    bool full = true;
-#pragma unroll
-    for (int i = 0; i < kN; ++i) full &= (b[i] != Bits<T>::kSentinel);
-    if (!full) return 0;
-    memcpy(&v, &l, 16);
-    return 1;
+  __device__ __forceinline__ static int check(const Line& l, u32, u32, u32*) {
+    return SentinelWords<T>::full(l.lo) && SentinelWords<T>::full(l.hi) ? 1 : 0;
   }
+  template <typename T>
+  __device__ __forceinline__ static Pack<T, 16> payload(const Line& l) { return bit_cast<Pack<T, 16>>(l); }
 
   // The line is this thread's own scratch; see the header comment for how it is ordered.
   __device__ __forceinline__ static void reset(Line* own) { st_volatile_line(own, ~0ull, ~0ull); }

@@ -76,9 +76,10 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i,
 
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::poll(int src, int i, PackT<T>& v) {
+__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::poll(int src, int i, Line& l) {
   u32 seen = 0;
-  int r = Proto::template decode<T>(ld_volatile_line(ownLine(src, i)), this->d.sig, this->epoch[i], v, &seen);
+  l = ld_volatile_line(ownLine(src, i));
+  const int r = Proto::template check<T>(l, this->d.sig, this->epoch[i], &seen);
   if (r < 0) this->fault->raise(kMismatch, this->d.rank, src, this->slot0 + i * kSlotStride, this->epoch[i], seen);
   return r;
 }
@@ -87,11 +88,13 @@ template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recv(int peer, int i, PackT<T>& v) {
   Spin spin(*this->fault);
+  Line l;
   for (;;) {
-    int r = poll<T>(peer, i, v);
+    const int r = poll<T>(peer, i, l);
     if (r > 0) break;
     if (r < 0 || !spin.again(this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i])) return false;
   }
+  v = Proto::template payload<T>(l);
   if (Proto::kNeedsReset) {
     Proto::reset(ownLine(peer, i));
     this->resetPending = true;
@@ -105,17 +108,17 @@ template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled(int peer, int n,
                                                                                   PackT<T> (&v)[kSlots]) {
   unsigned pending = (n >= 32) ? ~0u : ((1u << n) - 1u);
+  Line lines[kSlots];
   Spin spin(*this->fault);
   while (pending) {
-    Line raw[kSlots];
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)  // issue every load before looking at any result
-      if (pending & (1u << i)) raw[i] = ld_volatile_line(ownLine(peer, i));
+      if (pending & (1u << i)) lines[i] = ld_volatile_line(ownLine(peer, i));
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (!(pending & (1u << i))) continue;
       u32 seen = 0;
-      int r = Proto::template decode<T>(raw[i], this->d.sig, this->epoch[i], v[i], &seen);
+      const int r = Proto::template check<T>(lines[i], this->d.sig, this->epoch[i], &seen);
       if (r > 0) pending &= ~(1u << i);
       if (r < 0) {
         this->fault->raise(kMismatch, this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i], seen);
@@ -127,6 +130,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i < n) {
+      v[i] = Proto::template payload<T>(lines[i]);
       if (Proto::kNeedsReset) Proto::reset(ownLine(peer, i));
       this->used |= 1u << i;
     }
@@ -134,10 +138,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
   return true;
 }
 
-// Polls lines 0..n-1 of every peer until all are complete, then resets them (sentinel).
+// Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched), then
+// resets them (sentinel). Only the polled lines are kept; payloads are extracted by the caller.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, PackT<T> (&got)[kMaxRanks][kSlots]) {
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
   static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
   unsigned pending = 0;
 #pragma unroll
@@ -148,12 +153,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
 
   Spin spin(*this->fault);
   while (pending) {
-    Line raw[kMaxRanks][kSlots];
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)  // every outstanding load in flight before any check
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
-        if (pending & (1u << (p * kSlots + i))) raw[p][i] = ld_volatile_line(ownLine(p, i));
+        if (pending & (1u << (p * kSlots + i))) lines[p][i] = ld_volatile_line(ownLine(p, i));
     int waitPeer = -1;
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
@@ -162,7 +166,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
         const unsigned bit = 1u << (p * kSlots + i);
         if (!(pending & bit)) continue;
         u32 seen = 0;
-        int r = Proto::template decode<T>(raw[p][i], this->d.sig, this->epoch[i], got[p][i], &seen);
+        const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i], &seen);
         if (r > 0) {
           pending &= ~bit;
         } else if (r < 0) {
@@ -190,26 +194,48 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
+template <typename T, class Fn>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvEach(int n, Fn&& fn) {
+  Line lines[kMaxRanks][kSlots];
+  if (!pollAll<T>(n, lines)) return false;
+#pragma unroll
+  for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (p < this->d.nranks && p != this->d.rank && i < n) fn(p, i, Proto::template payload<T>(lines[p][i]));
+  return true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvGather(int n,
                                                                                 PackT<T> (&got)[kMaxRanks][kSlots]) {
-  return pollAll<T>(n, got);
+  return recvEach<T>(n, [&](int p, int i, const PackT<T>& v) { got[p][i] = v; });
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T, class Op>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
                                                                                 AccT<T> (&out)[kSlots]) {
-  PackT<T> got[kMaxRanks][kSlots];
-  if (!pollAll<T>(n, got)) return false;
-  // Reduce in rank order 0..nranks-1 (own values in place of the own rank's line).
+  Line lines[kMaxRanks][kSlots];
+  if (!pollAll<T>(n, lines)) return false;
+  // Reduce in rank order 0..nranks-1, with the own values in place of the own rank's line.
+  // The own/peer choice is made per element (a select on values): choosing a whole pack by a
+  // run-time rank makes the compiler index the array dynamically, i.e. put it in local memory.
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     if (i >= n) continue;
-    pack_to_acc((this->d.rank == 0) ? own[i] : got[0][i], out[i]);
 #pragma unroll
-    for (int p = 1; p < kMaxRanks; ++p)
-      if (p < this->d.nranks) acc_reduce<Op>(out[i], (p == this->d.rank) ? own[i] : got[p][i]);
+    for (int p = 0; p < kMaxRanks; ++p) {
+      if (p >= this->d.nranks) continue;
+      const bool mine = (p == this->d.rank);
+      const PackT<T> theirs = Proto::template payload<T>(lines[p][i]);
+      PackT<T> x;
+#pragma unroll
+      for (int e = 0; e < PackT<T>::kElems; ++e) x.v[e] = mine ? own[i].v[e] : theirs.v[e];
+      if (p == 0) pack_to_acc(x, out[i]);
+      else acc_reduce<Op>(out[i], x);
+    }
   }
   return true;
 }
