@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .backends import AllReduceBackend, BackendSpec, make_backend, parse_backend_list
+from .backends import AllReduceBackend, BackendSpec, make_backend, parse_backend_list, resolve_placement
 from .poisson import DistHalo, PoissonCG, VirtualHalo
 
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
@@ -92,7 +92,6 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    distributed = "WORLD_SIZE" in env and "RANK" in env
     if a.n < 2:
         parser.error("--n must be >= 2")
     if a.nrhs < 1:
@@ -106,20 +105,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         parser.error("--tol must be in (0, 1)")
     if a.history_tol is not None and a.history_tol < 0:
         parser.error("--history-tol must be >= 0")
-    if distributed:
-        if a.virtual_ranks is not None:
-            parser.error("--virtual-ranks runs every rank in one process; do not combine it with torchrun")
-        if a.device is not None:
-            parser.error("--device is set by torchrun (cuda:LOCAL_RANK)")
-        if a.check_single_rank:
-            parser.error("--check-single-rank needs the whole grid on one device: use --virtual-ranks")
-        world = int(env["WORLD_SIZE"])
-        device = f"cuda:{int(env.get('LOCAL_RANK', '0'))}"
-    else:
-        world = 1 if a.virtual_ranks is None else a.virtual_ranks
-        if world < 1:
-            parser.error("--virtual-ranks must be >= 1")
-        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed, world, device = resolve_placement(
+        parser, env, virtual=a.virtual_ranks, virtual_flag="--virtual-ranks", device=a.device,
+        check_whole=a.check_single_rank, check_flag="--check-single-rank")
     if world > a.n:
         parser.error(f"{world} ranks cannot split {a.n} planes (need ranks <= n)")
     on_gpu = torch.device(device).type == "cuda"

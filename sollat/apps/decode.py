@@ -24,7 +24,14 @@ from typing import Any
 
 import torch
 
-from .backends import AllReduceBackend, BackendSpec, CallRecord, make_backend, parse_backend_list
+from .backends import (
+    AllReduceBackend,
+    BackendSpec,
+    CallRecord,
+    make_backend,
+    parse_backend_list,
+    resolve_placement,
+)
 from .llama import GIB, PRESETS, TPDecoder, estimate_memory, full_logits, max_context, preset
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -112,7 +119,6 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    distributed = "WORLD_SIZE" in env and "RANK" in env
     for name in ("batch", "context", "steps"):
         if getattr(a, name) < 1:
             parser.error(f"--{name} must be >= 1")
@@ -125,20 +131,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         parser.error("--price must be >= 0")
     if a.logit_tol is not None and a.logit_tol < 0:
         parser.error("--logit-tol must be >= 0")
-    if distributed:
-        if a.virtual_tp is not None:
-            parser.error("--virtual-tp runs every rank in one process; do not combine it with torchrun")
-        if a.device is not None:
-            parser.error("--device is set by torchrun (cuda:LOCAL_RANK)")
-        if a.check_unsharded:
-            parser.error("--check-unsharded needs the whole model on one device: use --virtual-tp")
-        tp = int(env["WORLD_SIZE"])
-        device = f"cuda:{int(env.get('LOCAL_RANK', '0'))}"
-    else:
-        tp = 1 if a.virtual_tp is None else a.virtual_tp
-        if tp < 1:
-            parser.error("--virtual-tp must be >= 1")
-        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    distributed, tp, device = resolve_placement(
+        parser, env, virtual=a.virtual_tp, virtual_flag="--virtual-tp", device=a.device,
+        check_whole=a.check_unsharded, check_flag="--check-unsharded")
     try:
         cfg = preset(a.model, a.layers)
         cfg.check(tp)

@@ -35,11 +35,6 @@ using namespace sollat;
 
 namespace {
 
-__device__ __forceinline__ u64 clock64_u() {
-  u64 c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
-  return c;
-}
 __device__ __forceinline__ void st_release_sys_u32(u32* p, u32 v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -84,7 +79,7 @@ __device__ void barrier_loop(u32* const* inboxes, int rank, int nranks, u32* epo
   for (int i = 0; i < warm + iters; ++i) {
     if (i == warm && threadIdx.x == 0) {
       t0 = globaltimer();
-      c0 = clock64_u();
+      c0 = sm_clock64();
     }
     ok = barrier_once<kOrder>(inboxes, rank, nranks, base + (u32)i + 1u, sink);
     // The block leaves together: every thread has seen its peers before any signals again.
@@ -92,7 +87,7 @@ __device__ void barrier_loop(u32* const* inboxes, int rank, int nranks, u32* epo
   }
   if (threadIdx.x == 0) {
     times[2 * rank] = globaltimer() - t0;
-    times[2 * rank + 1] = clock64_u() - c0;
+    times[2 * rank + 1] = sm_clock64() - c0;
     epochs[rank] = base + (u32)(warm + iters);
   }
 }

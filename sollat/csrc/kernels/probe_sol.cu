@@ -24,11 +24,6 @@ using namespace sollat;
 
 namespace {
 
-__device__ __forceinline__ u64 clock64_u() {
-  u64 c;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
-  return c;
-}
 __device__ __forceinline__ u32 smid() {
   u32 s;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(s));
@@ -66,11 +61,11 @@ __device__ __forceinline__ void record(u64* out, u64 ns, u64 cycles, u64 iters) 
 extern "C" __global__ void sollat_probe_fence(u64* out, int iters, int mode) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const u64 t0 = globaltimer();
-  const u64 c0 = clock64_u();
+  const u64 c0 = sm_clock64();
   if (mode == 0) fence_loop<0>(iters);
   else if (mode == 1) fence_loop<1>(iters);
   else fence_loop<2>(iters);
-  const u64 c1 = clock64_u();
+  const u64 c1 = sm_clock64();
   const u64 t1 = globaltimer();
   record(out, t1 - t0, c1 - c0, (u64)iters);
 }
@@ -83,13 +78,13 @@ extern "C" __global__ void sollat_probe_chase(const u32* next, int iters, u64* o
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   u32 idx = 0;
   const u64 t0 = globaltimer();
-  const u64 c0 = clock64_u();
+  const u64 c0 = sm_clock64();
 #pragma unroll 1
   for (int i = 0; i < iters; i += 8) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) idx = ld_volatile_u32(next + idx);
   }
-  const u64 c1 = clock64_u();
+  const u64 c1 = sm_clock64();
   const u64 t1 = globaltimer();
   sink[0] = idx;
   record(out, t1 - t0, c1 - c0, (u64)iters);
@@ -116,7 +111,7 @@ extern "C" __global__ void sollat_probe_pingpong(u32* inbox0, u32* inbox1, int r
   for (int i = 1; i <= total; ++i) {
     if (role == 0 && i == warm + 1) {
       t0 = globaltimer();
-      c0 = clock64_u();
+      c0 = sm_clock64();
     }
     if (role == 0) st_volatile_u32(peer, (u32)i);
     Spin spin(sink);
@@ -126,7 +121,7 @@ extern "C" __global__ void sollat_probe_pingpong(u32* inbox0, u32* inbox1, int r
     if (role == 1) st_volatile_u32(peer, (u32)i);
   }
   if (role == 0) {
-    const u64 c1 = clock64_u();
+    const u64 c1 = sm_clock64();
     const u64 t1 = globaltimer();
     record(out, t1 - t0, c1 - c0, (u64)iters);
   } else {

@@ -40,6 +40,13 @@ __device__ __forceinline__ u64 globaltimer() {
   return t;
 }
 
+// This SM's cycle counter (for probes that report cycles beside nanoseconds).
+__device__ __forceinline__ u64 sm_clock64() {
+  u64 c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c));
+  return c;
+}
+
 // Programmatic dependent launch. `launch_dependents` lets the next kernel in the stream be
 // scheduled now; `wait` blocks until the previous kernel has completed and its memory is
 // visible. Both are no-ops when the kernel was not launched with the PDL attribute. No memory
