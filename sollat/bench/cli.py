@@ -424,6 +424,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if not gpu_available():
         print(NO_GPU_MESSAGE.format(cmd=a.cmd))
+        if a.cmd == "bench":  # the main job: show what runs without a GPU
+            from ..model import cli as model_cli
+
+            print("\nRunning the CPU protocol demo now (python -m sollat model --demo):\n", flush=True)
+            return model_cli.main(["--demo"])
         return 0
     if a.cmd == "bench":
         return cmd_bench(a)

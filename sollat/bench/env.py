@@ -24,7 +24,7 @@ SAFETY_ENV: dict[str, str] = {
 NO_GPU_MESSAGE = (
     "sollat {cmd}: no CUDA GPU is present (torch.cuda.is_available() is False), so there is nothing "
     "to measure here.\n"
-    "The protocols can still be explored on the CPU with the protocol model:\n"
+    "The protocols can be checked on the CPU with the protocol model:\n"
     "    python -m sollat model --demo\n"
     "Result files from a GPU run can be re-plotted here with:  python -m sollat.bench plot RESULTS_DIR"
 )
