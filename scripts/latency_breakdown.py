@@ -30,7 +30,7 @@ def main() -> int:
     for r in (2, 4, 8):
         for algo in ("oneshot_ll", "oneshot_sentinel"):
             cells = []
-            for mode, label in ((0, "full"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")):
+            for mode, label in ((0, "full"), (4, "self-loop"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")):
                 c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
                 if mode:
                     c._extra_defines = {"SOLLAT_BREAKDOWN": str(mode)}

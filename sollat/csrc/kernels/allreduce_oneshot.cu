@@ -18,7 +18,8 @@ constexpr int kBuffers = 1;
 
 // Latency breakdown switch (scripts/latency_breakdown.py only; results are then WRONG on purpose):
 // 1 = send but do not wait (output = own data), 2 = no communication (copy input to output),
-// 3 = return right after the prologue. 0 (default) is the real kernel.
+// 3 = return right after the prologue, 4 = send to and wait for the own rank only (the store ->
+// poll trip without any peer's skew). 0 (default) is the real kernel.
 #ifndef SOLLAT_BREAKDOWN
 #define SOLLAT_BREAKDOWN 0
 #endif
@@ -54,13 +55,23 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
     }
     if (active == 0) break;  // later iterations only have higher lines: nothing more for this thread
 
-    if (SOLLAT_BREAKDOWN != 2) {
+    if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
         if (i < active) buf.template bcast<T>(i, own[i]);
     }
     A acc[kSlots];
-    if (SOLLAT_BREAKDOWN == 0) {
+    if (SOLLAT_BREAKDOWN == 4) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) buf.template send<T>(a.rank, i, own[i]);
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        P v = own[i];
+        if (i < active && !buf.template recv<T>(a.rank, i, v)) return;
+        pack_to_acc(v, acc[i]);
+      }
+    } else if (SOLLAT_BREAKDOWN == 0) {
       if (!buf.template recvReduce<T, Op>(active, own, acc)) return;  // fault recorded; host raises
     } else {
 #pragma unroll
