@@ -55,7 +55,7 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // Loads the epochs of this thread's kSlots channels (slot_i = slot0 + i * kSlotStride).
   __device__ LLBuffer(const BufferDesc<kMaxRanks>& desc, const FaultSink& fault, int slot0);
 
-  // Writes line `i` of this thread to `peer` (a rank != own). Marks channel i used.
+  // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
   template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);
   // send() to every peer but self.
   template <typename T> __device__ void bcast(int i, const PackT<T>& v);
