@@ -29,7 +29,7 @@ import torch
 
 from . import algorithms, build, launch, layout, select
 from .algorithms import ALGORITHMS, Algorithm
-from .dtypes import OPS, DType, lookup
+from .dtypes import DTYPES, OPS, DType, lookup
 from .errors import (
     CallMismatchError,
     CommunicatorFaultedError,
@@ -78,8 +78,13 @@ class _CommBase:
         self._launch_ranks = launch_ranks
         self._faulted = False
         self._test_hooks = False
-        self._extra_defines: dict[str, str] = {}
+        self._defines: dict[str, str] = {}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # (n, dtype, op, algo, deterministic) -> plan | "nccl"
+        self._choices: dict[tuple[Any, ...], str] = {}
+        self._table: select.Table | None = None
+        self._dev_index: int = device.index
+        self._pad = (0,) * (8 - world_size)
         self._occupancy: dict[tuple[Any, ...], int] = {}
         launch.ensure_device(device.index)
         props = torch.cuda.get_device_properties(device)
@@ -109,6 +114,16 @@ class _CommBase:
         self.comm_id = next(_ids)
         _registry[self.comm_id] = weakref.ref(self)
 
+    @property
+    def _extra_defines(self) -> dict[str, str]:
+        """Extra NVRTC defines for every kernel of this communicator (test and diagnostic builds)."""
+        return self._defines
+
+    @_extra_defines.setter
+    def _extra_defines(self, value: dict[str, str]) -> None:
+        self._defines = dict(value)
+        self._calls.clear()
+
     # ---- memory ------------------------------------------------------------------------------
     def _write_state(self, absent_rank: int = -1, mismatch_rank: int = -1) -> None:
         ptrs = list(self._scratch_ptrs) + [0] * (8 - len(self._scratch_ptrs))
@@ -133,9 +148,15 @@ class _CommBase:
     def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
                            deterministic: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be ``"nccl"``)."""
-        table = select.find_table(self.gpu_name, self.world_size)
-        return select.choose(table, nbytes, dtype, op, deterministic=deterministic,
-                             nccl_available=self._nccl_available(), available=self._algos)
+        key = (nbytes, dtype, op, deterministic)
+        choice = self._choices.get(key)
+        if choice is None:
+            if self._table is None:  # read once per communicator; a new `tune` table needs a new one
+                self._table = select.find_table(self.gpu_name, self.world_size)
+            choice = select.choose(self._table, nbytes, dtype, op, deterministic=deterministic,
+                                   nccl_available=self._nccl_available(), available=self._algos)
+            self._choices[key] = choice
+        return choice
 
     def _nccl_available(self) -> bool:
         return False
@@ -202,7 +223,7 @@ class _CommBase:
         return algo
 
     def _plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
-        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._extra_defines.items())))
+        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())))
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -215,7 +236,7 @@ class _CommBase:
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
                                                 split_counter=self._entry == "vr")
-            defines.update(self._extra_defines)
+            defines.update(self._defines)
             kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
             per_sm = self._blocks_per_sm(kernel, geo.threads)
             if geo.blocks * self._launch_ranks <= per_sm * self._num_sms:
@@ -249,8 +270,18 @@ class _CommBase:
     def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
         launch.launch(plan.kernel, plan.grid, plan.block, ptr_args + plan.tail, device=self.device, pdl=True)
 
+    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
+        """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup)."""
+        key = (n, dt.torch_dtype, op, algo, deterministic)
+        entry = self._calls.get(key)
+        if entry is None:
+            name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
+            entry = name if name == select.NCCL else self._plan(name, dt, op, n)
+            self._calls[key] = entry
+        return entry
+
     def _after_call(self) -> None:
-        if torch.cuda.is_current_stream_capturing():
+        if launch.is_capturing():
             return
         if self.debug:
             self.check()
@@ -281,6 +312,7 @@ class _CommBase:
     # called with other arguments).
     def _set_test_hooks(self, *, absent: int | None = None, mismatch: int | None = None) -> None:
         self._test_hooks = absent is not None or mismatch is not None
+        self._calls.clear()
         torch.cuda.synchronize(self.device)
         self._write_state(absent_rank=-1 if absent is None else absent,
                           mismatch_rank=-1 if mismatch is None else mismatch)
@@ -357,7 +389,48 @@ class VirtualCommunicator(_CommBase):
 
     def _all_reduce_impl(self, tensors: Sequence[torch.Tensor], op: str, algo: str,
                          out: Sequence[torch.Tensor] | None, deterministic: bool) -> list[torch.Tensor]:
-        self._guard()
+        if self._faulted:
+            self._guard()
+        checked = self._fast_check(tensors, op, out)
+        ins, outs, dt = checked if checked is not None else self._checked(tensors, op, out)
+        n = ins[0].numel()
+        if n == 0:
+            return outs
+        plan = self._call_plan(n, dt, op, algo, deterministic)
+        assert not isinstance(plan, str)  # a VirtualCommunicator never resolves to NCCL
+        ptrs = (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad)
+        self._launch(plan, ptrs)
+        self._after_call()
+        return outs
+
+    def _fast_check(self, tensors: Sequence[torch.Tensor], op: str, out: Sequence[torch.Tensor] | None
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], DType] | None:
+        """The common, valid call in a few cheap tests; None sends the call to the detailed checks."""
+        try:
+            if len(tensors) != self.world_size or isinstance(tensors, torch.Tensor) or op not in OPS:
+                return None
+            t0 = tensors[0]
+            dt = DTYPES.get(t0.dtype)
+            if dt is None or t0.numel() > MAX_ELEMENTS:
+                return None
+            idx, shape, dtype = self._dev_index, t0.shape, t0.dtype
+            for t in tensors:
+                if t.get_device() != idx or t.dtype is not dtype or t.shape != shape or not t.is_contiguous():
+                    return None
+            if out is None:
+                return list(tensors), [torch.empty_like(t) for t in tensors], dt
+            if len(out) != self.world_size:
+                return None
+            for o in out:
+                if o.get_device() != idx or o.dtype is not dtype or o.shape != shape or not o.is_contiguous():
+                    return None
+            return list(tensors), list(out), dt
+        except (AttributeError, TypeError):
+            return None
+
+    def _checked(self, tensors: Sequence[torch.Tensor], op: str, out: Sequence[torch.Tensor] | None
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], DType]:
+        """Every check with a clear error; non-contiguous inputs are copied."""
         if isinstance(tensors, torch.Tensor) or len(tensors) != self.world_size:
             got = "a single tensor" if isinstance(tensors, torch.Tensor) else f"{len(tensors)} tensors"
             raise UnsupportedError(f"all_reduce: a VirtualCommunicator of {self.world_size} ranks needs a list of "
@@ -372,28 +445,17 @@ class VirtualCommunicator(_CommBase):
                                        f"{tuple(shape)} {dtype}; every rank must pass the same shape and dtype")
             ins.append(t if t.is_contiguous() else t.contiguous())
         if out is None:
-            outs = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins]
-        else:
-            if len(out) != self.world_size:
-                raise UnsupportedError(f"all_reduce: out must hold {self.world_size} tensors, got {len(out)}")
-            outs = list(out)
-            for r, o in enumerate(outs):
-                self._check_common(o, op, f"out[{r}]")
-                if o.shape != shape or o.dtype != dtype:
-                    raise UnsupportedError(f"all_reduce: out[{r}] is {tuple(o.shape)} {o.dtype}, expected "
-                                           f"{tuple(shape)} {dtype}")
-                if not o.is_contiguous():
-                    raise UnsupportedError(f"all_reduce: out[{r}] must be contiguous")
-        n = ins[0].numel()
-        if n == 0:
-            return outs
-        name = self._resolve(algo, n * dt.size, dtype, op, deterministic)
-        plan = self._plan(name, dt, op, n)
-        pad = [0] * (8 - self.world_size)
-        ptrs = tuple([t.data_ptr() for t in ins] + pad + [o.data_ptr() for o in outs] + pad)
-        self._launch(plan, ptrs)
-        self._after_call()
-        return outs
+            return ins, [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins], dt
+        if len(out) != self.world_size:
+            raise UnsupportedError(f"all_reduce: out must hold {self.world_size} tensors, got {len(out)}")
+        for r, o in enumerate(out):
+            self._check_common(o, op, f"out[{r}]")
+            if o.shape != shape or o.dtype != dtype:
+                raise UnsupportedError(f"all_reduce: out[{r}] is {tuple(o.shape)} {o.dtype}, expected "
+                                       f"{tuple(shape)} {dtype}")
+            if not o.is_contiguous():
+                raise UnsupportedError(f"all_reduce: out[{r}] must be contiguous")
+        return ins, list(out), dt
 
     def reset(self) -> None:
         """Clear a recorded fault and return every buffer and epoch to its initial state."""
@@ -462,21 +524,30 @@ class Communicator(_CommBase):
 
     def _all_reduce_impl(self, tensor: torch.Tensor, op: str, algo: str, out: torch.Tensor | None,
                          deterministic: bool) -> torch.Tensor:
-        self._guard()
-        dt = self._check_common(tensor, op, "tensor")
-        x = tensor if tensor.is_contiguous() else tensor.contiguous()
-        if out is None:
-            y = torch.empty_like(x, memory_format=torch.contiguous_format)
-        else:
-            self._check_common(out, op, "out")
-            if out.shape != tensor.shape or out.dtype != tensor.dtype or not out.is_contiguous():
-                raise UnsupportedError("all_reduce: out must be a contiguous tensor of the input's shape and dtype")
-            y = out
+        if self._faulted:
+            self._guard()
+        dt = DTYPES.get(tensor.dtype) if isinstance(tensor, torch.Tensor) else None
+        fast = (dt is not None and op in OPS and tensor.get_device() == self._dev_index and tensor.is_contiguous()
+                and tensor.numel() <= MAX_ELEMENTS
+                and (out is None or (isinstance(out, torch.Tensor) and out.get_device() == self._dev_index
+                                     and out.dtype is tensor.dtype and out.shape == tensor.shape
+                                     and out.is_contiguous())))
+        if fast:
+            x = tensor
+        else:  # every check with a clear error; a non-contiguous input is copied
+            dt = self._check_common(tensor, op, "tensor")
+            x = tensor if tensor.is_contiguous() else tensor.contiguous()
+            if out is not None:
+                self._check_common(out, op, "out")
+                if out.shape != tensor.shape or out.dtype != tensor.dtype or not out.is_contiguous():
+                    raise UnsupportedError("all_reduce: out must be a contiguous tensor of the input's shape and dtype")
+        assert dt is not None
+        y = torch.empty_like(x) if out is None else out
         n = x.numel()
         if n == 0:
             return y
-        name = self._resolve(algo, n * dt.size, x.dtype, op, deterministic)
-        if name == select.NCCL:
+        plan = self._call_plan(n, dt, op, algo, deterministic)
+        if isinstance(plan, str):  # NCCL, above the sizes where sollat wins
             import torch.distributed as dist
 
             if y.data_ptr() != x.data_ptr():
@@ -484,7 +555,6 @@ class Communicator(_CommBase):
             dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                                    "min": dist.ReduceOp.MIN}[op], group=self.group)
             return y
-        plan = self._plan(name, dt, op, n)
         self._launch(plan, (x.data_ptr(), y.data_ptr()))
         self._after_call()
         return y

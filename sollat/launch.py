@@ -27,9 +27,13 @@ def ensure_device(index: int) -> None:
     _devices_set.add(index)
 
 
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def current_stream(device: torch.device) -> Any:
     """cuda.core Stream for torch's current stream on ``device``."""
-    handle = torch.cuda.current_stream(device).cuda_stream
+    # The raw-handle query skips building a torch.cuda.Stream object (about a microsecond a call).
+    handle = _raw_stream(device.index) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
     stream = _stream_cache.get(handle)
     if stream is None:
         from cuda.core import Stream
@@ -56,3 +60,9 @@ def launch(kernel: Any, grid: tuple[int, int], block: int, args: tuple[Any, ...]
     from cuda.core import launch as _launch
 
     _launch(current_stream(device), launch_config(grid, block, pdl=pdl), kernel, *args)
+
+
+def is_capturing() -> bool:
+    """Whether the current stream is being captured into a CUDA graph (cheap query)."""
+    fn = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
+    return bool(fn()) if fn is not None else torch.cuda.is_current_stream_capturing()

@@ -19,6 +19,10 @@ def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
     c._faulted = False
     c.gpu_name = "Fake GPU"
     c.timeout_s = 1.0
+    c._choices = {}
+    c._table = None
+    c._calls = {}
+    c._dev_index = 0
     return c
 
 
@@ -65,6 +69,7 @@ def test_auto_uses_the_table() -> None:
     c = fake_virtual(4)
     assert c.selected_algorithm(128, torch.bfloat16) in c.algorithms
     assert c.selected_algorithm(10 << 30, torch.bfloat16) in c.algorithms  # no NCCL with virtual ranks
+    assert c._table is not None and len(c._choices) == 2  # read once, choices cached
 
 
 def test_device_fault_records_become_exceptions() -> None:

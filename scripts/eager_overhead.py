@@ -1,0 +1,43 @@
+"""Host time per eager call (no graph): the loop is host-bound when a call's GPU time is shorter
+than its Python time, so wall time / calls is the Python + launch overhead. Reference: torch's
+own `x.add_(1)` measured the same way."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+import sollat
+
+
+def per_call_us(fn, n: int = 3000) -> float:
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def main() -> int:
+    dev = torch.device("cuda", 0)
+    x = torch.randn(32, device=dev)
+    print(f"torch x.add_(1): {per_call_us(lambda: x.add_(1)):.2f} us", flush=True)
+    for r in (2, 4, 8):
+        c = sollat.VirtualCommunicator(r, dev)
+        xs = [torch.randn(32, device=dev) for _ in range(r)]
+        outs = [torch.empty_like(v) for v in xs]
+        a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
+        b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
+        d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
+        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
