@@ -4,7 +4,6 @@ own `x.add_(1)` measured the same way."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -28,15 +27,14 @@ def main() -> int:
     dev = torch.device("cuda", 0)
     x = torch.randn(32, device=dev)
     print(f"torch x.add_(1): {per_call_us(lambda: x.add_(1)):.2f} us", flush=True)
-    for launcher, r in [(lz, r) for lz in ("raw", "cuda.core") for r in (2, 4, 8)]:
-        os.environ["SOLLAT_LAUNCHER"] = launcher  # read when a call is first planned
+    for r in (2, 4, 8):
         c = sollat.VirtualCommunicator(r, dev)
         xs = [torch.randn(32, device=dev) for _ in range(r)]
         outs = [torch.empty_like(v) for v in xs]
         a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
         b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
         d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
-        print(f"[{launcher}] R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us",
+        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us",
               flush=True)
     return 0
 

@@ -58,7 +58,6 @@ class _Plan:
     grid: tuple[int, int]
     block: int
     tail: tuple[Any, ...]  # arguments after the tensor pointers
-    run: Any  # launch.prepare(...): call with the tensor pointers
 
 
 class _CommBase:
@@ -256,9 +255,7 @@ class _CommBase:
         tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
                 np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
                 np.uint32(sig), np.int32(self._rank_arg()))
-        grid = (geo.blocks, self._launch_ranks)
-        n_ptrs = 16 if self._entry == "vr" else 2
-        plan = _Plan(alg, kernel, grid, geo.threads, tail, launch.prepare(kernel, grid, geo.threads, n_ptrs, tail))
+        plan = _Plan(alg, kernel, (geo.blocks, self._launch_ranks), geo.threads, tail)
         self._plans[key] = plan
         return plan
 
@@ -270,8 +267,8 @@ class _CommBase:
             self._occupancy[key] = v
         return v
 
-    def _launch(self, plan: _Plan, ptr_args: tuple[int, ...]) -> None:
-        plan.run(ptr_args, self.device)
+    def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
+        launch.launch(plan.kernel, plan.grid, plan.block, ptr_args + plan.tail, device=self.device, pdl=True)
 
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
         """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup)."""
