@@ -335,3 +335,31 @@ def resolve_placement(parser: Any, env: Any, *, virtual: int | None, virtual_fla
     if world < 1:
         parser.error(f"{virtual_flag} must be >= 1")
     return False, world, device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def setup_device(distributed: bool, device_name: str, app: str) -> torch.device:
+    """The device an app runs on; under torchrun also the NCCL process group (once)."""
+    device = torch.device(device_name)
+    if distributed:
+        import torch.distributed as dist
+
+        torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group("nccl", device_id=device)
+        return device
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"{app}: no CUDA device; use --device cpu")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
+def teardown(distributed: bool) -> None:
+    """Destroy the process group an app created (no-op for virtual ranks)."""
+    if distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

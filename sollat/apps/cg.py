@@ -23,7 +23,15 @@ from typing import Any
 
 import torch
 
-from .backends import AllReduceBackend, BackendSpec, make_backend, parse_backend_list, resolve_placement
+from .backends import (
+    AllReduceBackend,
+    BackendSpec,
+    make_backend,
+    parse_backend_list,
+    resolve_placement,
+    setup_device,
+    teardown,
+)
 from .poisson import DistHalo, PoissonCG, VirtualHalo
 
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
@@ -226,21 +234,11 @@ def compare_histories(base: torch.Tensor, other: torch.Tensor, upto: int) -> tup
 
 
 def _setup_device(args: CGArgs) -> tuple[torch.device, int]:
+    device = setup_device(args.distributed, args.device, "cg")
     if args.distributed:
         import torch.distributed as dist
 
-        device = torch.device(args.device)
-        torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=device)
         return device, dist.get_rank()
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("cg: no CUDA device; use --device cpu")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
     return device, 0
 
 
@@ -381,11 +379,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = run(args)
     finally:
-        if args.distributed:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        teardown(args.distributed)
     return 0 if report["ok"] else 1
 
 

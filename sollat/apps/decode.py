@@ -31,6 +31,8 @@ from .backends import (
     make_backend,
     parse_backend_list,
     resolve_placement,
+    setup_device,
+    teardown,
 )
 from .llama import GIB, PRESETS, TPDecoder, estimate_memory, full_logits, max_context, preset
 
@@ -403,28 +405,9 @@ class _Dist:
             print(*args, flush=True)
 
 
-def _setup_device(args: DecodeArgs) -> torch.device:
-    if args.distributed:
-        import torch.distributed as dist
-
-        device = torch.device(args.device)
-        torch.cuda.set_device(device)
-        if not dist.is_initialized():
-            dist.init_process_group("nccl", device_id=device)
-        return device
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SystemExit("decode: no CUDA device; use --device cpu")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    return device
-
-
 def run(args: DecodeArgs) -> dict[str, Any]:
     """Build, check and time; returns the results (printing as it goes on rank 0)."""
-    device = _setup_device(args)
+    device = setup_device(args.distributed, args.device, "decode")
     d = _Dist(args.distributed, args.tp)
     cfg = preset(args.model, args.layers)
     n_local = 1 if args.distributed else args.tp
@@ -632,11 +615,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return 3
     finally:
-        if args.distributed:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
+        teardown(args.distributed)
     return 0 if report["ok"] else 1
 
 
