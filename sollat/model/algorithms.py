@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from sollat.layout import Geometry
+
 from . import protocols, rules
 from .config import Config, Mutation
 from .scratch import LineInfo, Scratch
@@ -152,6 +154,12 @@ class _Gen:
             for ln in polled:
                 B.reset(buffer, ln)
 
+    def _active(self, geo: Geometry, it: int, b: int, t: int, lines: int) -> list[tuple[int, int, int]]:
+        """(slot, message line, channel) of every slot of thread (b, t) with data in iteration it."""
+        chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(self.cfg, b, i, t))
+                 for i in range(geo.slots)]
+        return [c for c in chans if c[1] < lines]
+
     # ---- one-shot: allreduce_oneshot.cu ---------------------------------------------------------
     def oneshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
@@ -163,9 +171,7 @@ class _Gen:
                 B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
                 for it in range(geo.iterations):
                     B.at(it, 0)
-                    chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(cfg, b, i, t))
-                             for i in range(geo.slots)]
-                    chans = [c for c in chans if c[1] < n]
+                    chans = self._active(geo, it, b, t, n)
                     if not chans:
                         break
                     for i, x, s in chans:  # buf.bcast(i, own[i])
@@ -205,9 +211,7 @@ class _Gen:
                 B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
                 for it in range(geo.iterations):
                     B.at(it, 0)
-                    chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(cfg, b, i, t))
-                             for i in range(geo.slots)]
-                    chans = [c for c in chans if c[1] < cl]
+                    chans = self._active(geo, it, b, t, cl)
                     if not chans:
                         break
 
