@@ -24,7 +24,7 @@ def main() -> int:
     k = ObjectCode.from_cubin(build.compile_cubin('extern "C" __global__ void e() {}', name="empty",
                                                   arch=build.device_arch())).get_kernel("e")
     for pdl in (False, True):
-        t = time_calls(lambda i, pdl=pdl: launch.launch(k, (1, 1), 32, (), device=dev, pdl=pdl), calls=100,
+        t = time_calls(lambda i, pdl=pdl: launch.launch(k, launch.launch_config((1, 1), 32, pdl=pdl), (), device=dev), calls=100,
                        replays=15, device=dev)
         print(f"empty kernel pdl={pdl}: {t.stats.median:.3f} us", flush=True)
     for r in (2, 4, 8):

@@ -41,7 +41,7 @@ def main() -> int:
     from cuda.core import ObjectCode
 
     k = ObjectCode.from_cubin(build.compile_cubin(src, name="empty", arch=build.device_arch())).get_kernel("empty_kernel")
-    floor = time_graph(lambda: launch.launch(k, (1, 1), 32, (), device=dev, pdl=False))
+    floor = time_graph(lambda: launch.launch(k, launch.launch_config((1, 1), 32, pdl=False), (), device=dev))
     print(f"empty kernel floor: {floor:.3f} us", flush=True)
     sizes = [128, 1024, 8192, 65536, 262144]
     if len(sys.argv) > 1:

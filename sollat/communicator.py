@@ -39,8 +39,9 @@ from .errors import (
 )
 
 MAX_ELEMENTS = 1 << 34
-_STATE_FMT = "<8QQQQiiii"  # csrc/include/sollat/collective.h: CommState
+_STATE_FMT = "<8QQQQii"  # csrc/include/sollat/collective.h: CommState
 _FAULT_WORDS = 8
+CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)
 _registry: dict[int, weakref.ReferenceType[_CommBase]] = {}
 _ids = itertools.count(1)
 
@@ -55,8 +56,7 @@ class _Plan:
 
     alg: Algorithm
     kernel: Any
-    grid: tuple[int, int]
-    block: int
+    config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
 
 
@@ -85,6 +85,7 @@ class _CommBase:
         self._table: select.Table | None = None
         self._dev_index: int = device.index
         self._pad = (0,) * (8 - world_size)
+        self._cluster_ranks = False  # set by VirtualCommunicator
         self._occupancy: dict[tuple[Any, ...], int] = {}
         launch.ensure_device(device.index)
         props = torch.cuda.get_device_properties(device)
@@ -128,7 +129,7 @@ class _CommBase:
     def _write_state(self, absent_rank: int = -1, mismatch_rank: int = -1) -> None:
         ptrs = list(self._scratch_ptrs) + [0] * (8 - len(self._scratch_ptrs))
         raw = struct.pack(_STATE_FMT, *ptrs, self._err.data_ptr(), self._err_host_dev,
-                          int(self.timeout_s * 1e9), self.world_size, absent_rank, mismatch_rank, 0)
+                          int(self.timeout_s * 1e9), absent_rank, mismatch_rank)
         self._state.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def _init_scratch(self, views: Sequence[torch.Tensor]) -> None:
@@ -238,8 +239,8 @@ class _CommBase:
                                                 split_counter=self._entry == "vr")
             defines.update(self._defines)
             kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
-            per_sm = self._blocks_per_sm(kernel, geo.threads)
-            if geo.blocks * self._launch_ranks <= per_sm * self._num_sms:
+            config = self._launch_config(geo.blocks, geo.threads)
+            if self._co_resident(kernel, config, geo.blocks, geo.threads):
                 break
             if self._entry == "pg":
                 # Real ranks must cut every call identically (epochs agree only then), so the
@@ -249,13 +250,14 @@ class _CommBase:
             if max_blocks == 1:
                 raise UnsupportedError(f"all_reduce: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
                                        f"cannot be co-resident on {self.gpu_name}")
+            per_sm = self._blocks_per_sm(kernel, geo.threads)
             max_blocks = max(1, (per_sm * self._num_sms) // self._launch_ranks)
             max_blocks = min(max_blocks, geo.blocks - 1)
         sig = algorithms.signature(alg, dt, op, n)
         tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
                 np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
-                np.uint32(sig), np.int32(self._rank_arg()))
-        plan = _Plan(alg, kernel, (geo.blocks, self._launch_ranks), geo.threads, tail)
+                np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size))
+        plan = _Plan(alg, kernel, config, tail)
         self._plans[key] = plan
         return plan
 
@@ -267,8 +269,32 @@ class _CommBase:
             self._occupancy[key] = v
         return v
 
+    def _clustered(self, blocks: int) -> bool:
+        """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
+        block b of every rank forms one thread-block cluster, which the hardware starts together
+        on one GPC. Measured faster at small sizes; at 16 blocks per rank (1 MiB) it was slower
+        for R >= 4, as whole clusters pack onto fewer SMs (docs/benchmarks.md, run 12)."""
+        return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
+
+    def _launch_config(self, blocks: int, threads: int) -> Any:
+        """Grid (blocks, launch ranks) with PDL on; a rank cluster where ``_clustered``."""
+        if self._clustered(blocks):
+            return launch.launch_config((blocks, 1), threads, pdl=True, cluster=(1, self._launch_ranks))
+        return launch.launch_config((blocks, self._launch_ranks), threads, pdl=True)
+
+    def _co_resident(self, kernel: Any, config: Any, blocks: int, threads: int) -> bool:
+        """Whether every block of the launch can run at once (each waits for its peers' blocks)."""
+        if self._clustered(blocks):
+            key = (id(kernel), threads, blocks, "clusters")
+            v = self._occupancy.get(key)
+            if v is None:
+                v = kernel.occupancy.max_active_clusters(config, stream=launch.current_stream(self.device))
+                self._occupancy[key] = v
+            return blocks <= v
+        return blocks * self._launch_ranks <= self._blocks_per_sm(kernel, threads) * self._num_sms
+
     def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
-        launch.launch(plan.kernel, plan.grid, plan.block, ptr_args + plan.tail, device=self.device, pdl=True)
+        launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
 
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
         """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup)."""
@@ -338,17 +364,21 @@ def _host_device_pointer(t: torch.Tensor) -> int:
 class VirtualCommunicator(_CommBase):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
-    ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None)``
+    ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
+    cluster_ranks=None)``
 
     Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
     (checked with the occupancy API), since block b of each rank waits for block b of the others.
+    With ``cluster_ranks`` (default on; ``SOLLAT_CLUSTER_RANKS=0`` turns it off) small grids launch
+    block b of every rank as one thread-block cluster, which the hardware co-schedules on one GPC
+    (see ``_clustered``). The kernels are the same either way.
     """
 
     _entry = "vr"
 
     def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
                  timeout_s: float | None = None, debug: bool = False,
-                 algorithms: Sequence[str] | None = None) -> None:
+                 algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None) -> None:
         if not torch.cuda.is_available():
             raise UnsupportedError("VirtualCommunicator: no CUDA device is available")
         dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
@@ -364,6 +394,9 @@ class VirtualCommunicator(_CommBase):
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
         self._setup(world_size, dev, ptrs, world_size, timeout_s or default_timeout_s(), debug, names)
+        if cluster_ranks is None:
+            cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
+        self._cluster_ranks = bool(cluster_ranks)
         self._init_scratch(self._rank_views())
         torch.cuda.synchronize(dev)
 

@@ -43,23 +43,27 @@ def current_stream(device: torch.device) -> Any:
     return stream
 
 
-def launch_config(grid: tuple[int, int], block: int, *, pdl: bool) -> Any:
-    """A cached LaunchConfig. ``pdl`` sets programmatic stream serialization (dependent launch)."""
-    key = (grid, block, pdl)
+def launch_config(grid: tuple[int, int], block: int, *, pdl: bool, cluster: tuple[int, int] | None = None) -> Any:
+    """A cached LaunchConfig. ``pdl`` sets programmatic stream serialization (dependent launch).
+
+    With ``cluster`` the grid counts clusters (cuda.core's convention) and each cluster holds
+    ``cluster`` blocks, which the hardware schedules onto one GPC together.
+    """
+    key = (grid, block, pdl, cluster)
     cfg = _config_cache.get(key)
     if cfg is None:
         from cuda.core import LaunchConfig
 
-        cfg = LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=pdl)
+        cfg = LaunchConfig(grid=grid, block=block, cluster=cluster, programmatic_stream_serialization=pdl)
         _config_cache[key] = cfg
     return cfg
 
 
-def launch(kernel: Any, grid: tuple[int, int], block: int, args: tuple[Any, ...], *,
-           device: torch.device, pdl: bool = True) -> None:
+def launch(kernel: Any, config: Any, args: tuple[Any, ...], *, device: torch.device) -> None:
+    """Launch ``kernel`` with a LaunchConfig (``launch_config``) on torch's current stream."""
     from cuda.core import launch as _launch
 
-    _launch(current_stream(device), launch_config(grid, block, pdl=pdl), kernel, *args)
+    _launch(current_stream(device), config, kernel, *args)
 
 
 def is_capturing() -> bool:

@@ -72,12 +72,13 @@ class _Setup:
         self.kernel = _kernel()
 
     def launch(self, warm: int, iters: int, order: int) -> None:
-        from ..launch import launch
+        from ..launch import launch, launch_config
 
         args = (self.ptrs.data_ptr(), np.int32(self.rank_base), np.int32(self.nranks), self.epochs.data_ptr(),
                 np.int32(warm), np.int32(iters), np.int32(order), self.times.data_ptr(), self.fault.data_ptr(),
                 self.timeout_ns)
-        launch(self.kernel, (1, self.local_ranks), _threads(self.nranks), args, device=self.device, pdl=False)
+        launch(self.kernel, launch_config((1, self.local_ranks), _threads(self.nranks), pdl=False), args,
+               device=self.device)
 
     def check(self) -> None:
         f = self.fault.tolist()

@@ -63,7 +63,7 @@ class _Probe:
         self.timeout_ns = np.uint64(int(timeout_s * 1e9))
 
     def _launch(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...], device_index: int | None = None) -> None:
-        from ..launch import launch
+        from ..launch import launch, launch_config
 
         idx = self.index if device_index is None else device_index
         if idx != self.index:
@@ -71,7 +71,7 @@ class _Probe:
 
             Device(idx).set_current()
         try:
-            launch(kernel, grid, 32, args, device=self.torch.device("cuda", idx), pdl=False)
+            launch(kernel, launch_config(grid, 32, pdl=False), args, device=self.torch.device("cuda", idx))
         finally:
             if idx != self.index:
                 from cuda.core import Device

@@ -97,14 +97,15 @@ def measure_floor(device: Any, *, calls: int = DEFAULT_CALLS, replays: int = 30,
     """The empty-kernel floor: ``calls`` empty launches in one graph, timed like every row."""
     import torch
 
-    from ..launch import ensure_device, launch
+    from ..launch import ensure_device, launch, launch_config
 
     dev = torch.device(device)
     ensure_device(dev.index or 0)
     kernel = empty_kernel()
+    config = launch_config(grid, block, pdl=pdl)
 
     def call(_i: int) -> None:
-        launch(kernel, grid, block, (), device=dev, pdl=pdl)
+        launch(kernel, config, (), device=dev)
 
     return time_calls(call, calls=calls, replays=replays, sync=sync, device=dev)
 

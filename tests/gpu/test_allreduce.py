@@ -153,6 +153,25 @@ def test_in_place(r: int) -> None:
             assert_bitwise(y, ref, f"in place {algo}")
 
 
+@pytest.mark.parametrize("cluster", [False, True], ids=["grid", "rank-clusters"])
+@pytest.mark.parametrize("r", [3, 5, 8])
+def test_rank_clusters_on_and_off(r: int, cluster: bool) -> None:
+    """Both launch shapes of virtual ranks (rank clusters for small grids, a plain grid above),
+    odd world sizes included, out of place and in place, up to several passes (the prefetch of
+    the next pass must not read a line that this call already wrote)."""
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0, cluster_ranks=cluster)
+    assert c._clustered(1) is cluster and not c._clustered(16)
+    gen = torch.Generator(device=DEV).manual_seed(100 + r)
+    for algo in DETERMINISTIC:
+        for n in (1, 33, 4097, 65537, _sizes_for(algo, r, torch.float32)[-1]):
+            xs = random_inputs(r, n, torch.float32, DEV, gen)
+            check_call(c, xs, algo, outs=[torch.empty_like(x) for x in xs])
+            ref = rank_order_reduce(xs, "sum")
+            for y in c.all_reduce(xs, algo=algo, out=xs):
+                assert_bitwise(y, ref, f"in place {algo} R={r} n={n} cluster={cluster}")
+    c.check()
+
+
 @pytest.mark.parametrize("r", [2, 4, 8])
 def test_back_to_back_eager_varying(r: int) -> None:
     """Thousands of eager calls of varying size and algorithm; inputs reused right after the call."""

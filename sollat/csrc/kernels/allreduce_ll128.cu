@@ -70,7 +70,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   T* const tag = nullptr;  // overload selector for the ll128:: helpers
 
   const FaultSink fault = make_fault(a.st);
-  const int R = a.st->nranks;
+  const int R = a.nranks;
   const u64 lps = (u64)a.lines_per_src;
   const u64 region_bytes = 2ull * R * lps * sizeof(Line);
   const int lane = threadIdx.x & 31;
@@ -84,7 +84,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
 
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
-  const u64 units = ((a.n + R - 1) / R + UE - 1) / UE;  // warp-units per chunk
+  const u64 units = (ceil_div_ranks(a.n, R) + UE - 1) / UE;  // warp-units per chunk
   const u64 chunk_elems = units * UE;
   const int warps_per_block = blockDim.x >> 5;
   const u64 nwarps = (u64)gridDim.x * warps_per_block;

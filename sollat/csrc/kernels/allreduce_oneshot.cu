@@ -32,34 +32,47 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   constexpr int kElems = P::kElems;
 
   if (SOLLAT_BREAKDOWN == 3) return;
-  const FaultSink fault = make_fault(a.st);
-  const u64 region_bytes = 2ull * a.st->nranks * a.lines_per_src * sizeof(Line);
-  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
-
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
   const u64 lines = (a.n + kElems - 1) / kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
-
-  for (u64 base = 0; base < lines; base += per_iter) {
-    // Line of slot i: consecutive threads take consecutive lines (coalesced loads and stores).
-    P own[kSlots];
+  // Line of slot i: consecutive threads take consecutive lines (coalesced loads and stores).
+  auto line_of = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
+  auto load_own = [&](u64 base, P (&own)[kSlots]) {
     int active = 0;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-      const u64 line = base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x;
+      const u64 line = line_of(base, i);
       if (line < lines) {
         own[i] = load_pack<T, sizeof(P)>(in, line * kElems, a.n, in_aligned);
         active = i + 1;
       }
     }
-    if (active == 0) break;  // later iterations only have higher lines: nothing more for this thread
+    return active;
+  };
 
+  // The first input loads are issued before the buffer is set up: the descriptor and epoch
+  // loads below then travel together with them (one memory latency before the first send, not
+  // two; the scratch bases are loaded from CommState and used at once).
+  P own[kSlots];
+  int active = load_own(0, own);
+  if (active == 0) return;  // no line for this thread: its channels keep their epochs
+  const FaultSink fault = make_fault(a.st);
+  const u64 region_bytes = 2ull * a.nranks * a.lines_per_src * sizeof(Line);
+  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
+
+  for (u64 base = 0;;) {
     if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
         if (i < active) buf.template bcast<T>(i, own[i]);
     }
+    // Next iteration's input, loaded now so that it is in flight while this one waits for its
+    // peers (polls are volatile asm, which later loads could not be hoisted over). Safe in
+    // place: this thread writes only its own lines, and these are other lines.
+    const u64 next = base + per_iter;
+    P ahead[kSlots];
+    const int ahead_active = next < lines ? load_own(next, ahead) : 0;
     A acc[kSlots];
     if (SOLLAT_BREAKDOWN == 4) {
 #pragma unroll
@@ -81,12 +94,16 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i >= active) continue;
-      const u64 line = base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x;
       P res;
       acc_to_pack(acc[i], res);
-      store_pack<T, sizeof(P)>(out, line * kElems, a.n, out_aligned, res);
+      store_pack<T, sizeof(P)>(out, line_of(base, i) * kElems, a.n, out_aligned, res);
     }
     buf.advanceEpoch();
+    if (ahead_active == 0) break;  // later iterations only have higher lines: nothing more for this thread
+    base = next;
+    active = ahead_active;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) own[i] = ahead[i];
   }
   buf.commit();
 }

@@ -26,31 +26,47 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
 
-  const FaultSink fault = make_fault(a.st);
-  const int R = a.st->nranks;
-  const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
-  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
-  Buf rs(make_desc<kMaxRanks>(a, 0, region_bytes), fault, slot0);
-  Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
-
+  const int R = a.nranks;
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
   // Chunk length in lines (sollat/algorithms.py: lines_per_rank for two-shot).
-  const u64 chunk_lines = ((a.n + R - 1) / R + kElems - 1) / kElems;
+  const u64 chunk_lines = (ceil_div_ranks(a.n, R) + kElems - 1) / kElems;
   const u64 chunk_elems = chunk_lines * kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
 
-  for (u64 base = 0; base < chunk_lines; base += per_iter) {
+  // Line i of this thread in iteration `base`, and its R input packs (line j of every chunk). All
+  // R loads are issued before any is used: they travel together (one memory latency, not R).
+  auto lines_of = [&](u64 base, u64 (&line)[kSlots]) {
     int active = 0;
-    u64 line[kSlots];
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       line[i] = base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x;
       if (line[i] < chunk_lines) active = i + 1;
     }
-    if (active == 0) break;
+    return active;
+  };
+  auto load_all = [&](int active, const u64 (&line)[kSlots], P (&v)[kMaxRanks][kSlots]) {
+#pragma unroll
+    for (int c = 0; c < kMaxRanks; ++c)
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (c < R && i < active) v[c][i] = load_pack<T, sizeof(P)>(in, c * chunk_elems + line[i] * kElems, a.n, in_aligned);
+  };
 
-    // Reduce-scatter: push line j of chunk c to its owner c.
+  u64 line[kSlots];
+  int active = lines_of(0, line);
+  if (active == 0) return;  // no line for this thread: its channels keep their epochs
+  P v[kMaxRanks][kSlots];
+  load_all(active, line, v);  // before the descriptors: their loads then overlap these
+  const FaultSink fault = make_fault(a.st);
+  const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
+  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
+  Buf rs(make_desc<kMaxRanks>(a, 0, region_bytes), fault, slot0);
+  Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
+
+  for (u64 base = 0;;) {
+    // Reduce-scatter: push line j of chunk c to its owner c. The own chunk's packs are picked
+    // per element (a select on values: a pack picked by run-time rank would go to local memory).
     P mine[kSlots];
 #pragma unroll
     for (int c = 0; c < kMaxRanks; ++c) {
@@ -58,9 +74,8 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         if (i >= active) continue;
-        P v = load_pack<T, sizeof(P)>(in, c * chunk_elems + line[i] * kElems, a.n, in_aligned);
-        if (c == a.rank) mine[i] = v;
-        else rs.template send<T>(c, i, v);
+        if (c == a.rank) mine[i] = v[c][i];
+        else rs.template send<T>(c, i, v[c][i]);
       }
     }
     A acc[kSlots];
@@ -81,6 +96,10 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     if (!ok) return;
     rs.advanceEpoch();
     ag.advanceEpoch();
+    base += per_iter;
+    active = base < chunk_lines ? lines_of(base, line) : 0;
+    if (active == 0) break;  // later iterations only have higher lines: nothing more for this thread
+    load_all(active, line, v);
   }
   rs.commit();
   ag.commit();

@@ -21,10 +21,8 @@ struct CommState {
   u64 err;                 // int[kFaultWords] device error record
   u64 err_host;            // host-mapped copy of the record, or 0
   u64 timeout_ns;          // bound of every spin
-  int nranks;
   int absent_rank;         // test hook: this rank's blocks return at once (-1: none)
   int mismatch_rank;       // test hook: this rank flips a bit of its call signature (-1: none)
-  int pad_;
 };
 
 struct CallArgs {
@@ -35,6 +33,8 @@ struct CallArgs {
   int lines_per_src;
   u32 sig;
   int rank;
+  int nranks;              // a kernel argument, not in CommState: loops and chunk offsets need it
+                           // before the first load, and an argument costs no memory round trip
 };
 
 __device__ __forceinline__ FaultSink make_fault(const CommState* st) {
@@ -55,7 +55,7 @@ __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, in
     d.base[q] = (Line*)(a.st->scratch[q] + a.region_off + (u64)which * region_bytes);
   d.epochs = a.epochs + (u64)which * (u64)a.lines_per_src;
   d.rank = a.rank;
-  d.nranks = a.st->nranks;
+  d.nranks = a.nranks;
   d.lines_per_src = a.lines_per_src;
   d.sig = a.sig;
   return d;
@@ -92,16 +92,38 @@ __device__ __forceinline__ void store_pack(T* p, u64 e0, u64 n, bool aligned, co
   }
 }
 
+// ceil(n / r) for r = 1..kMaxWorld. Each case divides by a constant (multiply and shift): a
+// division by a run-time 64-bit value is a called subroutine, which costs time and registers.
+__device__ __forceinline__ u64 ceil_div_ranks(u64 n, int r) {
+  switch (r) {
+    case 1: return n;
+    case 2: return (n + 1) / 2;
+    case 3: return (n + 2) / 3;
+    case 4: return (n + 3) / 4;
+    case 5: return (n + 4) / 5;
+    case 6: return (n + 5) / 6;
+    case 7: return (n + 6) / 7;
+    default: return (n + 7) / 8;
+  }
+}
+
 __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
   return ((unsigned long long)p & (unsigned long long)(bytes - 1)) == 0;
 }
 
+// Argument k of eight (k = blockIdx.y for virtual ranks), as a chain of selects on kernel
+// parameters: no branches and no indexed access (which would copy the parameters to local memory).
 template <typename P>
 __device__ __forceinline__ P pick8(int k, P a0, P a1, P a2, P a3, P a4, P a5, P a6, P a7) {
-  switch (k) {
-    case 0: return a0; case 1: return a1; case 2: return a2; case 3: return a3;
-    case 4: return a4; case 5: return a5; case 6: return a6; default: return a7;
-  }
+  P r = a0;
+  r = (k == 1) ? a1 : r;
+  r = (k == 2) ? a2 : r;
+  r = (k == 3) ? a3 : r;
+  r = (k == 4) ? a4 : r;
+  r = (k == 5) ? a5 : r;
+  r = (k == 6) ? a6 : r;
+  r = (k == 7) ? a7 : r;
+  return r;
 }
 
 // Kernel prologue shared by every entry point: let the next kernel launch, then wait for the
@@ -130,22 +152,22 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(512) name##_pg(                                             \
       const void* in, void* out, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,      \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank) {                                 \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, int nranks) {                     \
     if (!sollat::prologue(st, rank)) return;                                                               \
     sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
-                       rank};                                                                              \
+                       rank, nranks};                                                                      \
     BODY(a, (const T*)in, (T*)out);                                                                        \
   }                                                                                                        \
   extern "C" __global__ void __launch_bounds__(512) name##_vr(                                             \
       const void* i0, const void* i1, const void* i2, const void* i3, const void* i4, const void* i5,      \
       const void* i6, const void* i7, void* o0, void* o1, void* o2, void* o3, void* o4, void* o5,          \
       void* o6, void* o7, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,              \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base) {                            \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks) {                \
     const int y = blockIdx.y;                                                                              \
     const int rank = rank_base + y;                                                                        \
     if (!sollat::prologue(st, rank)) return;                                                               \
     sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
-                       lines_per_src, sollat::call_signature(st, sig, rank), rank};                        \
+                       lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks};                \
     BODY(a, (const T*)sollat::pick8(y, i0, i1, i2, i3, i4, i5, i6, i7),                                   \
          (T*)sollat::pick8(y, o0, o1, o2, o3, o4, o5, o6, o7));                                            \
   }
