@@ -10,6 +10,8 @@ import time
 import torch
 
 import sollat
+from sollat import launch
+from sollat.dtypes import DTYPES
 
 
 def per_call_us(fn, n: int = 3000) -> float:
@@ -34,8 +36,12 @@ def main() -> int:
         a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
         b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
         d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
-        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us",
-              flush=True)
+        # The same kernel launched directly with prepacked arguments: what cuda.core's launch costs.
+        plan = c._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
+        args = (*[t.data_ptr() for t in xs], *c._pad, *[o.data_ptr() for o in outs], *c._pad) + plan.tail
+        e = per_call_us(lambda plan=plan, args=args: launch.launch(plan.kernel, plan.config, args, device=dev))
+        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us; "
+              f"bare launch of the same kernel and arguments {e:.2f} us", flush=True)
     return 0
 
 
