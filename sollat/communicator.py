@@ -424,40 +424,54 @@ class VirtualCommunicator(_CommBase):
                          out: Sequence[torch.Tensor] | None, deterministic: bool) -> list[torch.Tensor]:
         if self._faulted:
             self._guard()
-        checked = self._fast_check(tensors, op, out)
-        ins, outs, dt = checked if checked is not None else self._checked(tensors, op, out)
-        n = ins[0].numel()
+        fast = self._fast_check(tensors, op, out)
+        if fast is not None:
+            n, dt, outs, ptrs = fast
+        else:
+            ins, outs, dt = self._checked(tensors, op, out)
+            n = ins[0].numel()
+            ptrs = (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad)
         if n == 0:
             return outs
         plan = self._call_plan(n, dt, op, algo, deterministic)
         assert not isinstance(plan, str)  # a VirtualCommunicator never resolves to NCCL
-        ptrs = (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad)
         self._launch(plan, ptrs)
         self._after_call()
         return outs
 
     def _fast_check(self, tensors: Sequence[torch.Tensor], op: str, out: Sequence[torch.Tensor] | None
-                    ) -> tuple[list[torch.Tensor], list[torch.Tensor], DType] | None:
-        """The common, valid call in a few cheap tests; None sends the call to the detailed checks."""
+                    ) -> tuple[int, DType, list[torch.Tensor], tuple[int, ...]] | None:
+        """The common, valid call in one pass over the tensors: (n, dtype, outputs, the kernel's
+        pointer arguments), or None, which sends the call to the detailed checks."""
         try:
-            if len(tensors) != self.world_size or isinstance(tensors, torch.Tensor) or op not in OPS:
+            if op not in OPS or isinstance(tensors, torch.Tensor) or len(tensors) != self.world_size:
                 return None
             t0 = tensors[0]
-            dt = DTYPES.get(t0.dtype)
-            if dt is None or t0.numel() > MAX_ELEMENTS:
+            dtype = t0.dtype
+            dt = DTYPES.get(dtype)
+            n = t0.numel()
+            if dt is None or n > MAX_ELEMENTS:
                 return None
-            idx, shape, dtype = self._dev_index, t0.shape, t0.dtype
+            idx, shape = self._dev_index, t0.shape
+            ptrs = []
             for t in tensors:
                 if t.get_device() != idx or t.dtype is not dtype or t.shape != shape or not t.is_contiguous():
                     return None
+                ptrs.append(t.data_ptr())
+            ptrs.extend(self._pad)
             if out is None:
-                return list(tensors), [torch.empty_like(t) for t in tensors], dt
-            if len(out) != self.world_size:
-                return None
-            for o in out:
-                if o.get_device() != idx or o.dtype is not dtype or o.shape != shape or not o.is_contiguous():
+                outs = [torch.empty_like(t) for t in tensors]
+                ptrs.extend(o.data_ptr() for o in outs)
+            else:
+                if isinstance(out, torch.Tensor) or len(out) != self.world_size:
                     return None
-            return list(tensors), list(out), dt
+                for o in out:
+                    if o.get_device() != idx or o.dtype is not dtype or o.shape != shape or not o.is_contiguous():
+                        return None
+                    ptrs.append(o.data_ptr())
+                outs = list(out)
+            ptrs.extend(self._pad)
+            return n, dt, outs, tuple(ptrs)
         except (AttributeError, TypeError):
             return None
 

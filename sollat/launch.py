@@ -59,14 +59,20 @@ def launch_config(grid: tuple[int, int], block: int, *, pdl: bool, cluster: tupl
     return cfg
 
 
+_core_launch: Any = None  # cuda.core.launch, imported on first use (an import per call costs time)
+
+
 def launch(kernel: Any, config: Any, args: tuple[Any, ...], *, device: torch.device) -> None:
     """Launch ``kernel`` with a LaunchConfig (``launch_config``) on torch's current stream."""
-    from cuda.core import launch as _launch
+    global _core_launch
+    if _core_launch is None:
+        from cuda.core import launch as _core_launch
+    _core_launch(current_stream(device), config, kernel, *args)
 
-    _launch(current_stream(device), config, kernel, *args)
+
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
 def is_capturing() -> bool:
     """Whether the current stream is being captured into a CUDA graph (cheap query)."""
-    fn = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
-    return bool(fn()) if fn is not None else torch.cuda.is_current_stream_capturing()
+    return bool(_capturing()) if _capturing is not None else torch.cuda.is_current_stream_capturing()
