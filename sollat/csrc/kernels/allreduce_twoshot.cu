@@ -34,8 +34,12 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   const u64 chunk_elems = chunk_lines * kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
 
-  // Line i of this thread in iteration `base`, and its R input packs (line j of every chunk). All
-  // R loads are issued before any is used: they travel together (one memory latency, not R).
+  // Line i of this thread in iteration `base`, and its R input packs (line j of every chunk).
+  // Up to 4 ranks all R loads are issued before any is used, so they travel together (one memory
+  // latency, not R: a send is volatile asm, which no later load can be hoisted over). At 8 ranks
+  // the R packs would not fit in registers next to both buffers' descriptors (ptxas spilled, and
+  // two-shot at 8 ranks measured slower), so there each pack is loaded right before its send.
+  constexpr bool kPreloadAll = kMaxRanks <= 4;
   auto lines_of = [&](u64 base, u64 (&line)[kSlots]) {
     int active = 0;
 #pragma unroll
@@ -45,12 +49,15 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     }
     return active;
   };
+  auto load_one = [&](int c, u64 line) { return load_pack<T, sizeof(P)>(in, c * chunk_elems + line * kElems, a.n, in_aligned); };
   auto load_all = [&](int active, const u64 (&line)[kSlots], P (&v)[kMaxRanks][kSlots]) {
+    if constexpr (kPreloadAll) {
 #pragma unroll
-    for (int c = 0; c < kMaxRanks; ++c)
+      for (int c = 0; c < kMaxRanks; ++c)
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (c < R && i < active) v[c][i] = load_pack<T, sizeof(P)>(in, c * chunk_elems + line[i] * kElems, a.n, in_aligned);
+        for (int i = 0; i < kSlots; ++i)
+          if (c < R && i < active) v[c][i] = load_one(c, line[i]);
+    }
   };
 
   u64 line[kSlots];
@@ -65,8 +72,7 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
 
   for (u64 base = 0;;) {
-    // Reduce-scatter: push line j of chunk c to its owner c. The own chunk's packs are picked
-    // per element (a select on values: a pack picked by run-time rank would go to local memory).
+    // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line.
     P mine[kSlots];
 #pragma unroll
     for (int c = 0; c < kMaxRanks; ++c) {
@@ -74,8 +80,14 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         if (i >= active) continue;
-        if (c == a.rank) mine[i] = v[c][i];
-        else rs.template send<T>(c, i, v[c][i]);
+        if constexpr (kPreloadAll) {
+          if (c == a.rank) mine[i] = v[c][i];
+          else rs.template send<T>(c, i, v[c][i]);
+        } else {
+          const P x = load_one(c, line[i]);
+          if (c == a.rank) mine[i] = x;
+          else rs.template send<T>(c, i, x);
+        }
       }
     }
     A acc[kSlots];

@@ -147,7 +147,7 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 
 // Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
-  extern "C" __global__ void __launch_bounds__(512) name##_pg(                                             \
+  extern "C" __global__ void __launch_bounds__(512, 1) name##_pg(                                             \
       const void* in, void* out, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,      \
       int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, int nranks) {                     \
     if (!sollat::prologue(st, rank)) return;                                                               \
@@ -155,7 +155,7 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
                        rank, nranks};                                                                      \
     BODY(a, (const T*)in, (T*)out);                                                                        \
   }                                                                                                        \
-  extern "C" __global__ void __launch_bounds__(512) name##_vr(                                             \
+  extern "C" __global__ void __launch_bounds__(512, 1) name##_vr(                                             \
       const void* i0, const void* i1, const void* i2, const void* i3, const void* i4, const void* i5,      \
       const void* i6, const void* i7, void* o0, void* o1, void* o2, void* o3, void* o4, void* o5,          \
       void* o6, void* o7, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,              \

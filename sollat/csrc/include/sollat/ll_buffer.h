@@ -90,6 +90,7 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ void commit();
 
  private:
+  __device__ long long sendOffset(int i) const;
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
   __device__ void beforeSend();

@@ -40,9 +40,10 @@ struct ProtoLL {
     return ((u64)sig << 32) | (u64)(epoch & kEpochMask);
   }
 
+  // The 16 bytes a sender stores (computed once per line, whatever the number of peers).
   template <typename T>
-  __device__ __forceinline__ static void store(Line* dst, const Pack<T, 8>& v, u32 sig, u32 epoch) {
-    st_volatile_line(dst, bit_cast<u64>(v), flag(sig, epoch));
+  __device__ __forceinline__ static Line encode(const Pack<T, 8>& v, u32 sig, u32 epoch) {
+    return Line{bit_cast<u64>(v), flag(sig, epoch)};
   }
 
   // Readiness of one polled line: 1 when it holds this epoch's data for this call, 0 when not

@@ -28,12 +28,15 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const Bu
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(int peer, int i) const {
-  // layout.line_index(parity, src=self, slot) in the peer's region
+__device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots>::sendOffset(int i) const {
+  // layout.line_index(parity, src=self, slot): the same in every peer's region
   const int parity = this->epoch[i] & 1;
-  const long long line = (long long)(parity * this->d.nranks + this->d.rank) * this->d.lines_per_src +
-                         this->slot0 + i * kSlotStride;
-  return select_base(this->d, peer) + line;
+  return (long long)(parity * this->d.nranks + this->d.rank) * this->d.lines_per_src + this->slot0 + i * kSlotStride;
+}
+
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(int peer, int i) const {
+  return select_base(this->d, peer) + sendOffset(i);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
@@ -58,7 +61,8 @@ template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
-  Proto::template store<T>(peerLine(peer, i), v, this->d.sig, this->epoch[i]);
+  const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
+  st_volatile_line(peerLine(peer, i), l.lo, l.hi);
   this->used |= 1u << i;
 }
 
@@ -66,11 +70,13 @@ template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   beforeSend();
-  // All peers' stores are issued back to back (fire and forget), so they travel concurrently.
+  // Encoded and addressed once; then all peers' stores are issued back to back (fire and
+  // forget), so they travel concurrently.
+  const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
+  const long long off = sendOffset(i);
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
-    if (p < this->d.nranks && p != this->d.rank)
-      Proto::template store<T>(peerLine(p, i), v, this->d.sig, this->epoch[i]);
+    if (p < this->d.nranks && p != this->d.rank) st_volatile_line(this->d.base[p] + off, l.lo, l.hi);
   this->used |= 1u << i;
 }
 
