@@ -34,12 +34,13 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   const u64 chunk_elems = chunk_lines * kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
 
-  // Line i of this thread in iteration `base`, and its R input packs (line j of every chunk).
-  // Up to 4 ranks all R loads are issued before any is used, so they travel together (one memory
-  // latency, not R: a send is volatile asm, which no later load can be hoisted over). At 8 ranks
-  // the R packs would not fit in registers next to both buffers' descriptors (ptxas spilled, and
-  // two-shot at 8 ranks measured slower), so there each pack is loaded right before its send.
-  constexpr bool kPreloadAll = kMaxRanks <= 4;
+  // Line i of this thread in iteration `base`; its R input packs (line j of every chunk) are
+  // loaded in batches of up to 4 chunks, each batch issued before any of it is used, so a batch
+  // costs one memory latency (a send is volatile asm, which no later load can be hoisted over:
+  // loading inside the send loop would cost one latency per chunk). A batch of 8 would not fit in
+  // registers next to both buffers' descriptors at 8 ranks (ptxas spilled), nor would 4 fp64
+  // batches, whose accumulators are twice as wide.
+  constexpr int kBatch = kMaxRanks < 4 ? kMaxRanks : (kMaxRanks >= 8 && sizeof(T) == 8) ? 2 : 4;
   auto lines_of = [&](u64 base, u64 (&line)[kSlots]) {
     int active = 0;
 #pragma unroll
@@ -49,22 +50,20 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     }
     return active;
   };
-  auto load_one = [&](int c, u64 line) { return load_pack<T, sizeof(P)>(in, c * chunk_elems + line * kElems, a.n, in_aligned); };
-  auto load_all = [&](int active, const u64 (&line)[kSlots], P (&v)[kMaxRanks][kSlots]) {
-    if constexpr (kPreloadAll) {
+  auto load_batch = [&](int c0, int active, const u64 (&line)[kSlots], P (&v)[kBatch][kSlots]) {
 #pragma unroll
-      for (int c = 0; c < kMaxRanks; ++c)
+    for (int k = 0; k < kBatch; ++k)
 #pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-          if (c < R && i < active) v[c][i] = load_one(c, line[i]);
-    }
+      for (int i = 0; i < kSlots; ++i)
+        if (c0 + k < R && i < active)
+          v[k][i] = load_pack<T, sizeof(P)>(in, (c0 + k) * chunk_elems + line[i] * kElems, a.n, in_aligned);
   };
 
   u64 line[kSlots];
   int active = lines_of(0, line);
   if (active == 0) return;  // no line for this thread: its channels keep their epochs
-  P v[kMaxRanks][kSlots];
-  load_all(active, line, v);  // before the descriptors: their loads then overlap these
+  P v[kBatch][kSlots];
+  load_batch(0, active, line, v);  // before the descriptors: their loads then overlap these
   const FaultSink fault = make_fault(a.st);
   const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
   const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
@@ -72,24 +71,31 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
 
   for (u64 base = 0;;) {
-    // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line.
+    // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line. Batch 0
+    // is already loaded (before the descriptors, or by the previous iteration's prefetch).
     P mine[kSlots];
 #pragma unroll
-    for (int c = 0; c < kMaxRanks; ++c) {
-      if (c >= R) continue;
+    for (int c0 = 0; c0 < kMaxRanks; c0 += kBatch) {
+      if (c0 >= R) continue;
+      if (c0 > 0) load_batch(c0, active, line, v);
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        if (i >= active) continue;
-        if constexpr (kPreloadAll) {
-          if (c == a.rank) mine[i] = v[c][i];
-          else rs.template send<T>(c, i, v[c][i]);
-        } else {
-          const P x = load_one(c, line[i]);
-          if (c == a.rank) mine[i] = x;
-          else rs.template send<T>(c, i, x);
+      for (int k = 0; k < kBatch; ++k) {
+        const int c = c0 + k;
+        if (c >= R) continue;
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+          if (i >= active) continue;
+          if (c == a.rank) mine[i] = v[k][i];
+          else rs.template send<T>(c, i, v[k][i]);
         }
       }
     }
+    // Next iteration's batch 0, in flight while this one waits for its peers. Safe in place:
+    // those are other lines than the ones this iteration writes.
+    const u64 next = base + per_iter;
+    u64 next_line[kSlots];
+    const int next_active = next < chunk_lines ? lines_of(next, next_line) : 0;
+    if (next_active > 0) load_batch(0, next_active, next_line, v);
     A acc[kSlots];
     if (!rs.template recvReduce<T, Op>(active, mine, acc)) return;
 
@@ -108,10 +114,11 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     if (!ok) return;
     rs.advanceEpoch();
     ag.advanceEpoch();
-    base += per_iter;
-    active = base < chunk_lines ? lines_of(base, line) : 0;
-    if (active == 0) break;  // later iterations only have higher lines: nothing more for this thread
-    load_all(active, line, v);
+    if (next_active == 0) break;  // later iterations only have higher lines: nothing more for this thread
+    base = next;
+    active = next_active;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) line[i] = next_line[i];
   }
   rs.commit();
   ag.commit();
