@@ -96,6 +96,9 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ void beforeSend();
   template <typename T> __device__ int poll(int src, int i, Line& l);
   template <typename T> __device__ bool pollAll(int n, Line (&lines)[kMaxRanks][kSlots]);
+  __device__ void issuePolls(unsigned pending, Line (&lines)[kMaxRanks][kSlots]) const;
+  template <typename T>
+  __device__ bool checkPolls(unsigned& pending, const Line (&lines)[kMaxRanks][kSlots], int* waitPeer) const;
 };
 
 }  // namespace sollat

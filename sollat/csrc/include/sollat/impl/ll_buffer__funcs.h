@@ -144,12 +144,60 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
   return true;
 }
 
+// Staggered polling (SOLLAT_POLL_STAGGER, on by default for up to 4 polled lines per thread):
+// a second set of loads is issued about half a load round trip after the first, and each set is
+// re-issued as soon as it has been checked, so a line's arrival is seen about every half round
+// trip instead of every round trip. It doubles the poll registers, hence the size limit.
+#ifndef SOLLAT_POLL_STAGGER
+#define SOLLAT_POLL_STAGGER 1
+#endif
+constexpr long long kStaggerCycles = 150;  // about half an L2 load round trip on H200 (~300 cycles)
+
+// Issues a poll load for every pending (peer, line) of `lines`.
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(unsigned pending,
+                                                                              Line (&lines)[kMaxRanks][kSlots]) const {
+#pragma unroll
+  for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (pending & (1u << (p * kSlots + i))) lines[p][i] = ld_volatile_line(ownLine(p, i));
+}
+
+// Checks every pending line of `lines`: clears the bits of complete ones; records the first peer
+// still missing in *waitPeer. Returns false on a call mismatch (recorded in the fault sink).
+template <class Proto, int kMaxRanks, int kSlots>
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
+                                                                              const Line (&lines)[kMaxRanks][kSlots],
+                                                                              int* waitPeer) const {
+#pragma unroll
+  for (int p = 0; p < kMaxRanks; ++p)
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      const unsigned bit = 1u << (p * kSlots + i);
+      if (!(pending & bit)) continue;
+      u32 seen = 0;
+      const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i], &seen);
+      if (r > 0) {
+        pending &= ~bit;
+      } else if (r < 0) {
+        this->fault->raise(kMismatch, this->d.rank, p, this->slot0 + i * kSlotStride, this->epoch[i], seen);
+        return false;
+      } else if (*waitPeer < 0) {
+        *waitPeer = p;
+      }
+    }
+  return true;
+}
+
 // Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched), then
 // resets them (sentinel). Only the polled lines are kept; payloads are extracted by the caller.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
   static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
+  constexpr bool kStagger = SOLLAT_POLL_STAGGER && (kMaxRanks - 1) * kSlots <= 4;
   unsigned pending = 0;
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
@@ -158,31 +206,38 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
       if (p < this->d.nranks && p != this->d.rank && i < n) pending |= 1u << (p * kSlots + i);
 
   Spin spin(*this->fault);
-  while (pending) {
+  if constexpr (kStagger) {
+    // Set A is `lines`, set B `late`. A line found complete in B is copied into `lines`. Each
+    // load is one 16-byte volatile read, so a line accepted from either set is whole.
+    Line late[kMaxRanks][kSlots];
+    issuePolls(pending, lines);
+    const long long t0 = (long long)sm_clock64();
+    while ((long long)sm_clock64() - t0 < kStaggerCycles) {
+    }
+    issuePolls(pending, late);
+    while (pending) {
+      int waitPeer = -1;
+      if (!checkPolls<T>(pending, lines, &waitPeer)) return false;
+      if (!pending) break;
+      issuePolls(pending, lines);
+      const unsigned before = pending;
+      if (!checkPolls<T>(pending, late, &waitPeer)) return false;
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)  // every outstanding load in flight before any check
+      for (int p = 0; p < kMaxRanks; ++p)
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (pending & (1u << (p * kSlots + i))) lines[p][i] = ld_volatile_line(ownLine(p, i));
-    int waitPeer = -1;
-#pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        const unsigned bit = 1u << (p * kSlots + i);
-        if (!(pending & bit)) continue;
-        u32 seen = 0;
-        const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i], &seen);
-        if (r > 0) {
-          pending &= ~bit;
-        } else if (r < 0) {
-          this->fault->raise(kMismatch, this->d.rank, p, this->slot0 + i * kSlotStride, this->epoch[i], seen);
-          return false;
-        } else if (waitPeer < 0) {
-          waitPeer = p;
-        }
-      }
-    if (pending && !spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
+        for (int i = 0; i < kSlots; ++i)
+          if ((before & ~pending) & (1u << (p * kSlots + i))) lines[p][i] = late[p][i];
+      if (!pending) break;
+      issuePolls(pending, late);
+      if (!spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
+    }
+  } else {
+    while (pending) {
+      issuePolls(pending, lines);  // every outstanding load in flight before any check
+      int waitPeer = -1;
+      if (!checkPolls<T>(pending, lines, &waitPeer)) return false;
+      if (pending && !spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
+    }
   }
 
   if (Proto::kNeedsReset) {
