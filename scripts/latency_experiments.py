@@ -4,8 +4,7 @@
    every block of a (1, R) grid, launched back to back in a CUDA graph, with and without a
    (1, R) thread-block cluster. Printed: median over calls of (latest - earliest start) and of
    (latest end - earliest start).
-2. One-shot at 128 B, 2 KiB and 16 KiB with plain and staggered polling (SOLLAT_POLL_STAGGER).
-3. One-shot at 128 B and two-shot at 8 KiB, 64 KiB and 1 MiB (fp32) for R = 2, 4, 8, each
+2. One-shot at 128 B and two-shot at 8 KiB, 64 KiB and 1 MiB (fp32) for R = 2, 4, 8, each
    without and with the rank cluster. Results are checked bitwise; timing as in the benchmark.
 
 Run:  python3 scripts/latency_experiments.py
@@ -80,19 +79,6 @@ def main() -> int:
             s, span = skew(dev, r, cluster)
             cells.append(f"cluster={cluster}: start spread {s:.0f} ns, span {span:.0f} ns")
         print(f"skew R={r}: " + " | ".join(cells), flush=True)
-
-    for r in (2, 4, 8):
-        for algo in ("oneshot_ll", "oneshot_sentinel"):
-            cells = []
-            for n in (32, 512, 4096):
-                for stagger in ("0", "1"):
-                    c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
-                    c._extra_defines = {"SOLLAT_POLL_STAGGER": stagger}
-                    us = [call_us(c, algo, r, dev, n) for _ in range(3)]
-                    cells.append(f"{4 * n}B stagger={stagger}: {statistics.median(us):.3f}")
-                    c.check()
-                    del c
-            print(f"R={r} {algo} fp32 (rank clusters): " + "  ".join(cells), flush=True)
 
     for r in (2, 4, 8):
         for algo, sizes in (("oneshot_ll", (32,)), ("oneshot_sentinel", (32,)),

@@ -29,11 +29,6 @@
 // Module defines: SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_OP (OpSum only),
 // SOLLAT_PROTO (ProtoLL), SOLLAT_MAX_RANKS, SOLLAT_SLOTS (1, unused), SOLLAT_LL128_SPLIT (0/1).
 // Kernels: ll128_pg and ll128_vr.
-// Staggered polling doubles the poll registers, which do not fit next to the LL128 warp-unit state
-// (ptxas spilled): plain polling here (ll_buffer__funcs.h).
-#ifndef SOLLAT_POLL_STAGGER
-#define SOLLAT_POLL_STAGGER 0
-#endif
 #include "sollat/collective.h"
 #include "sollat/ll128.h"
 

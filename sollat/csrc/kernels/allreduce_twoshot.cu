@@ -13,11 +13,6 @@
 // it writes any output, and writes exactly those positions, so in-place calls are safe.
 //
 // Module defines as in allreduce_oneshot.cu. Kernels: twoshot_pg and twoshot_vr.
-// Staggered polling doubles the poll registers, which do not fit next to two buffers' poll sets
-// (ptxas spilled): plain polling here (ll_buffer__funcs.h).
-#ifndef SOLLAT_POLL_STAGGER
-#define SOLLAT_POLL_STAGGER 0
-#endif
 #include "sollat/collective.h"
 
 using namespace sollat;
