@@ -273,7 +273,7 @@ class _CommBase:
         """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
         block b of every rank forms one thread-block cluster, which the hardware starts together
         on one GPC. Measured faster at small sizes; at 16 blocks per rank (1 MiB) it was slower
-        for R >= 4, as whole clusters pack onto fewer SMs (docs/benchmarks.md, run 12)."""
+        for R >= 4, probably because whole clusters then pack onto fewer SMs (docs/benchmarks.md, run 12)."""
         return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
 
     def _launch_config(self, blocks: int, threads: int) -> Any:
