@@ -134,3 +134,21 @@ def test_custom_ops_are_registered() -> None:
         fx = torch.empty(3)
         y = torch.ops.sollat.all_reduce(fx, 1, "sum", "auto", False)
         assert y.shape == x.shape
+
+
+def test_rank_clusters_only_for_small_virtual_grids(monkeypatch) -> None:
+    """Virtual ranks launch block b of every rank as one (1, R) cluster up to CLUSTER_MAX_BLOCKS
+    blocks per rank (grid counted in clusters), and a plain (blocks, R) grid above or when off."""
+    made: list[tuple] = []
+    monkeypatch.setattr(communicator.launch, "launch_config",
+                        lambda grid, block, *, pdl, cluster=None: made.append((grid, block, pdl, cluster)) or made[-1])
+    c = object.__new__(VirtualCommunicator)
+    c._launch_ranks = 4
+    c._cluster_ranks = True
+    limit = communicator.CLUSTER_MAX_BLOCKS
+    assert c._clustered(1) and c._clustered(limit) and not c._clustered(limit + 1)
+    assert c._launch_config(2, 512) == ((2, 1), 512, True, (1, 4))
+    assert c._launch_config(limit + 1, 512) == ((limit + 1, 4), 512, True, None)
+    c._cluster_ranks = False
+    assert not c._clustered(1)
+    assert c._launch_config(1, 32) == ((1, 4), 32, True, None)
