@@ -73,7 +73,20 @@ def _compare(out: Any, ref: Any, dtype: str) -> str | None:
     return f"mismatch ({bad} of {o.numel()} elements, max abs err {err:.3g})"
 
 
-class VirtualTarget:
+class _CommTarget:
+    """What both targets answer straight from their communicator (``self.comm``)."""
+
+    comm: Any
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return tuple(self.comm.algorithms)
+
+    def selected(self, nbytes: int, dtype: str) -> str:
+        return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype)))
+
+
+class VirtualTarget(_CommTarget):
     """R virtual ranks on one GPU through ``sollat.VirtualCommunicator``."""
 
     def __init__(self, ranks: int, device: Any) -> None:
@@ -82,13 +95,6 @@ class VirtualTarget:
         self.ranks = ranks
         self.device = device
         self.comm = sollat.VirtualCommunicator(world_size=ranks, device=device)
-
-    @property
-    def algorithms(self) -> tuple[str, ...]:
-        return tuple(self.comm.algorithms)
-
-    def selected(self, nbytes: int, dtype: str) -> str:
-        return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype)))
 
     def buffers(self, nbytes: int, dtype: str, n_sets: int) -> Any:
         import torch
@@ -128,7 +134,7 @@ class VirtualTarget:
         return None
 
 
-class DistributedTarget:
+class DistributedTarget(_CommTarget):
     """One rank per process through ``sollat.Communicator`` (torchrun)."""
 
     def __init__(self, device: Any) -> None:
@@ -140,13 +146,6 @@ class DistributedTarget:
         self.comm = sollat.Communicator(group=None)
         self.ranks = dist.get_world_size()
         self.rank = dist.get_rank()
-
-    @property
-    def algorithms(self) -> tuple[str, ...]:
-        return tuple(self.comm.algorithms)
-
-    def selected(self, nbytes: int, dtype: str) -> str:
-        return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype)))
 
     def buffers(self, nbytes: int, dtype: str, n_sets: int) -> Any:
         import torch
