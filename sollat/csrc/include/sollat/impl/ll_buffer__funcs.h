@@ -196,7 +196,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
       if (p < this->d.nranks && p != this->d.rank && i < n) pending |= 1u << (p * kSlots + i);
 
   // Every outstanding load is in flight before any is checked. (A second poll set issued half a
-  // round trip later, to see arrivals sooner, measured 0.17-0.35 us slower at R = 2 and 4.)
+  // round trip later, to see arrivals sooner, measured 0.03-0.36 us slower at R = 2 and 4,
+  // 128 B - 16 KiB: docs/benchmarks.md run 12.)
   Spin spin(*this->fault);
   while (pending) {
     issuePolls(pending, lines);
