@@ -1,9 +1,11 @@
 """Host time per eager call (no graph): the loop is host-bound when a call's GPU time is shorter
 than its Python time, so wall time / calls is the Python + launch overhead. Reference: torch's
-own `x.add_(1)` measured the same way."""
+own `x.add_(1)` measured the same way. Both launchers are measured: the prepacked driver call
+(default) and cuda.core.launch (SOLLAT_LAUNCHER=cuda.core)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -30,18 +32,26 @@ def main() -> int:
     x = torch.randn(32, device=dev)
     print(f"torch x.add_(1): {per_call_us(lambda: x.add_(1)):.2f} us", flush=True)
     for r in (2, 4, 8):
-        c = sollat.VirtualCommunicator(r, dev)
-        xs = [torch.randn(32, device=dev) for _ in range(r)]
-        outs = [torch.empty_like(v) for v in xs]
-        a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
-        b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
-        d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
-        # The same kernel launched directly with prepacked arguments: what cuda.core's launch costs.
-        plan = c._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
-        args = (*[t.data_ptr() for t in xs], *c._pad, *[o.data_ptr() for o in outs], *c._pad) + plan.tail
-        e = per_call_us(lambda plan=plan, args=args: launch.launch(plan.kernel, plan.config, args, device=dev))
-        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; algo=auto, new outputs {d:.2f} us; "
-              f"bare launch of the same kernel and arguments {e:.2f} us", flush=True)
+        for launcher in ("driver", "cuda.core"):
+            os.environ["SOLLAT_LAUNCHER"] = launcher  # read when a call's plan is made
+            c = sollat.VirtualCommunicator(r, dev)
+            xs = [torch.randn(32, device=dev) for _ in range(r)]
+            outs = [torch.empty_like(v) for v in xs]
+            a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
+            b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
+            d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
+            # The same kernel launched directly with prepacked arguments: the launch's own cost.
+            plan = c._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
+            ptrs = (*[t.data_ptr() for t in xs], *c._pad, *[o.data_ptr() for o in outs], *c._pad)
+            if plan.bound is not None:
+                e = per_call_us(lambda plan=plan, ptrs=ptrs: plan.bound(launch.stream_handle(0), ptrs))
+            else:
+                e = per_call_us(lambda plan=plan, args=ptrs + plan.tail:
+                                launch.launch(plan.kernel, plan.config, args, device=dev))
+            print(f"R={r} virtual, {launcher} launcher: out given {a:.2f} us; new outputs {b:.2f} us; "
+                  f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
+                  flush=True)
+        os.environ.pop("SOLLAT_LAUNCHER")
     return 0
 
 

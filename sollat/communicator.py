@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import algorithms, build, launch, layout, select
+from . import algorithms, build, driver_launch, launch, layout, select
 from .algorithms import ALGORITHMS, Algorithm
+from .driver_launch import BoundLaunch
 from .dtypes import DTYPES, OPS, DType, lookup
 from .errors import (
     CallMismatchError,
@@ -58,6 +59,7 @@ class _Plan:
     kernel: Any
     config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
+    bound: BoundLaunch | None  # the same launch prepacked for one driver call (None: through cuda.core)
 
 
 class _CommBase:
@@ -257,7 +259,9 @@ class _CommBase:
         tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
                 np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
                 np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size))
-        plan = _Plan(alg, kernel, config, tail)
+        n_ptrs = 2 * (layout.MAX_RANKS if self._entry == "vr" else 1)  # inputs, outputs
+        bound = BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+        plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan
 
@@ -294,7 +298,10 @@ class _CommBase:
         return blocks * self._launch_ranks <= self._blocks_per_sm(kernel, threads) * self._num_sms
 
     def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
-        launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
+        if plan.bound is not None:
+            plan.bound(launch.stream_handle(self._dev_index), ptr_args)
+        else:
+            launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
 
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
         """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup)."""

@@ -30,10 +30,15 @@ def ensure_device(index: int) -> None:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def stream_handle(index: int) -> int:
+    """Handle (CUstream as an int) of torch's current stream on device ``index``."""
+    # The raw-handle query skips building a torch.cuda.Stream object (about a microsecond a call).
+    return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def current_stream(device: torch.device) -> Any:
     """cuda.core Stream for torch's current stream on ``device``."""
-    # The raw-handle query skips building a torch.cuda.Stream object (about a microsecond a call).
-    handle = _raw_stream(device.index) if _raw_stream is not None else torch.cuda.current_stream(device).cuda_stream
+    handle = stream_handle(device.index)
     stream = _stream_cache.get(handle)
     if stream is None:
         from cuda.core import Stream

@@ -121,6 +121,32 @@ def test_special_values(algo: str, dtype: torch.dtype) -> None:
         check_call(c, xs, algo, "sum")
 
 
+@pytest.mark.parametrize("algo", DETERMINISTIC)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_every_bit_pattern(algo: str, dtype: torch.dtype) -> None:
+    """Every 16-bit pattern (a random million for fp32, plus the NaN / Inf / sentinel edges) on
+    each rank position: the sentinel's NaN canonicalisation and its empty-line test work on
+    several elements per word at once, so every lane position meets every pattern."""
+    if dtype not in ALGORITHMS[algo].dtypes:
+        pytest.skip(f"{algo} does not support {dtype}")
+    gen = torch.Generator(device=DEV).manual_seed(11)
+    if dtype == torch.float32:
+        edges = torch.tensor([0x7F800000, 0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FFFFFFF, -1, -2, -0x800000,
+                              -0x7FFFFF, 0x00000001, -(2**31)], dtype=torch.int32, device=DEV)
+        rand = torch.randint(-2**31, 2**31, (1 << 20,), generator=gen, device=DEV, dtype=torch.int64).to(torch.int32)
+        bits = torch.cat([edges, rand])
+    else:
+        bits = torch.arange(-32768, 32768, dtype=torch.int32, device=DEV).to(torch.int16)
+    every = bits.view(dtype)
+    c = comm(2)
+    for shift in (0, 1):  # each pattern in each lane of a 32-bit word, against random other patterns
+        mine = every.roll(shift)
+        other = every[torch.randperm(every.numel(), generator=gen, device=DEV)]
+        for xs in ([mine.clone(), other.clone()], [other.clone(), mine.clone()]):
+            for op in ("sum", "max"):
+                check_call(c, xs, algo, op, [torch.empty_like(x) for x in xs])
+
+
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_misaligned_views_and_non_contiguous(algo: str) -> None:
     r = 4

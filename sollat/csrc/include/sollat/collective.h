@@ -111,15 +111,20 @@ __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
   return ((unsigned long long)p & (unsigned long long)(bytes - 1)) == 0;
 }
 
-// Argument k of eight (k = blockIdx.y for virtual ranks) as a three-level select tree on the bits
-// of k. No branches, no indexed access (which would copy the parameters to local memory), and no
-// long chain of predicated parameter loads into one register (each waits for the previous: a
-// chain of seven measured about 0.15 us at the start of every virtual-rank kernel).
-template <typename P>
-__device__ __forceinline__ P pick8(int k, P a0, P a1, P a2, P a3, P a4, P a5, P a6, P a7) {
+// Argument k of eight (k = blockIdx.y < kMaxRanks for virtual ranks) as a select tree on the bits
+// of k, only as deep as kMaxRanks needs (one select for 2 ranks, three for 8). No branches, no
+// indexed access (which would copy the parameters to local memory), and no long chain of
+// predicated parameter loads into one register (each waits for the previous: a chain of seven
+// measured about 0.15 us at the start of every virtual-rank kernel).
+template <int kMaxRanks, typename P>
+__device__ __forceinline__ P pick_rank(int k, P a0, P a1, P a2, P a3, P a4, P a5, P a6, P a7) {
+  static_assert(kMaxRanks == 2 || kMaxRanks == 4 || kMaxRanks == 8, "2, 4 or 8 ranks");
   const bool b0 = k & 1, b1 = k & 2, b2 = k & 4;
-  const P p01 = b0 ? a1 : a0, p23 = b0 ? a3 : a2, p45 = b0 ? a5 : a4, p67 = b0 ? a7 : a6;
-  const P p03 = b1 ? p23 : p01, p47 = b1 ? p67 : p45;
+  const P p01 = b0 ? a1 : a0;
+  if (kMaxRanks == 2) return p01;
+  const P p23 = b0 ? a3 : a2, p03 = b1 ? p23 : p01;
+  if (kMaxRanks == 4) return p03;
+  const P p45 = b0 ? a5 : a4, p67 = b0 ? a7 : a6, p47 = b1 ? p67 : p45;
   return b2 ? p47 : p03;
 }
 
@@ -165,8 +170,8 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
     if (!sollat::prologue(st, rank)) return;                                                               \
     sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
                        lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks};                \
-    BODY(a, (const T*)sollat::pick8(y, i0, i1, i2, i3, i4, i5, i6, i7),                                   \
-         (T*)sollat::pick8(y, o0, o1, o2, o3, o4, o5, o6, o7));                                            \
+    BODY(a, (const T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),             \
+         (T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7));                      \
   }
 
 #endif  // SOLLAT_COLLECTIVE_H_

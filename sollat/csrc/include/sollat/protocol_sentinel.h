@@ -31,32 +31,67 @@
 
 namespace sollat {
 
-// Works on the two 64-bit halves of a line directly (no local arrays: those cost stack traffic on
-// the hot path). Lane k of a 64-bit word holds element k of that half.
-template <typename T>
-struct SentinelWords {
-  typedef typename Bits<T>::type B;
-  static constexpr int kBits = 8 * (int)sizeof(B);
-  static constexpr int kPerWord = 64 / kBits;
-  static constexpr u64 kLaneMask = (kBits == 64) ? ~0ull : ((1ull << kBits) - 1ull);
+// Works on the line's words directly, several elements per word at once (no local arrays, no
+// per-element loop-carried chain: both sit on the path to the first send and in every poll).
+// 16- and 32-bit types use the four 32-bit words of a line, 64-bit types its two 64-bit words.
+template <typename T, int kBits = 8 * (int)sizeof(typename Bits<T>::type)>
+struct SentinelWords;
 
-  // Every NaN lane replaced by the canonical NaN.
+// Two 16-bit elements per 32-bit word, handled as SIMD-within-a-register.
+template <typename T>
+struct SentinelWords<T, 16> {
+  static constexpr u32 kLow = 0x00010001u, kHigh = 0x80008000u;
+  static constexpr u32 kExp = Bits<T>::kExpMask;
+  // A lane is a NaN iff its magnitude (sign cleared) exceeds the all-ones exponent with a zero
+  // mantissa. Adding 0x7FFF - kExp to a magnitude (<= 0x7FFF) never carries out of its lane and
+  // sets the lane's top bit exactly when magnitude > kExp; that bit times 0xFFFF is the lane mask.
+  __device__ __forceinline__ static u32 canonicalise(u32 w) {
+    const u32 nan_top = ((w & 0x7FFF7FFFu) + (0x7FFFu - kExp) * kLow) & kHigh;
+    const u32 m = (nan_top >> 15) * 0xFFFFu;
+    return (w & ~m) | ((u32)Bits<T>::kCanonicalNaN * kLow & m);
+  }
+  // Nonzero iff some lane is all ones: the classic "has a zero lane" test on ~w. A borrow into a
+  // lane only comes from a lower lane that is zero, which already makes the answer nonzero.
+  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return (~w - kLow) & w & kHigh; }
+};
+
+template <typename T>
+struct SentinelWords<T, 32> {
+  __device__ __forceinline__ static u32 canonicalise(u32 w) {
+    return (w & 0x7FFFFFFFu) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
+  }
+  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return w == 0xFFFFFFFFu ? 1u : 0u; }
+};
+
+template <typename T>
+struct SentinelWords<T, 64> {
   __device__ __forceinline__ static u64 canonicalise(u64 w) {
-#pragma unroll
-    for (int k = 0; k < kPerWord; ++k) {
-      const u64 b = (w >> (k * kBits)) & kLaneMask;
-      const bool nan = (b & (u64)Bits<T>::kExpMask) == (u64)Bits<T>::kExpMask && (b & (u64)Bits<T>::kManMask) != 0;
-      if (nan) w = (w & ~(kLaneMask << (k * kBits))) | ((u64)Bits<T>::kCanonicalNaN << (k * kBits));
-    }
-    return w;
+    return (w & 0x7FFFFFFFFFFFFFFFull) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
   }
-  // True when no lane is the sentinel (all ones).
-  __device__ __forceinline__ static bool full(u64 w) {
-    bool ok = true;
-#pragma unroll
-    for (int k = 0; k < kPerWord; ++k) ok &= ((w >> (k * kBits)) & kLaneMask) != kLaneMask;
-    return ok;
+  __device__ __forceinline__ static u32 anyEmpty(u64 w) { return w == ~0ull ? 1u : 0u; }
+};
+
+// A line as the words SentinelWords<T> works on.
+template <typename T, bool kWide = sizeof(T) == 8>
+struct SentinelLine {
+  typedef SentinelWords<T> W;
+  __device__ __forceinline__ static Line canonicalise(const Line& l) {
+    const u32 a = W::canonicalise((u32)l.lo), b = W::canonicalise((u32)(l.lo >> 32));
+    const u32 c = W::canonicalise((u32)l.hi), d = W::canonicalise((u32)(l.hi >> 32));
+    return Line{((u64)b << 32) | a, ((u64)d << 32) | c};
   }
+  __device__ __forceinline__ static bool full(const Line& l) {
+    return (W::anyEmpty((u32)l.lo) | W::anyEmpty((u32)(l.lo >> 32)) | W::anyEmpty((u32)l.hi) |
+            W::anyEmpty((u32)(l.hi >> 32))) == 0u;
+  }
+};
+template <typename T>
+struct SentinelLine<T, true> {
+  typedef SentinelWords<T> W;
+  __device__ __forceinline__ static Line canonicalise(const Line& l) {
+    return Line{W::canonicalise(l.lo), W::canonicalise(l.hi)};
+  }
+  __device__ __forceinline__ static bool full(const Line& l) { return (W::anyEmpty(l.lo) | W::anyEmpty(l.hi)) == 0u; }
 };
 
 struct ProtoSentinel {
@@ -65,17 +100,16 @@ struct ProtoSentinel {
   static constexpr const char* kName = "sentinel";
 
   // The 16 bytes a sender stores: the elements with every NaN canonicalised (computed once per
-  // line, whatever the number of peers: the canonicalisation is ~30 instructions).
+  // line, whatever the number of peers).
   template <typename T>
   __device__ __forceinline__ static Line encode(const Pack<T, 16>& v, u32, u32) {
-    const Line l = bit_cast<Line>(v);
-    return Line{SentinelWords<T>::canonicalise(l.lo), SentinelWords<T>::canonicalise(l.hi)};
+    return SentinelLine<T>::canonicalise(bit_cast<Line>(v));
   }
 
   // Readiness of one polled line: 1 when no element is the sentinel, else 0.
   template <typename T>
   __device__ __forceinline__ static int check(const Line& l, u32, u32, u32*) {
-    return SentinelWords<T>::full(l.lo) && SentinelWords<T>::full(l.hi) ? 1 : 0;
+    return SentinelLine<T>::full(l) ? 1 : 0;
   }
   template <typename T>
   __device__ __forceinline__ static Pack<T, 16> payload(const Line& l) { return bit_cast<Pack<T, 16>>(l); }
