@@ -2,7 +2,8 @@
 SOLLAT_BREAKDOWN give wrong results on purpose and are never used by the library).
 
 Rows: full kernel; send without waiting; no communication (copy); prologue only; the empty-kernel
-floor with and without PDL. Same timing as the benchmark (CUDA-graph replay, median).
+floor with and without PDL; for LL also "+resets": LL clearing every consumed line the way the
+sentinel protocol must (SOLLAT_LL_DIAG_RESET, results still right), i.e. what the resets cost. Same timing as the benchmark (CUDA-graph replay, median).
 """
 
 from __future__ import annotations
@@ -30,10 +31,15 @@ def main() -> int:
     for r in (2, 4, 8):
         for algo in ("oneshot_ll", "oneshot_sentinel"):
             cells = []
-            for mode, label in ((0, "full"), (4, "self-loop"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")):
+            modes = [(0, "full"), (4, "self-loop"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")]
+            if algo == "oneshot_ll":
+                modes.append((-1, "+resets"))
+            for mode, label in modes:
                 c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
-                if mode:
+                if mode > 0:
                     c._extra_defines = {"SOLLAT_BREAKDOWN": str(mode)}
+                elif mode < 0:
+                    c._extra_defines = {"SOLLAT_LL_DIAG_RESET": "1"}
                 sets = [[torch.randn(32, device=dev) for _ in range(r)] for _ in range(4)]
                 outs = [[torch.empty_like(x) for x in s] for s in sets]
                 t = time_calls(lambda i, c=c, sets=sets, outs=outs, algo=algo: c.all_reduce(

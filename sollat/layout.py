@@ -26,6 +26,9 @@ MAX_RANKS = 8
 MAX_THREADS = 512
 MAX_SLOTS = 4  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
 WARP = 32
+# Threads per block while a message can still spread over more blocks: more SMs then issue its
+# stores and polls (measured against 512 and 256: docs/benchmarks.md, run 13).
+BLOCK_THREADS = 128
 
 PAYLOAD_BYTES = {"ll": 8, "sentinel": 16}
 
@@ -86,20 +89,25 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_threads: int = WARP) -> Geometry:
+def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_threads: int = WARP,
+         block_threads: int = BLOCK_THREADS) -> Geometry:
     """Choose (blocks, threads, slots, iterations) for ``total_lines`` lines per rank.
 
-    Small messages get one block of just enough warps (fewest threads on the critical path);
-    larger ones spread over blocks first, then put more lines in flight per thread, then iterate.
+    Up to ``block_threads`` lines get one block of just enough warps (fewest threads on the
+    critical path). Larger messages spread over blocks of ``block_threads`` threads first (up to
+    ``max_blocks``), then grow the blocks in steps of ``block_threads`` up to MAX_THREADS, then
+    put more lines in flight per thread, then iterate. (Thread counts stay multiples of
+    ``block_threads`` or of a warp-rounded line count: the protocol model relies on it.)
     """
     total_lines = max(total_lines, 1)
-    if total_lines <= MAX_THREADS:
+    if total_lines <= block_threads:
         threads = max(min_threads, ceil_div(total_lines, WARP) * WARP)
         return Geometry(1, threads, 1, 1)
-    blocks = min(max_blocks, ceil_div(total_lines, MAX_THREADS))
+    blocks = min(max_blocks, ceil_div(total_lines, block_threads))
     per_block_lines = ceil_div(total_lines, blocks)
+    threads = min(MAX_THREADS, ceil_div(per_block_lines, block_threads) * block_threads)
     slots = 1
-    while 2 * slots <= max_slots and per_block_lines > slots * MAX_THREADS:
+    while 2 * slots <= max_slots and per_block_lines > slots * threads:
         slots *= 2  # powers of two only, never above max_slots
-    per_iter = blocks * MAX_THREADS * slots
-    return Geometry(blocks, MAX_THREADS, slots, ceil_div(total_lines, per_iter))
+    per_iter = blocks * threads * slots
+    return Geometry(blocks, threads, slots, ceil_div(total_lines, per_iter))

@@ -50,10 +50,13 @@ def model_geometry(cfg: Config, model_lines: int) -> Geometry:
     """Geometry of a call of ``model_lines`` lines per rank, at bundle granularity.
 
     Calls ``layout.plan`` (host: ``Communicator._plan``) on the real line count and divides the
-    thread count by the bundle size; every other field is the real one.
+    thread count by the bundle size; every other field is the real one. Bundles wider than
+    ``layout.BLOCK_THREADS`` (1 or 2 model threads per block) plan with blocks of at least one
+    bundle, the geometry ``plan(block_threads=g)`` would give a real call.
     """
     g = bundle(cfg)
-    real = layout.plan(model_lines * g, max_blocks=cfg.max_blocks, max_slots=cfg.max_slots)
+    real = layout.plan(model_lines * g, max_blocks=cfg.max_blocks, max_slots=cfg.max_slots,
+                       block_threads=max(layout.BLOCK_THREADS, g))
     if real.threads % g:
         raise AssertionError(f"plan() chose {real.threads} threads, not a multiple of the bundle {g}")
     return Geometry(real.blocks, real.threads // g, real.slots, real.iterations)

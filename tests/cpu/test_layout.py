@@ -32,6 +32,18 @@ def test_plan_covers_every_line(lines: int, max_blocks: int, max_slots: int) -> 
     assert g.lines_per_iteration * (g.iterations - 1) < lines  # no empty iteration
 
 
+def test_plan_spreads_over_blocks_before_widening_them() -> None:
+    bt = layout.BLOCK_THREADS
+    assert layout.plan(bt, max_blocks=16) == layout.Geometry(1, bt, 1, 1)  # one block of just enough warps
+    assert layout.plan(40, max_blocks=16) == layout.Geometry(1, 64, 1, 1)
+    assert layout.plan(bt + 1, max_blocks=16) == layout.Geometry(2, bt, 1, 1)
+    assert layout.plan(16 * bt, max_blocks=16) == layout.Geometry(16, bt, 1, 1)
+    # all blocks in use: widen in steps of bt, then more lines per thread
+    assert layout.plan(16 * bt + 1, max_blocks=16) == layout.Geometry(16, 2 * bt, 1, 1)
+    assert layout.plan(16 * 512 * 2, max_blocks=16, max_slots=4) == layout.Geometry(16, 512, 2, 1)
+    assert layout.plan(2048, max_blocks=16, block_threads=512) == layout.Geometry(4, 512, 1, 1)
+
+
 def test_slot_indices_are_unique_and_fit() -> None:
     max_blocks = 16
     seen = set()

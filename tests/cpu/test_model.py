@@ -163,12 +163,14 @@ def test_config_names_are_unique() -> None:
 
 
 # ---- rules come from sollat.layout -----------------------------------------------------------------
-@pytest.mark.parametrize("threads", [1, 2, 4])
+@pytest.mark.parametrize("threads", [1, 2, 4, 8])
 @pytest.mark.parametrize("lines", [1, 2, 3, 5, 9, 17, 40])
 def test_model_geometry_is_layout_plan_at_bundle_granularity(threads: int, lines: int) -> None:
     cfg = Config(threads=threads, max_blocks=2, max_slots=2)
     g = layout.MAX_THREADS // threads
-    real = layout.plan(lines * g, max_blocks=2, max_slots=2)
+    # bundles up to BLOCK_THREADS wide follow the library's own plan exactly
+    block_threads = layout.BLOCK_THREADS if g <= layout.BLOCK_THREADS else g
+    real = layout.plan(lines * g, max_blocks=2, max_slots=2, block_threads=block_threads)
     geo = rules.model_geometry(cfg, lines)
     assert (geo.blocks, geo.threads * g, geo.slots, geo.iterations) == \
         (real.blocks, real.threads, real.slots, real.iterations)
