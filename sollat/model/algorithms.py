@@ -10,7 +10,7 @@ device memory that advances once per iteration in which the channel carries data
 The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
 ``allreduce_twoshot.cu``, ``allreduce_ll128.cu``) and the ``LLBuffer`` primitives they call
 (``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (lazy fence per buffer: ``beforeSend``),
-``recvReduce``/``recvGather`` (``pollAll``: every line polled, then every consumed line reset),
+``recvReduce``/``recvGather`` (``pollAll``: every line polled; a sentinel line reset once read),
 ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel end).
 
 =====================  =======================================================================
@@ -139,19 +139,17 @@ class _Gen:
 
     def _poll_all(self, B: _Builder, r: int, buffer: str, items: list[tuple[int, int, int, int, Any]],
                   sig: int, epochs: dict[tuple[str, int], int]) -> None:
-        """``LLBuffer::pollAll``: poll every (peer, slot) line until complete, then reset them all.
+        """``LLBuffer::pollAll``: poll every (peer, slot) line until complete; a sentinel line is
+        reset as soon as it is read (``checkPolls``).
 
         ``items``: (peer, slot i, channel s, register, ghost tag) in the device's (peer, slot) order.
         """
-        polled = []
         for p, i, s, reg, tag in items:
             B.at(B.it, i)
             e = epochs.get((buffer, s), 0)
             ln = self.line(r, buffer, e, p, s)
             B.emit(POLL, line=ln, reg=reg, flag=self.flag(sig, e), tag=tag, peer=p)
-            polled.append(ln)
-        if self.kind == "sentinel":
-            for ln in polled:
+            if self.kind == "sentinel":
                 B.reset(buffer, ln)
 
     def _active(self, geo: Geometry, it: int, b: int, t: int, lines: int) -> list[tuple[int, int, int]]:

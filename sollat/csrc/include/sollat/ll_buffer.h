@@ -30,7 +30,8 @@
 //                the reset lands before the peer can be told to write that line again.
 //   recv*        polls with 16-byte .volatile loads until the protocol says the line is complete;
 //                every spin is bounded (fault.h): on timeout or another thread's fault they
-//                return false and the kernel must stop.
+//                return false and the kernel must stop. recvReduce/recvGather reset each sentinel
+//                line as soon as its poll has read it (store after load, same thread and address).
 //   reset        sentinel: store all-ones into this rank's own line (ordering as for send); LL: no-op.
 //   advanceEpoch no memory access.
 //   commit       plain stores of the epoch counters; the kernel boundary orders them before the

@@ -155,8 +155,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(u
       if (pending & (1u << (p * kSlots + i))) lines[p][i] = ld_volatile_line(ownLine(p, i));
 }
 
-// Checks every pending line of `lines`: clears the bits of complete ones; records the first peer
-// still missing in *waitPeer. Returns false on a call mismatch (recorded in the fault sink).
+// Checks every pending line of `lines`: clears the bits of complete ones and resets those lines
+// (sentinel); records the first peer still missing in *waitPeer. Returns false on a call mismatch (recorded in the fault sink).
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
@@ -172,6 +172,10 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
       const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i], &seen);
       if (r > 0) {
         pending &= ~bit;
+        // Sentinel: clear the line as soon as it is read (same thread, same address: the store
+        // is ordered after the load that saw the data), so the resets of early arrivals overlap
+        // the wait for later ones instead of all trailing the last arrival.
+        Proto::reset(ownLine(p, i));
       } else if (r < 0) {
         this->fault->raise(kMismatch, this->d.rank, p, this->slot0 + i * kSlotStride, this->epoch[i], seen);
         return false;
@@ -182,8 +186,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
   return true;
 }
 
-// Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched), then
-// resets them (sentinel). Only the polled lines are kept; payloads are extracted by the caller.
+// Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched); each
+// sentinel line is reset as soon as it is read (checkPolls). Only the polled lines are kept; payloads are extracted by the caller.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
@@ -206,14 +210,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
     if (pending && !spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
   }
 
-  if (Proto::kNeedsReset) {
-#pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (p < this->d.nranks && p != this->d.rank && i < n) Proto::reset(ownLine(p, i));
-    if (n > 0) this->resetPending = true;
-  }
+  if (Proto::kNeedsReset && n > 0) this->resetPending = true;  // checkPolls cleared every line it accepted
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i < n) this->used |= 1u << i;
