@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: precompile, the GPU test suite, then the benchmarks. Logs land in $OUT.
 # Usage on the device machine:  bash scripts/gpu_suite.sh [tests|bench|extras|all]
-#   extras: the development measurements (latency experiments, breakdown, eager host overhead).
+#   extras: the development measurements (latency experiments, breakdown, one-shot LL vs sentinel,
+#           eager host overhead).
 #   SOLLAT_GPU_TESTS=path  restricts the tests; BENCH_ARGS adds options to `sollat bench`.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -30,7 +31,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   tar czf "$OUT/bench.tgz" -C /tmp/sollat-bench .
 fi
 if [ "$what" = extras ] || [ "$what" = all ]; then
-  for s in latency_experiments latency_breakdown eager_overhead; do
+  for s in latency_experiments latency_breakdown oneshot_latency eager_overhead; do
     echo "== scripts/$s.py"; python3 "scripts/$s.py"
   done 2>&1 | tee "$OUT/extras.txt"
 fi
