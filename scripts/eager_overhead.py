@@ -52,7 +52,30 @@ def main() -> int:
                   f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
                   flush=True)
         os.environ.pop("SOLLAT_LAUNCHER")
+    communicator_path(dev)
     return 0
+
+
+def communicator_path(dev: torch.device) -> None:
+    """Communicator.all_reduce's eager path (one tensor per rank) needs a process group and a GPU
+    per rank, so it cannot run here as is. Its host cost is measured with a Communicator object
+    that borrows a 2-rank VirtualCommunicator's state and whose launch is that communicator's
+    (the same prepacked driver call, with 24 instead of 10 arguments): every call still runs a
+    real kernel, and everything else is Communicator's own hot path."""
+    vc = sollat.VirtualCommunicator(2, dev)
+    xs = [torch.randn(32, device=dev) for _ in range(2)]
+    outs = [torch.empty_like(v) for v in xs]
+    plan = vc._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
+    assert not isinstance(plan, str) and plan.bound is not None
+    ptrs = (*[t.data_ptr() for t in xs], *vc._pad, *[o.data_ptr() for o in outs], *vc._pad)
+    comm = object.__new__(sollat.Communicator)
+    comm.__dict__.update(vc.__dict__)
+    bound = plan.bound
+    comm._launch = lambda _plan, _ptrs: bound(launch.stream_handle(0), ptrs)  # type: ignore[method-assign]
+    a = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll", out=outs[0]))
+    b = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll"))
+    print(f"Communicator hot path (one tensor), driver launcher: out given {a:.2f} us; new output {b:.2f} us",
+          flush=True)
 
 
 if __name__ == "__main__":
