@@ -156,7 +156,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(u
 }
 
 // Checks every pending line of `lines`: clears the bits of complete ones and resets those lines
-// (sentinel); records the first peer still missing in *waitPeer. Returns false on a call mismatch (recorded in the fault sink).
+// (sentinel); records the first peer still missing in *waitPeer. Returns false on a call
+// mismatch (recorded in the fault sink).
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
@@ -187,7 +188,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
 }
 
 // Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched); each
-// sentinel line is reset as soon as it is read (checkPolls). Only the polled lines are kept; payloads are extracted by the caller.
+// sentinel line is reset as soon as it is read (checkPolls). Only the polled lines are kept;
+// payloads are extracted by the caller.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
