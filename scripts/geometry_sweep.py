@@ -10,36 +10,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 
 import torch
+from _virtual_timing import timed_checked_us
 
-import sollat
 from sollat import algorithms, layout
-from sollat.bench.timing import time_calls
 from sollat.dtypes import DTYPES
 
 ALGOS = ("oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel")
 SHORT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-
-def measure(r: int, algo: str, dtype: torch.dtype, n: int, dev: torch.device) -> float:
-    c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
-    sets = [[torch.randn(n, device=dev).to(dtype) for _ in range(r)] for _ in range(3)]
-    outs = [[torch.empty_like(x) for x in s] for s in sets]
-    us = [time_calls(lambda i: c.all_reduce(sets[i % 3], algo=algo, out=outs[i % 3]), calls=50, replays=11,
-                     device=dev).stats.median for _ in range(3)]
-    ref = sets[0][0].float()
-    for x in sets[0][1:]:
-        ref = ref + x.float()
-    for o in outs[0]:
-        o.fill_(float("nan"))
-    c.all_reduce(sets[0], algo=algo, out=outs[0])
-    c.check()
-    if not all(torch.equal(o, ref.to(dtype)) for o in outs[0]):
-        raise AssertionError(f"{algo} R={r} {dtype} n={n}: wrong result")
-    return statistics.median(us)
 
 
 def main() -> int:
@@ -64,7 +44,7 @@ def main() -> int:
                         layout.plan = functools.partial(default_plan, block_threads=cap)  # read by every new plan
                         geo = layout.plan(alg.lines_per_rank(n, DTYPES[dtype], r), max_blocks=alg.max_blocks,
                                           max_slots=alg.max_slots(algorithms.max_ranks_template(r)))
-                        us = measure(r, algo, dtype, n, dev)
+                        us = timed_checked_us(r, algo, dtype, n, dev, sets=3, calls=50, replays=11)
                         cells.append(f"{algo}/{cap}({geo.blocks}x{geo.threads}x{geo.slots})={us:.2f}")
                 print(f"R={r} {short} {nbytes}B: " + "  ".join(cells), flush=True)
     finally:
