@@ -27,7 +27,7 @@ MAX_THREADS = 512
 MAX_SLOTS = 4  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
 WARP = 32
 # Threads per block while a message can still spread over more blocks: more SMs then issue its
-# stores and polls (measured against 512 and 256: docs/benchmarks.md, run 13).
+# stores and polls (measured against 512, 256, 64 and 32: docs/benchmarks.md, run 13).
 BLOCK_THREADS = 128
 
 PAYLOAD_BYTES = {"ll": 8, "sentinel": 16}
