@@ -12,15 +12,13 @@ Run:  python3 scripts/latency_experiments.py
 
 from __future__ import annotations
 
-import statistics
 import sys
 
 import numpy as np
 import torch
+from _virtual_timing import timed_checked_us
 
-import sollat
 from sollat import build, launch
-from sollat.bench.timing import time_calls
 
 PROBE = r"""
 extern "C" __global__ void skew_probe(unsigned long long* t) {
@@ -59,17 +57,6 @@ def skew(dev: torch.device, r: int, cluster: bool, calls: int = 200) -> tuple[fl
     return float(np.median(start_spread)), float(np.median(span))
 
 
-def call_us(c: sollat.VirtualCommunicator, algo: str, r: int, dev: torch.device, n: int = 32) -> float:
-    sets = [[torch.randn(n, device=dev) for _ in range(r)] for _ in range(4)]
-    outs = [[torch.empty_like(x) for x in s] for s in sets]
-    t = time_calls(lambda i: c.all_reduce(sets[i % 4], algo=algo, out=outs[i % 4]), calls=100, replays=21, device=dev)
-    ref = sum(sets[0][1:], sets[0][0].clone())
-    c.all_reduce(sets[0], algo=algo, out=outs[0])
-    torch.cuda.synchronize()
-    assert all(torch.equal(o, ref) for o in outs[0]), f"{algo} R={r}: wrong result"
-    return t.stats.median
-
-
 def main() -> int:
     dev = torch.device("cuda", 0)
     launch.ensure_device(0)
@@ -86,11 +73,8 @@ def main() -> int:
             cells = []
             for n in sizes:
                 for cluster in (False, True):
-                    c = sollat.VirtualCommunicator(r, dev, algorithms=[algo], cluster_ranks=cluster)
-                    us = [call_us(c, algo, r, dev, n) for _ in range(3)]
-                    cells.append(f"{4 * n}B{'+cluster' if cluster else ''}={statistics.median(us):.3f}")
-                    c.check()
-                    del c
+                    us = timed_checked_us(r, algo, torch.float32, n, dev, cluster_ranks=cluster)
+                    cells.append(f"{4 * n}B{'+cluster' if cluster else ''}={us:.3f}")
             print(f"R={r} {algo} fp32: " + "  ".join(cells), flush=True)
     return 0
 

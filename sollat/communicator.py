@@ -29,7 +29,6 @@ import torch
 
 from . import algorithms, build, driver_launch, launch, layout, select
 from .algorithms import ALGORITHMS, Algorithm
-from .driver_launch import BoundLaunch
 from .dtypes import DTYPES, OPS, DType, lookup
 from .errors import (
     CallMismatchError,
@@ -59,7 +58,7 @@ class _Plan:
     kernel: Any
     config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
-    bound: BoundLaunch | None  # the same launch prepacked for one driver call (None: through cuda.core)
+    bound: driver_launch.BoundLaunch | None  # the same launch prepacked for one driver call (None: through cuda.core)
 
 
 class _CommBase:
@@ -260,7 +259,7 @@ class _CommBase:
                 np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
                 np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size))
         n_ptrs = 2 * (layout.MAX_RANKS if self._entry == "vr" else 1)  # inputs, outputs
-        bound = BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan

@@ -85,6 +85,13 @@ class _CommTarget:
     def selected(self, nbytes: int, dtype: str) -> str:
         return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype)))
 
+    def call(self, bufs: Any, i: int, algo: str) -> None:
+        """One call on input set ``i`` (mod the number of sets): a list of R tensors (virtual) or
+        this rank's tensor (distributed), whichever ``buffers`` made."""
+        ins, outs = bufs
+        s = i % len(ins)
+        self.comm.all_reduce(ins[s], op="sum", algo=algo, out=outs[s])
+
 
 class VirtualTarget(_CommTarget):
     """R virtual ranks on one GPU through ``sollat.VirtualCommunicator``."""
@@ -105,11 +112,6 @@ class VirtualTarget(_CommTarget):
         outs = [[torch.full((n,), float("nan"), device=self.device, dtype=dt) for _ in range(self.ranks)]
                 for _ in range(n_sets)]
         return ins, outs
-
-    def call(self, bufs: Any, i: int, algo: str) -> None:
-        ins, outs = bufs
-        s = i % len(ins)
-        self.comm.all_reduce(ins[s], op="sum", algo=algo, out=outs[s])
 
     def check(self, bufs: Any, dtype: str) -> str:
         ins, outs = bufs
@@ -156,11 +158,6 @@ class DistributedTarget(_CommTarget):
         ins = [torch.randn(n, device=self.device, generator=g).to(dt) for _ in range(n_sets)]
         outs = [torch.full((n,), float("nan"), device=self.device, dtype=dt) for _ in range(n_sets)]
         return ins, outs
-
-    def call(self, bufs: Any, i: int, algo: str) -> None:
-        ins, outs = bufs
-        s = i % len(ins)
-        self.comm.all_reduce(ins[s], op="sum", algo=algo, out=outs[s])
 
     def check(self, bufs: Any, dtype: str) -> str:
         import torch.distributed as dist
