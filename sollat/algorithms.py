@@ -36,6 +36,13 @@ class Algorithm:
     doc: str = ""
 
     @property
+    def detects_mismatch(self) -> bool:
+        """Whether the kernel itself sees a peer that called with other arguments: LL lines carry
+        the call signature in their flag (LL128's counters overshoot). Sentinel lines are pure
+        payload: there only the host's first-use agreement catches a differing call."""
+        return self.proto == "ll"
+
+    @property
     def payload_bytes(self) -> int:
         return layout.PAYLOAD_BYTES[self.proto]
 
@@ -96,18 +103,23 @@ def max_ranks_template(nranks: int) -> int:
 
 
 def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
-                   split_counter: bool = True) -> dict[str, str]:
+                   real_ranks: bool) -> dict[str, str]:
+    """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
+    Communicator), else virtual ranks sharing one GPU (``_vr``)."""
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_OP": {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op],
         "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
+        # Fences that order a store to the own scratch before a peer may write it again: the peer
+        # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
+        "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",
     }
     if alg.unit_user_bytes:
         # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).
-        d["SOLLAT_LL128_SPLIT"] = "1" if split_counter else "0"
+        d["SOLLAT_LL128_SPLIT"] = "0" if real_ranks else "1"
     if test_hooks:
         d["SOLLAT_TEST_HOOKS"] = "1"
     return d

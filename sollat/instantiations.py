@@ -17,8 +17,8 @@ def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
             dt = DTYPES[dtype]
             for op in sorted(alg.ops):
                 for rmax, slots in alg.slot_choices:
-                    for split in (True, False):
-                        d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False, split_counter=split)
+                    for real in (True, False):
+                        d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False, real_ranks=real)
                         key = (alg.kernel_file, tuple(sorted(d.items())))
                         if key not in seen:
                             seen.add(key)

@@ -32,6 +32,15 @@ BLOCK_THREADS = 128
 
 PAYLOAD_BYTES = {"ll": 8, "sentinel": 16}
 
+# Every rank's scratch starts with a control block; the algorithms' regions follow it, each at a
+# multiple of CONTROL_BYTES (LL128 needs 512-byte aligned warp-units). The control block holds
+# the rank's fault record (csrc/include/sollat/fault.h): FAULT_WORDS u32 words at
+# FAULT_RECORD_OFFSET, which peers write when they detect a fault, zero while healthy.
+CONTROL_BYTES = 512
+FAULT_RECORD_OFFSET = 0
+FAULT_WORDS = 8
+FAULT_OK, FAULT_TIMEOUT, FAULT_MISMATCH, FAULT_CLAIMED = 0, 1, 2, 0xFFFFFFFF
+
 
 def slot_index(block: int, slot: int, thread: int) -> int:
     """Line-channel index; device: ``LLBuffer`` constructor (``impl/ll_buffer__funcs.h``)."""

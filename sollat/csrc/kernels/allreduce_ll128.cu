@@ -69,7 +69,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   constexpr unsigned kFull = 0xFFFFFFFFu;
   T* const tag = nullptr;  // overload selector for the ll128:: helpers
 
-  const FaultSink fault = make_fault(a.st);
+  const FaultSink fault = make_fault(a);
   const int R = a.nranks;
   const u64 lps = (u64)a.lines_per_src;
   const u64 region_bytes = 2ull * R * lps * sizeof(Line);
@@ -91,8 +91,16 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   const bool ctr_lane = (lane & (ll128::kLanesPerLine - 1)) == 0;
   const bool disp_lane = lane == ll128::kDisplacedLane;
   const int line_k = lane >> 3;
+  // A faulted call leaves NaN in every output position this lane owns from unit `j0` on.
+  auto poison_from = [&](u64 j0) {
+    if (disp_lane) return;
+    for (u64 jj = j0; jj < units; jj += nwarps)
+      for (int c = 0; c < R; ++c) store16<T>(out, c * chunk_elems + jj * UE + (u64)lane * E, a.n, out_aligned, nan_pack<T, 16>());
+  };
+  const u64 warp0 = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
+  if (refused(a)) return poison_from(warp0);
 
-  for (u64 j = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5); j < units; j += nwarps) {
+  for (u64 j = warp0; j < units; j += nwarps) {
     const u64 loff = (u64)(epoch & 1) * R * lps + acc_slot;  // this lane's 16 B in any owner
     const u64 lane_e = j * UE + (u64)lane * E;                // element offset inside a chunk
 
@@ -138,10 +146,10 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
         const bool over = cv > (float)R;  // some rank added twice: a call mismatch
         if (__any_sync(kFull, over)) {
           if (over) fault.raise(kMismatch, a.rank, -1, acc_slot, epoch, cw);
-          return;
+          return poison_from(j);
         }
         const bool go = spin.again(a.rank, -1, acc_slot, epoch);
-        if (!__all_sync(kFull, go)) return;
+        if (!__all_sync(kFull, go)) return poison_from(j);
       }
     }
     if (kSplit) fence_acq_rel_gpu();
@@ -163,7 +171,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     }
     // Zero the line for its next use; the fence orders it before the all-gather sends below.
     st_volatile_line(my, 0, 0);
-    fence_acq_rel_gpu();
+    fence_before_peer_reuse();
 
     // ---- all-gather: own unit to every peer (LL, two lines per lane), write, collect -------
     const P red = bit_cast<P>(r);
@@ -176,7 +184,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     H got[kMaxRanks][2];
     bool ok = true;
     if (!disp_lane) ok = ag.template recvGather<T>(2, got);
-    if (!__all_sync(kFull, ok)) return;
+    if (!__all_sync(kFull, ok)) return poison_from(j);
     if (!disp_lane) {
 #pragma unroll
       for (int c = 0; c < kMaxRanks; ++c) {

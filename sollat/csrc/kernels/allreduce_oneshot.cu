@@ -51,21 +51,34 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
     return active;
   };
 
+  // A faulted call leaves NaN in every output line this thread has not written yet (from
+  // iteration `base` on), never a stale or partial value.
+  auto poison_from = [&](u64 base) {
+    for (u64 b = base; b < lines; b += per_iter)
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const u64 line = line_of(b, i);
+        if (line < lines) store_pack<T, sizeof(P)>(out, line * kElems, a.n, out_aligned, nan_pack<T, sizeof(P)>());
+      }
+  };
+
   // The first input loads are issued before the buffer is set up: the descriptor and epoch
   // loads below then travel together with them (one memory latency before the first send, not
   // two; the scratch bases are loaded from CommState and used at once).
   P own[kSlots];
   int active = load_own(0, own);
   if (active == 0) return;  // no line for this thread: its channels keep their epochs
-  const FaultSink fault = make_fault(a.st);
+  if (refused(a)) return poison_from(0);
+  const FaultSink fault = make_fault(a);
   const u64 region_bytes = 2ull * a.nranks * a.lines_per_src * sizeof(Line);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
 
   for (u64 base = 0;;) {
     if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
+      // Own lines as the peers receive them, so that every rank reduces the same bits.
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
-        if (i < active) buf.template bcast<T>(i, own[i]);
+        if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
     }
     // Next iteration's input, loaded now so that it is in flight while this one waits for its
     // peers (polls are volatile asm, which later loads could not be hoisted over). Safe in
@@ -85,7 +98,7 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
         pack_to_acc(v, acc[i]);
       }
     } else if (SOLLAT_BREAKDOWN == 0) {
-      if (!buf.template recvReduce<T, Op>(active, own, acc)) return;  // fault recorded; host raises
+      if (!buf.template recvReduce<T, Op>(active, own, acc)) return poison_from(base);  // fault recorded
     } else {
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) pack_to_acc(own[i], acc[i]);

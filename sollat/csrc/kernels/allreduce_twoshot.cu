@@ -59,12 +59,26 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
           v[k][i] = load_pack<T, sizeof(P)>(in, (c0 + k) * chunk_elems + line[i] * kElems, a.n, in_aligned);
   };
 
+  // A faulted call leaves NaN in every output position this thread owns from iteration `base`
+  // on (line j of every chunk), never a stale or partial value.
+  auto poison_from = [&](u64 base) {
+    for (u64 b = base; b < chunk_lines; b += per_iter) {
+      u64 ln[kSlots];
+      const int act = lines_of(b, ln);
+      for (int c = 0; c < R; ++c)
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+          if (i < act) store_pack<T, sizeof(P)>(out, c * chunk_elems + ln[i] * kElems, a.n, out_aligned, nan_pack<T, sizeof(P)>());
+    }
+  };
+
   u64 line[kSlots];
   int active = lines_of(0, line);
   if (active == 0) return;  // no line for this thread: its channels keep their epochs
   P v[kBatch][kSlots];
   load_batch(0, active, line, v);  // before the descriptors: their loads then overlap these
-  const FaultSink fault = make_fault(a.st);
+  if (refused(a)) return poison_from(0);
+  const FaultSink fault = make_fault(a);
   const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
   const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
   Buf rs(make_desc<kMaxRanks>(a, 0, region_bytes), fault, slot0);
@@ -97,7 +111,7 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     const int next_active = next < chunk_lines ? lines_of(next, next_line) : 0;
     if (next_active > 0) load_batch(0, next_active, next_line, v);
     A acc[kSlots];
-    if (!rs.template recvReduce<T, Op>(active, mine, acc)) return;
+    if (!rs.template recvReduce<T, Op>(active, mine, acc)) return poison_from(base);
 
     // All-gather: push the reduced line of the own chunk to every peer, write it, collect the others.
     P red[kSlots];
@@ -105,13 +119,13 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     for (int i = 0; i < kSlots; ++i) {
       if (i >= active) continue;
       acc_to_pack(acc[i], red[i]);
-      ag.template bcast<T>(i, red[i]);
+      red[i] = ag.template bcast<T>(i, red[i]);  // as the peers receive it: identical bits everywhere
       store_pack<T, sizeof(P)>(out, a.rank * chunk_elems + line[i] * kElems, a.n, out_aligned, red[i]);
     }
     const bool ok = ag.template recvEach<T>(active, [&](int c, int i, const P& v) {
       store_pack<T, sizeof(P)>(out, c * chunk_elems + line[i] * kElems, a.n, out_aligned, v);
     });
-    if (!ok) return;
+    if (!ok) return poison_from(base);
     rs.advanceEpoch();
     ag.advanceEpoch();
     if (next_active == 0) break;  // later iterations only have higher lines: nothing more for this thread

@@ -101,7 +101,7 @@ extern "C" __global__ void sollat_barrier_a2a(const u64* inbox_ptrs, int rank_ba
                                               u64 timeout_ns) {
   const int rank = rank_base + (int)blockIdx.y;
   u32* const* inboxes = reinterpret_cast<u32* const*>(inbox_ptrs);
-  const FaultSink sink{fault_dev, nullptr, timeout_ns};
+  const FaultSink sink{(u32*)fault_dev, nullptr, timeout_ns, nullptr, 0};
   if (order == 0) barrier_loop<0>(inboxes, rank, nranks, epochs, warm, iters, times, sink);
   else barrier_loop<1>(inboxes, rank, nranks, epochs, warm, iters, times, sink);
 }

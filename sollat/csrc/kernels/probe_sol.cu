@@ -104,7 +104,7 @@ extern "C" __global__ void sollat_probe_pingpong(u32* inbox0, u32* inbox1, int r
   const int role = role_base + (int)blockIdx.x;
   u32* mine = role == 0 ? inbox0 : inbox1;
   u32* peer = role == 0 ? inbox1 : inbox0;
-  const FaultSink sink{fault_dev, nullptr, timeout_ns};
+  const FaultSink sink{(u32*)fault_dev, nullptr, timeout_ns, nullptr, 0};
   const int total = warm + iters;
   u64 t0 = 0, c0 = 0;
 #pragma unroll 1

@@ -17,9 +17,9 @@ constexpr int kMaxWorld = 8;
 
 // Written once by the host (sollat/communicator.py, CommState), read by every kernel.
 struct CommState {
-  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process
-  u64 err;                 // int[kFaultWords] device error record
-  u64 err_host;            // host-mapped copy of the record, or 0
+  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process;
+                           // each starts with that rank's fault record (fault.h)
+  u64 err_host;            // host-mapped fault flag (u32), or 0
   u64 timeout_ns;          // bound of every spin
   int absent_rank;         // test hook: this rank's blocks return at once (-1: none)
   int mismatch_rank;       // test hook: this rank flips a bit of its call signature (-1: none)
@@ -35,14 +35,44 @@ struct CallArgs {
   int rank;
   int nranks;              // a kernel argument, not in CommState: loops and chunk offsets need it
                            // before the first load, and an argument costs no memory round trip
+  u32* rec;                // this rank's fault record (a kernel argument for the same reason)
+  u32 prior;               // its code when the kernel started: nonzero = refuse (see refused())
 };
 
-__device__ __forceinline__ FaultSink make_fault(const CommState* st) {
+__device__ __forceinline__ FaultSink make_fault(const CallArgs& a) {
   FaultSink f;
-  f.dev = (int*)st->err;
-  f.host = (int*)st->err_host;
-  f.timeout_ns = st->timeout_ns;
+  f.rec = a.rec;
+  f.host = (u32*)a.st->err_host;
+  f.timeout_ns = a.st->timeout_ns;
+  f.peer_scratch = a.st->scratch;
+  f.nranks = a.nranks;
   return f;
+}
+
+// Whether this call must not run because the communicator already holds a fault (this rank's or
+// a peer's): the kernel then writes NaN into every output element it owns and sends nothing, so
+// no line of a faulted sequence is ever accepted, and the host learns of it at its next check.
+// Kernels call it after their first input loads and before their first send.
+__device__ __forceinline__ bool refused(const CallArgs& a) {
+  if (a.prior == 0u) return false;
+  if (threadIdx.x == 0 && a.st->err_host) {
+    __threadfence_system();
+    *(volatile u32*)a.st->err_host = 1u;
+  }
+  return true;
+}
+
+// A pack of NaNs (every element the type's canonical quiet NaN): what a faulted call writes.
+template <typename T, int Bytes>
+__device__ __forceinline__ Pack<T, Bytes> nan_pack() {
+  typedef typename Bits<T>::type B;
+  Pack<T, Bytes> p;
+#pragma unroll
+  for (int k = 0; k < Pack<T, Bytes>::kElems; ++k) {
+    const B b = Bits<T>::kCanonicalNaN;
+    memcpy(&p.v[k], &b, sizeof(T));
+  }
+  return p;
 }
 
 // Descriptor of buffer number `which` (regions are laid back to back, each `region_bytes` long,
@@ -151,25 +181,34 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 }  // namespace sollat
 
 // Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
+// `rec` is the fault record of launch rank 0 (this rank's, for _pg); launch rank y's is
+// `rank_stride` bytes further (virtual ranks' scratches are laid back to back). Its code is loaded
+// first, so the load travels together with the input and descriptor loads (sollat/layout.py:
+// KERNEL_PARAMS names every parameter in this order).
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(512, 1) name##_pg(                                             \
       const void* in, void* out, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,      \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, int nranks) {                     \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, int nranks, sollat::u32* rec,    \
+      sollat::u64 rank_stride) {                                                                           \
     if (!sollat::prologue(st, rank)) return;                                                               \
+    const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);                                             \
     sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
-                       rank, nranks};                                                                      \
+                       rank, nranks, rec, prior};                                                          \
     BODY(a, (const T*)in, (T*)out);                                                                        \
   }                                                                                                        \
   extern "C" __global__ void __launch_bounds__(512, 1) name##_vr(                                             \
       const void* i0, const void* i1, const void* i2, const void* i3, const void* i4, const void* i5,      \
       const void* i6, const void* i7, void* o0, void* o1, void* o2, void* o3, void* o4, void* o5,          \
       void* o6, void* o7, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,              \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks) {                \
+      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks,                  \
+      sollat::u32* rec0, sollat::u64 rank_stride) {                                                        \
     const int y = blockIdx.y;                                                                              \
     const int rank = rank_base + y;                                                                        \
     if (!sollat::prologue(st, rank)) return;                                                               \
+    sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                         \
+    const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);                                             \
     sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
-                       lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks};                \
+                       lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};   \
     BODY(a, (const T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),             \
          (T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7));                      \
   }

@@ -1,17 +1,27 @@
-// sollat/fault.h - bounded spinning and the device error record.
+// sollat/fault.h - bounded spinning and the fault record every rank sees.
 //
 // Every wait in sollat is a `Spin`: it polls, and every kPollsPerCheck polls reads the clock
-// and the shared error record. It gives up when the communicator's timeout has passed (the
-// first thread to do so records which peer, slot and epoch it waited for) or when another thread
-// has already recorded an error (so one missing peer ends the whole kernel quickly). The host
-// turns the record into a Python exception naming the peer.
+// and the fault record. It gives up when the communicator's timeout has passed (the first thread
+// to do so records which peer, slot and epoch it waited for) or when the record already holds a
+// fault (so one missing peer ends the whole kernel, on every rank, quickly).
 //
-// Error record (int32 words, one per communicator, written once by the first failing thread):
-//   [0] code    0 = ok, 1 = timeout, 2 = call mismatch (LL flag with the right epoch but another
-//               call's signature)
-//   [1] rank    the rank that waited        [2] peer   the rank it waited for
-//   [3] block   [4] thread                  [5] slot   the line index it polled
-//   [6] epoch   the epoch it expected        [7] seen  the signature it saw (mismatch only)
+// The record lives at the start of every rank's symmetric scratch (sollat/layout.py,
+// FAULT_RECORD_OFFSET), so a peer can write it. A thread that detects a fault writes it into its
+// own record and then into every peer's record: every rank's running kernel gives up at its next
+// record check, every later kernel refuses to run (it writes NaN outputs and sends nothing), and
+// every rank's host raises the same error. Only reset() (collective) clears the records.
+//
+// Record words (u32, sollat/layout.py FAULT_WORDS; the host decodes them in communicator.py):
+//   [0] code    0 = ok, 1 = timeout, 2 = call mismatch, kClaimed = a writer is filling [1..7]
+//   [1] rank    the rank that detected it     [2] peer   the rank it waited for / disagreed with
+//   [3] block   [4] thread                    [5] slot   the line index it polled
+//   [6] epoch   the epoch it expected          [7] seen   the signature it saw (mismatch only)
+// Writing a record: CAS [0] from 0 to kClaimed (one writer per record), relaxed stores of the
+// details, then a release store of the code, so whoever reads the final code reads the details.
+//
+// The host-mapped flag (optional, one word in pinned host memory per launch rank) is set by any
+// thread of this rank that gives up or refuses; the host polls it without synchronising and
+// then reads the device record.
 #ifndef SOLLAT_FAULT_H_
 #define SOLLAT_FAULT_H_
 
@@ -19,26 +29,46 @@
 
 namespace sollat {
 
-enum FaultCode : int { kOk = 0, kTimeout = 1, kMismatch = 2 };
+enum FaultCode : u32 { kOk = 0, kTimeout = 1, kMismatch = 2, kClaimed = 0xFFFFFFFFu };
 constexpr int kFaultWords = 8;
 constexpr u32 kPollsPerCheck = 256;
 
+// Writes one record (see above). Returns false when the record already held a fault.
+__device__ __forceinline__ bool write_fault_record(u32* rec, const u32 (&w)[kFaultWords]) {
+  if (atom_cas_relaxed_sys_u32(rec, 0u, kClaimed) != 0u) return false;
+#pragma unroll
+  for (int i = 1; i < kFaultWords; ++i) st_relaxed_sys_u32(rec + i, w[i]);
+  st_release_sys_u32(rec, w[0]);
+  return true;
+}
+
 struct FaultSink {
-  int* dev;          // device error record (atomicCAS on [0] elects the single writer)
-  int* host;         // optional host-mapped copy (plain stores; host reads it without a sync)
+  u32* rec;          // this rank's record (in its own scratch)
+  u32* host;         // host-mapped flag, or nullptr
   u64 timeout_ns;
+  const u64* peer_scratch;  // every rank's scratch base (the record is at its start), or nullptr
+  int nranks;
 
-  __device__ __forceinline__ bool raised() const { return ld_volatile_u32((const u32*)dev) != 0; }
+  __device__ __forceinline__ bool raised() const { return ld_relaxed_sys_u32(rec) != 0u; }
 
-  __device__ void raise(int code, int rank, int peer, int slot, u32 epoch, u32 seen) const {
-    if (atomicCAS(dev, 0, code) != 0) return;  // someone else already reported
-    int w[kFaultWords] = {code, rank, peer, (int)blockIdx.x, (int)threadIdx.x, slot, (int)epoch, (int)seen};
-    for (int i = 1; i < kFaultWords; ++i) dev[i] = w[i];
+  // Tells this rank's host, without a synchronisation, that the record holds a fault.
+  __device__ __forceinline__ void notifyHost() const {
     if (host) {
-      for (int i = 1; i < kFaultWords; ++i) host[i] = w[i];
-      __threadfence_system();  // the details land before the code the host polls
-      *(volatile int*)host = code;
+      __threadfence_system();
+      *(volatile u32*)host = 1u;
     }
+  }
+
+  // Records a fault here and on every peer (first writer wins on each), then tells the host.
+  __device__ void raise(u32 code, int rank, int peer, int slot, u32 epoch, u32 seen) const {
+    const u32 w[kFaultWords] = {code, (u32)rank, (u32)peer, blockIdx.x, threadIdx.x, (u32)slot, epoch, seen};
+    if (write_fault_record(rec, w) && peer_scratch) {
+      for (int q = 0; q < nranks; ++q) {
+        u32* other = (u32*)peer_scratch[q];
+        if (other != rec) write_fault_record(other, w);
+      }
+    }
+    notifyHost();
   }
 };
 
@@ -49,13 +79,18 @@ struct Spin {
   u32 polls = 0;
   __device__ __forceinline__ explicit Spin(const FaultSink& s) : sink(s) {}
 
-  // Returns false when the wait must stop (timeout recorded, or another thread's error seen).
+  // Returns false when the wait must stop (timeout recorded, or a fault already recorded here,
+  // by this rank or by a peer).
   __device__ __forceinline__ bool again(int rank, int peer, int slot, u32 epoch) {
     if (++polls % kPollsPerCheck != 0) return true;
-    if (sink.raised()) return false;
-    u64 now = globaltimer();
+    if (sink.raised()) {
+      sink.notifyHost();
+      return false;
+    }
+    const u64 now = globaltimer();
     if (start == 0) { start = now; return true; }
-    if (now - start > sink.timeout_ns) {
+    // Signed difference: a clock read that goes backwards never looks like a huge wait.
+    if ((long long)(now - start) > (long long)sink.timeout_ns) {
       sink.raise(kTimeout, rank, peer, slot, epoch, 0);
       return false;
     }

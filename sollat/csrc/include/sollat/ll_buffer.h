@@ -58,8 +58,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
 
   // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
   template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);
-  // send() to every peer but self.
-  template <typename T> __device__ void bcast(int i, const PackT<T>& v);
+  // send() to every peer but self. Returns the pack as every peer receives it (the sentinel
+  // protocol canonicalises NaNs on the wire): a rank that uses its own contribution in a result
+  // uses this, so every rank's result has the same bits, NaN payloads included.
+  template <typename T> __device__ PackT<T> bcast(int i, const PackT<T>& v);
 
   // Polls peer's line i until complete. Returns false on fault (kernel must stop).
   template <typename T> __device__ bool recv(int peer, int i, PackT<T>& v);

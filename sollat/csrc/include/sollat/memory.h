@@ -28,10 +28,41 @@ __device__ __forceinline__ void st_volatile_u32(u32* p, u32 v) {
   asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// Orders this thread's earlier memory operations before its later ones for every observer on
-// this GPU (measured 135 ns on H200). Used only where a local store must land before a later
-// store that lets a peer write the same location again (sentinel reset, LL128 line zeroing).
+// Scoped word accesses for the fault record, which several GPUs write (fault.h). Relaxed loads
+// and CAS at system scope; the release store makes the record's detail words visible, to any
+// observer that sees the code, before the code itself.
+__device__ __forceinline__ u32 ld_relaxed_sys_u32(const u32* p) {
+  u32 v;
+  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u32 atom_cas_relaxed_sys_u32(u32* p, u32 expect, u32 value) {
+  u32 old;
+  asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(expect), "r"(value) : "memory");
+  return old;
+}
+__device__ __forceinline__ void st_relaxed_sys_u32(u32* p, u32 v) {
+  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_release_sys_u32(u32* p, u32 v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Orders this thread's earlier memory operations before its later ones. Used only where a
+// store to this GPU's own scratch (sentinel reset, LL128 line zeroing) must land before a later
+// store that lets a peer write the same location again. The observer is the peer, so real ranks
+// (one GPU each) need system scope, which is what PTX's memory model asks for when the
+// observing thread runs on another GPU; virtual ranks share one GPU, where gpu scope is the
+// right one (measured 135 ns on H200). SOLLAT_FENCE_SYS is set per build (sollat/algorithms.py).
+#ifndef SOLLAT_FENCE_SYS
+#define SOLLAT_FENCE_SYS 1
+#endif
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+__device__ __forceinline__ void fence_before_peer_reuse() {
+  if (SOLLAT_FENCE_SYS) fence_acq_rel_sys();
+  else fence_acq_rel_gpu();
+}
 
 // Nanosecond wall clock, for bounding spins (coarse ticks, which is fine for timeouts).
 __device__ __forceinline__ u64 globaltimer() {

@@ -52,7 +52,7 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::beforeSend()
   // Sentinel: a reset stored since the last send must land before this send, because this send
   // is what lets the peer write the reset line again (protocol_sentinel.h).
   if (Proto::kNeedsReset && this->resetPending) {
-    fence_acq_rel_gpu();
+    fence_before_peer_reuse();
     this->resetPending = false;
   }
 }
@@ -68,7 +68,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int pee
 
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
+__device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots>::template PackT<T>
+LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   beforeSend();
   // Encoded and addressed once; then all peers' stores are issued back to back (fire and
   // forget), so they travel concurrently.
@@ -78,6 +79,7 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i,
   for (int p = 0; p < kMaxRanks; ++p)
     if (p < this->d.nranks && p != this->d.rank) st_volatile_line(this->d.base[p] + off, l.lo, l.hi);
   this->used |= 1u << i;
+  return Proto::template payload<T>(l);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
