@@ -27,27 +27,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import algorithms, build, driver_launch, launch, layout, select
+from . import agree, algorithms, build, driver_launch, faults, launch, layout, select
 from .algorithms import ALGORITHMS, Algorithm
 from .dtypes import DTYPES, OPS, DType, lookup
-from .errors import (
-    CallMismatchError,
-    CommunicatorFaultedError,
-    PeerTimeoutError,
-    SollatError,
-    UnsupportedError,
-)
+from .errors import CommunicatorFaultedError, SollatError, UnsupportedError
 
 MAX_ELEMENTS = 1 << 34
-_STATE_FMT = "<8QQQQii"  # csrc/include/sollat/collective.h: CommState
-_FAULT_WORDS = 8
+_STATE_FMT = "<8QQQii"  # csrc/include/sollat/collective.h: CommState
 CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)
 _registry: dict[int, weakref.ReferenceType[_CommBase]] = {}
 _ids = itertools.count(1)
 
 
 def default_timeout_s() -> float:
-    return float(os.environ.get("SOLLAT_TIMEOUT_S", "5.0"))
+    """``$SOLLAT_TIMEOUT_S`` or 30 s (see faults.DEFAULT_TIMEOUT_S for why)."""
+    return faults.validated_timeout(None, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
+
+
+def _timeout(value: object) -> float:
+    return faults.validated_timeout(value, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
 
 
 @dataclass
@@ -78,6 +76,10 @@ class _CommBase:
         self._algos = tuple(algos)
         self._launch_ranks = launch_ranks
         self._faulted = False
+        self._agreement: agree.Agreement | agree.NoAgreement = agree.NoAgreement()
+        self._last_stream = 0  # handle of the stream of the last launch (0: none yet)
+        self._last_stream_obj: Any = None
+        self._order_event: Any = None
         self._test_hooks = False
         self._defines: dict[str, str] = {}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -93,9 +95,10 @@ class _CommBase:
         self.gpu_name: str = props.name
         self._num_sms: int = props.multi_processor_count
 
-        # Region offsets inside every rank's scratch: one region per algorithm.
+        # Region offsets inside every rank's scratch: the control block (fault record), then one
+        # region per algorithm.
         self._region_off: dict[str, int] = {}
-        off = 0
+        off = layout.CONTROL_BYTES
         for name in self._algos:
             self._region_off[name] = off
             off += ALGORITHMS[name].scratch_bytes(world_size)
@@ -106,9 +109,9 @@ class _CommBase:
             name: torch.zeros(launch_ranks * ALGORITHMS[name].epoch_words(), dtype=torch.int32, device=device)
             for name in self._algos
         }
-        # Error record: device words + a host-mapped copy the kernel writes on failure.
-        self._err = torch.zeros(_FAULT_WORDS, dtype=torch.int32, device=device)
-        self._err_host_t = torch.zeros(_FAULT_WORDS, dtype=torch.int32).pin_memory()
+        # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
+        # thread of this process that meets a fault, so the host can look without a sync.
+        self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
         self._err_host = self._err_host_t.numpy()
         self._err_host_dev = _host_device_pointer(self._err_host_t)
         self._state = torch.zeros(struct.calcsize(_STATE_FMT), dtype=torch.uint8, device=device)
@@ -129,13 +132,14 @@ class _CommBase:
     # ---- memory ------------------------------------------------------------------------------
     def _write_state(self, absent_rank: int = -1, mismatch_rank: int = -1) -> None:
         ptrs = list(self._scratch_ptrs) + [0] * (8 - len(self._scratch_ptrs))
-        raw = struct.pack(_STATE_FMT, *ptrs, self._err.data_ptr(), self._err_host_dev,
-                          int(self.timeout_s * 1e9), absent_rank, mismatch_rank)
+        raw = struct.pack(_STATE_FMT, *ptrs, self._err_host_dev, int(self.timeout_s * 1e9), absent_rank, mismatch_rank)
         self._state.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def _init_scratch(self, views: Sequence[torch.Tensor]) -> None:
-        """LL regions start at 0 (flag 0 is never valid), sentinel regions at all ones."""
+        """Control block (fault record) and LL regions start at 0 (flag 0 is never valid),
+        sentinel regions at all ones."""
         for v in views:
+            v[:layout.CONTROL_BYTES].zero_()
             for name in self._algos:
                 alg = ALGORITHMS[name]
                 off = self._region_off[name]
@@ -153,56 +157,53 @@ class _CommBase:
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)
         if choice is None:
-            if self._table is None:  # read once per communicator; a new `tune` table needs a new one
-                self._table = select.find_table(self.gpu_name, self.world_size)
-            choice = select.choose(self._table, nbytes, dtype, op, deterministic=deterministic,
+            choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
                                    nccl_available=self._nccl_available(), available=self._algos)
             self._choices[key] = choice
         return choice
 
+    def _selection_table(self) -> select.Table:
+        if self._table is None:  # read once per communicator; a new `tune` table needs a new one
+            self._table = select.find_table(self.gpu_name, self.world_size)
+        return self._table
+
     def _nccl_available(self) -> bool:
         return False
 
-    def check(self) -> None:
-        """Raise the device-side error recorded by an earlier call, if any (synchronises)."""
-        torch.cuda.current_stream(self.device).synchronize()
-        self._raise_if_faulted(self._err.cpu().numpy())
+    def check(self, sync: bool = True) -> None:
+        """Raise the fault recorded by an earlier call of any rank, if any.
 
-    def _peek_error(self) -> None:
-        # Host-mapped copy: written by the failing kernel itself, read here without a sync.
-        if self._err_host[0] != 0:
-            torch.cuda.current_stream(self.device).synchronize()
-            self._raise_if_faulted(self._err.cpu().numpy())
-
-    def _raise_if_faulted(self, rec: np.ndarray) -> None:
-        code = int(rec[0])
-        if code == 0:
+        ``sync=True`` waits for this device's work first (every stream), so every fault of a
+        call issued so far that reached this rank is seen. ``sync=False`` is the cheap check for
+        after a CUDA-graph replay: it reads a host-mapped flag that a kernel of this rank sets
+        when it meets a fault, and synchronises only when the flag is set.
+        """
+        if sync:
+            torch.cuda.synchronize(self.device)
+        elif self._err_host[0] == 0:
             return
-        self._faulted = True
-        rank, peer, block, thread, slot, epoch, seen = (int(x) for x in rec[1:8])
-        where = f"(rank {rank} waited for peer {peer}; block {block}, thread {thread}, slot {slot}, epoch {epoch})"
-        who = f"peer {peer}" if peer >= 0 else "some peer (an LL128 line counter did not reach the world size)"
-        if code == 2 and peer < 0:
-            raise SollatError(f"sollat all_reduce: an LL128 line counter overshot the world size (0x{seen & 0xFFFFFFFF:08x}) "
-                              f"{where}; a peer called with different arguments. Call reset() on every rank.")
-        if code == 1:
-            raise PeerTimeoutError(
-                f"sollat all_reduce: {who} did not deliver its data within {self.timeout_s:g} s {where}. "
-                "Did every rank call all_reduce with the same arguments? Call reset() on every rank before reuse.",
-                rank=rank, peer=peer, slot=slot, epoch=epoch)
-        if code == 2:
-            raise CallMismatchError(
-                f"sollat all_reduce: peer {peer} called all_reduce with different arguments (size, dtype, op or "
-                f"algorithm; its signature 0x{seen & 0xFFFFFFFF:08x}) {where}. Call reset() on every rank before reuse.",
-                rank=rank, peer=peer)
-        raise SollatError(f"sollat: unknown device error code {code} {where}")
+        self._raise_recorded()
+
+    def _raise_recorded(self) -> None:
+        for rank, view in self._record_views():
+            rec = faults.read_record(lambda v=view: v.cpu().numpy())
+            if rec[0] != layout.FAULT_OK:
+                self._faulted = True
+                raise faults.to_exception(rec, timeout_s=self.timeout_s, where_seen=rank)
+
+    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
+        """(rank, its fault record as int32 words) for every rank this process runs."""
+        raise NotImplementedError
+
+    def _record_args(self) -> tuple[int, int]:
+        """Kernel arguments: address of launch rank 0's fault record, bytes to the next one."""
+        raise NotImplementedError
 
     def _reset_local(self, views: Sequence[torch.Tensor]) -> None:
         torch.cuda.synchronize(self.device)
         for e in self._epochs.values():
             e.zero_()
         self._init_scratch(views)
-        self._err.zero_()
         self._err_host[:] = 0
         self._faulted = False
         torch.cuda.synchronize(self.device)
@@ -255,9 +256,11 @@ class _CommBase:
             max_blocks = max(1, (per_sm * self._num_sms) // self._launch_ranks)
             max_blocks = min(max_blocks, geo.blocks - 1)
         sig = algorithms.signature(alg, dt, op, n)
+        rec0, rank_stride = self._record_args()
         tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
                 np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
-                np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size))
+                np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size),
+                np.uint64(rec0), np.uint64(rank_stride))
         n_ptrs = 2 * (layout.MAX_RANKS if self._entry == "vr" else 1)  # inputs, outputs
         bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
         plan = _Plan(alg, kernel, config, tail, bound)
@@ -297,28 +300,58 @@ class _CommBase:
         return blocks * self._launch_ranks <= self._blocks_per_sm(kernel, threads) * self._num_sms
 
     def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
+        stream = launch.stream_handle(self._dev_index)
+        if stream != self._last_stream:
+            self._order_streams(stream)
         if plan.bound is not None:
-            plan.bound(launch.stream_handle(self._dev_index), ptr_args)
+            plan.bound(stream, ptr_args)
         else:
             launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
 
+    def _order_streams(self, stream: int) -> None:
+        """Calls of one communicator share its epochs and scratch, so they must run in the order
+        they were issued, whatever the stream (as NCCL orders a communicator's calls). When the
+        stream changes, the new stream waits for everything issued so far on the previous one.
+        Inside a CUDA-graph capture no outside event can be waited for: there, every call must
+        stay on the capture stream (a second stream is refused)."""
+        new = torch.cuda.current_stream(self.device)
+        if launch.is_capturing():
+            if self._last_stream and launch.stream_is_capturing(self._last_stream):
+                raise UnsupportedError("sollat: inside one CUDA graph capture every call of a communicator must be "
+                                       "issued on the same stream (its calls share buffers and must run in order)")
+        elif self._last_stream_obj is not None:
+            if self._order_event is None:
+                self._order_event = torch.cuda.Event()
+            self._order_event.record(self._last_stream_obj)
+            new.wait_event(self._order_event)
+        self._last_stream = stream
+        self._last_stream_obj = new
+
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
-        """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup)."""
+        """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup). A new
+        call shape is compiled here and then agreed on by every rank (agree.py) before its first
+        launch: no peer's first-use compile can look like a hang, and a call that differs between
+        ranks is an error on every rank before anything runs."""
         key = (n, dt.torch_dtype, op, algo, deterministic)
         entry = self._calls.get(key)
         if entry is None:
             name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
             entry = name if name == select.NCCL else self._plan(name, dt, op, n)
+            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
             self._calls[key] = entry
         return entry
 
-    def _after_call(self) -> None:
-        if launch.is_capturing():
-            return
-        if self.debug:
+    def _before_call(self) -> None:
+        """A fault already seen here, or flagged by a kernel of this process, is raised before
+        anything new is launched (the flag read costs no synchronisation)."""
+        if self._faulted:
+            self._guard()
+        if self._err_host[0] != 0 and not launch.is_capturing():
             self.check()
-        else:
-            self._peek_error()
+
+    def _after_call(self) -> None:
+        if self.debug and not launch.is_capturing():
+            self.check()
 
     def _check_common(self, x: torch.Tensor, op: str, what: str) -> DType:
         if not isinstance(x, torch.Tensor):
@@ -339,12 +372,14 @@ class _CommBase:
             raise CommunicatorFaultedError("all_reduce: this communicator saw a device error earlier; "
                                            "call reset() (on every rank) before using it again")
 
-    # Test hooks (kernels built with SOLLAT_TEST_HOOKS): `absent` rank's blocks return at once (a
-    # peer that never arrives); `mismatch` rank flips a bit of its call signature (a peer that
-    # called with other arguments).
-    def _set_test_hooks(self, *, absent: int | None = None, mismatch: int | None = None) -> None:
-        self._test_hooks = absent is not None or mismatch is not None
-        self._calls.clear()
+    # Test hooks (sollat/testing.py): kernels built with SOLLAT_TEST_HOOKS read `absent` (that
+    # rank's blocks return at once) and `mismatch` (that rank flips a bit of its call signature).
+    def _set_test_hooks(self, *, absent: int | None = None, mismatch: int | None = None,
+                        armed: bool | None = None) -> None:
+        hooks = bool(armed) or absent is not None or mismatch is not None
+        if hooks != self._test_hooks:
+            self._test_hooks = hooks
+            self._calls.clear()
         torch.cuda.synchronize(self.device)
         self._write_state(absent_rank=-1 if absent is None else absent,
                           mismatch_rank=-1 if mismatch is None else mismatch)
@@ -354,6 +389,16 @@ class _CommBase:
 
     def _rank_arg(self) -> int:
         raise NotImplementedError
+
+
+def scratch_bytes_per_rank(world_size: int, names: Sequence[str]) -> int:
+    """Control block plus one region per algorithm (the offsets _setup assigns)."""
+    return layout.CONTROL_BYTES + sum(ALGORITHMS[a].scratch_bytes(world_size) for a in names)
+
+
+def _record_view(scratch: torch.Tensor) -> torch.Tensor:
+    off = layout.FAULT_RECORD_OFFSET
+    return scratch[off:off + 4 * layout.FAULT_WORDS].view(torch.int32)
 
 
 def _host_device_pointer(t: torch.Tensor) -> int:
@@ -385,21 +430,15 @@ class VirtualCommunicator(_CommBase):
     def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
                  timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None) -> None:
-        if not torch.cuda.is_available():
-            raise UnsupportedError("VirtualCommunicator: no CUDA device is available")
-        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        if dev.type != "cuda":
-            raise UnsupportedError(f"VirtualCommunicator: device must be a CUDA device, got {dev}")
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        names = tuple(algorithms) if algorithms is not None else tuple(ALGORITHMS)
-        for a in names:
-            _get_alg(a)
-        per_rank = sum(ALGORITHMS[a].scratch_bytes(world_size) for a in names)
+        _check_world_size(world_size, "VirtualCommunicator")
+        timeout = _timeout(timeout_s)
+        names = _algorithm_names(algorithms)
+        dev = _cuda_device(device, "VirtualCommunicator")
+        per_rank = scratch_bytes_per_rank(world_size, names)
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_s or default_timeout_s(), debug, names)
+        self._setup(world_size, dev, ptrs, world_size, timeout, debug, names)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)
@@ -412,6 +451,12 @@ class VirtualCommunicator(_CommBase):
 
     def _rank_arg(self) -> int:
         return 0  # rank_base; rank = blockIdx.y
+
+    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
+        return [(r, _record_view(v)) for r, v in enumerate(self._rank_views())]
+
+    def _record_args(self) -> tuple[int, int]:
+        return self._scratch.data_ptr() + layout.FAULT_RECORD_OFFSET, self.scratch_bytes_per_rank
 
     def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum", algo: str = "auto", *,
                    out: Sequence[torch.Tensor] | None = None, deterministic: bool = False) -> list[torch.Tensor]:
@@ -428,8 +473,7 @@ class VirtualCommunicator(_CommBase):
 
     def _all_reduce_impl(self, tensors: Sequence[torch.Tensor], op: str, algo: str,
                          out: Sequence[torch.Tensor] | None, deterministic: bool) -> list[torch.Tensor]:
-        if self._faulted:
-            self._guard()
+        self._before_call()
         fast = self._fast_check(tensors, op, out)
         if fast is not None:
             n, dt, outs, ptrs = fast
@@ -519,6 +563,44 @@ def _get_alg(name: str) -> Algorithm:
     return algorithms.get(name)
 
 
+def _check_world_size(world_size: object, who: str) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise UnsupportedError(f"{who}: world_size must be an int, got {world_size!r}")
+    if not 2 <= world_size <= layout.MAX_RANKS:
+        raise UnsupportedError(f"{who}: world_size must be 2..{layout.MAX_RANKS}, got {world_size}")
+
+
+def _algorithm_names(names: Sequence[str] | None) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise UnsupportedError(f"algorithms must be a list of names, got the string {names!r}")
+    out = tuple(names) if names is not None else tuple(ALGORITHMS)
+    if not out:
+        raise UnsupportedError(f"algorithms must name at least one of {', '.join(ALGORITHMS)}")
+    for a in out:
+        _get_alg(a)
+    return out
+
+
+def _cuda_device(device: object, who: str) -> torch.device:
+    """The CUDA device to use; argument errors are reported before a missing GPU is."""
+    if device is not None and not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        raise UnsupportedError(f"{who}: device must be a torch.device, 'cuda[:N]' or an index, got {device!r}")
+    try:
+        dev = None if device is None else torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError) as exc:
+        raise UnsupportedError(f"{who}: device {device!r} is not a device ({exc})") from None
+    if dev is not None and dev.type != "cuda":
+        raise UnsupportedError(f"{who}: device must be a CUDA device, got {dev}")
+    if not torch.cuda.is_available():
+        raise UnsupportedError(f"{who}: no CUDA device is available (torch {torch.__version__}, "
+                               f"CUDA {'built in' if torch.backends.cuda.is_built() else 'not built in'})")
+    if dev is None or dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise UnsupportedError(f"{who}: {dev} does not exist; {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+
+
 class Communicator(_CommBase):
     """One process per GPU over a ``torch.distributed`` process group.
 
@@ -539,24 +621,43 @@ class Communicator(_CommBase):
 
         if not dist.is_initialized():
             raise UnsupportedError("Communicator: torch.distributed is not initialised (call init_process_group)")
+        timeout = _timeout(timeout_s)
+        setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
+                                                 default=faults.DEFAULT_SETUP_TIMEOUT_S)
+        names = _algorithm_names(algorithms)
+        dev = _cuda_device(None, "Communicator")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
-        dev = torch.device("cuda", torch.cuda.current_device())
-        names = tuple(algorithms) if algorithms is not None else tuple(ALGORITHMS)
-        for a in names:
-            _get_alg(a)
-        per_rank = sum(ALGORITHMS[a].scratch_bytes(ws) for a in names)
-        self._buf = symm_mem.empty(per_rank, dtype=torch.uint8, device=dev)
+        _check_world_size(ws, "Communicator")
+        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names), dtype=torch.uint8, device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
         ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_s or default_timeout_s(), debug, names)
+        self._setup(ws, dev, ptrs, 1, timeout, debug, names)
+        store = agree.default_store(self.group)
+        if store is not None:
+            self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
         self._init_scratch([self._buf])
         torch.cuda.synchronize(dev)
         dist.barrier(group=self.group)  # every rank's scratch is initialised before anyone sends
+        self._agree_on_setup()
 
     def _rank_arg(self) -> int:
         return self.rank
+
+    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
+        return [(self.rank, _record_view(self._buf))]
+
+    def _record_args(self) -> tuple[int, int]:
+        return self._scratch_ptrs[self.rank] + layout.FAULT_RECORD_OFFSET, 0
+
+    def _agree_on_setup(self) -> None:
+        """Every rank must select from the same table and time out alike, or `auto` could send one
+        rank to NCCL and another to a sollat kernel (both would hang)."""
+        table = self._selection_table()
+        self._agreement.agree(f"table {table.gpu}/ws{table.world_size}: {select.table_digest(table)}; "
+                              f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}",
+                              "the communicator's setup (tuning table, timeout, algorithms)")
 
     def _nccl_available(self) -> bool:
         return True
@@ -577,8 +678,7 @@ class Communicator(_CommBase):
 
     def _all_reduce_impl(self, tensor: torch.Tensor, op: str, algo: str, out: torch.Tensor | None,
                          deterministic: bool) -> torch.Tensor:
-        if self._faulted:
-            self._guard()
+        self._before_call()
         dt = DTYPES.get(tensor.dtype) if isinstance(tensor, torch.Tensor) else None
         fast = (dt is not None and op in OPS and tensor.get_device() == self._dev_index and tensor.is_contiguous()
                 and tensor.numel() <= MAX_ELEMENTS
@@ -616,6 +716,10 @@ class Communicator(_CommBase):
         """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank."""
         import torch.distributed as dist
 
+        # Every stream of every rank is idle before any rank re-fills its scratch (a peer's
+        # kernel on a side stream could otherwise still write into it), and every rank has
+        # re-filled before any rank sends again.
+        torch.cuda.synchronize(self.device)
         dist.barrier(group=self.group)
         self._reset_local([self._buf])
         dist.barrier(group=self.group)

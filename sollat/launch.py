@@ -81,3 +81,13 @@ _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 def is_capturing() -> bool:
     """Whether the current stream is being captured into a CUDA graph (cheap query)."""
     return bool(_capturing()) if _capturing is not None else torch.cuda.is_current_stream_capturing()
+
+
+def stream_is_capturing(handle: int) -> bool:
+    """Whether the stream with this handle is being captured (cudaStreamIsCapturing)."""
+    from cuda.bindings import runtime
+
+    err, status = runtime.cudaStreamIsCapturing(handle)
+    if int(err) != 0:
+        return False
+    return status != runtime.cudaStreamCaptureStatus.cudaStreamCaptureStatusNone

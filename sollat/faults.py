@@ -1,0 +1,101 @@
+"""The fault record and the timeouts: what the host makes of a device-side fault.
+
+Every rank's symmetric scratch starts with its fault record (``layout.FAULT_RECORD_OFFSET``; the
+device side and the word layout are in ``csrc/include/sollat/fault.h``). A kernel thread that
+detects a fault writes it into its own record and every peer's, so every rank raises the same
+exception, naming the rank that detected it and the peer involved. Until ``reset()`` every
+kernel of the communicator refuses to run and writes NaN outputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from . import layout
+from .errors import CallMismatchError, PeerTimeoutError, SollatError, UnsupportedError
+
+DEFAULT_TIMEOUT_S = 30.0
+"""Bound of every device spin. Long enough for ordinary skew between ranks (a rank that is
+collecting garbage, writing a checkpoint or finishing a torch.compile warm-up while its peers
+already wait); first-use compiles never count against it (ranks agree on every new call shape on
+the host first). NCCL's own watchdog waits 10 minutes."""
+DEFAULT_SETUP_TIMEOUT_S = 600.0
+"""Bound of the host-side agreements (construction, first use of a call shape): a peer may be
+compiling kernels or still loading a model."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def validated_timeout(value: object, *, what: str, env: str, default: float) -> float:
+    """Seconds from an argument, else the environment variable ``env``, else ``default``:
+    a finite number > 0 and at most a week, or an UnsupportedError saying what was wrong."""
+    source = what
+    if value is None:
+        raw = os.environ.get(env)
+        if raw is None:
+            return default
+        source = f"${env}"
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {raw!r}") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT_S:
+        raise UnsupportedError(f"sollat: {source} must be > 0 and at most {MAX_TIMEOUT_S:g} s, got {value!r}")
+    return v
+
+
+def read_record(read: Callable[[], np.ndarray], *, settle_s: float = 1.0) -> np.ndarray:
+    """The record's words as int64 (a peer writes it with a claim, details, then the code: a
+    claimed record is re-read until its writer has published the code, at most ``settle_s``)."""
+    rec = read().astype(np.int64) & 0xFFFFFFFF
+    deadline = time.monotonic() + settle_s
+    while rec[0] == layout.FAULT_CLAIMED and time.monotonic() < deadline:
+        time.sleep(0.001)
+        rec = read().astype(np.int64) & 0xFFFFFFFF
+    return rec
+
+
+def first_fault(records: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The first record (in rank order) that holds a fault, or None."""
+    for rec in records:
+        if rec[0] != layout.FAULT_OK:
+            return rec
+    return None
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def to_exception(rec: np.ndarray, *, timeout_s: float, where_seen: int) -> SollatError:
+    """The exception for a fault record (``where_seen``: the rank whose record it is)."""
+    code = int(rec[0])
+    rank, peer, block, thread, slot, epoch = (_signed(int(x)) for x in rec[1:7])
+    seen = int(rec[7])
+    by = "" if rank == where_seen else f" (reported to rank {where_seen} by rank {rank})"
+    where = f"rank {rank} waited for peer {peer}; block {block}, thread {thread}, slot {slot}, epoch {epoch}"
+    fix = "Every later call of this communicator fails until reset() is called on every rank."
+    if code == layout.FAULT_CLAIMED:
+        return SollatError(f"sollat: a peer started to record a fault{by} but did not finish within 1 s; {fix}")
+    if code == layout.FAULT_MISMATCH and peer < 0:
+        return CallMismatchError(
+            f"sollat all_reduce: an LL128 line counter on rank {rank} overshot the world size (0x{seen:08x}): a peer "
+            f"called with different arguments{by}. {fix}", rank=rank, peer=peer)
+    if code == layout.FAULT_TIMEOUT:
+        who = f"peer {peer}" if peer >= 0 else "some peer (an LL128 line counter did not reach the world size)"
+        return PeerTimeoutError(
+            f"sollat all_reduce: {who} did not deliver its data to rank {rank} within {timeout_s:g} s ({where}){by}. "
+            f"Is {who} alive, and did every rank make the same calls in the same order? {fix}",
+            rank=rank, peer=peer, slot=slot, epoch=epoch)
+    if code == layout.FAULT_MISMATCH:
+        return CallMismatchError(
+            f"sollat all_reduce: peer {peer} called all_reduce with different arguments than rank {rank} (size, dtype, "
+            f"op or algorithm; its signature 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)
+    return SollatError(f"sollat: unknown device fault code {code} ({where}){by}. {fix}")

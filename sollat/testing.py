@@ -1,0 +1,33 @@
+"""Fault injection for tests and drills (public: the real-rank suite and users' own tests use it).
+
+Kernels are then built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
+the hooks are read from device memory at run time, so they can be turned on after a CUDA graph
+was captured with them (``inject`` first with no hook, capture, then ``inject`` the fault).
+
+* ``absent=r``: every kernel of rank r returns at once without sending (a peer that died or never
+  arrived); its peers time out, name r, and every rank raises.
+* ``mismatch=r``: rank r flips a bit of its call signature (a peer that called with other
+  arguments); LL-flagged algorithms detect it on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def inject(comm: Any, *, absent: int | None = None, mismatch: int | None = None, armed: bool = True) -> None:
+    """Turn the hooks on for ``comm`` (call it on every rank; it synchronises this device).
+    ``armed=True`` with no fault builds the hook-reading kernels without a fault, for capture."""
+    comm._set_test_hooks(absent=absent, mismatch=mismatch, armed=armed)
+
+
+def clear(comm: Any) -> None:
+    """Back to production kernels, no fault injected."""
+    comm._set_test_hooks(absent=None, mismatch=None, armed=False)
+
+
+def set_defines(comm: Any, defines: dict[str, str]) -> None:
+    """Extra NVRTC defines for every kernel ``comm`` builds from now on (diagnostic builds, such
+    as ``SOLLAT_FENCE_SYS=0`` to measure what the system-scope fences cost). Results of such
+    builds may be wrong on purpose; call it on every rank."""
+    comm._extra_defines = defines
