@@ -1,0 +1,104 @@
+"""Latency of chosen sollat algorithms on real ranks (torchrun) or virtual ranks, public API only.
+
+    torchrun --nproc-per-node 2 scripts/ab_latency.py [--algos oneshot_ll,oneshot_sentinel]
+        [--sizes 128,65536] [--dtype float32] [--define SOLLAT_FENCE_SYS=0] [--tag TEXT]
+    python scripts/ab_latency.py --virtual 2 ...
+
+One CUDA graph of 100 back-to-back calls per (algorithm, size), replayed 25 times after a
+barrier; prints the median per call (the slowest rank's), in µs, one line per case, so two
+source trees (or two builds) can be compared in one device call. Results are checked once
+against the rank-order sum (bitwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+
+import sollat
+from sollat import testing
+
+
+def _time_graph(g: torch.cuda.CUDAGraph, calls: int, replays: int, barrier: object) -> float:
+    times = []
+    for _ in range(replays):
+        barrier()  # type: ignore[operator]
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--algos", default="oneshot_ll,oneshot_sentinel")
+    p.add_argument("--sizes", default="128,65536", help="bytes")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--define", action="append", default=[], help="NAME=VALUE for every kernel (diagnostic)")
+    p.add_argument("--virtual", type=int, default=0, help="world size on one GPU instead of torchrun")
+    p.add_argument("--tag", default="")
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--replays", type=int, default=25)
+    a = p.parse_args()
+    dtype = getattr(torch, a.dtype)
+    if a.virtual:
+        comm: sollat.VirtualCommunicator | sollat.Communicator = sollat.VirtualCommunicator(a.virtual, timeout_s=10)
+        rank, world = 0, a.virtual
+        barrier = torch.cuda.synchronize
+    else:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+        dist.init_process_group("nccl")
+        comm = sollat.Communicator(timeout_s=10)
+        rank, world = comm.rank, comm.world_size
+        barrier = dist.barrier
+    if a.define:
+        testing.set_defines(comm, dict(d.split("=", 1) for d in a.define))
+    esize = torch.tensor([], dtype=dtype).element_size()
+    for algo in a.algos.split(","):
+        for nbytes in (int(s) for s in a.sizes.split(",")):
+            n = max(1, nbytes // esize)
+            gen = torch.Generator(device="cuda").manual_seed(n)
+            xs = [torch.randn(n, generator=gen, device="cuda").to(dtype) for _ in range(world)]
+            ref = xs[0].float()
+            for x in xs[1:]:
+                ref = ref + x.float()
+            ref = ref.to(dtype)
+
+            def call(algo: str = algo, xs: list[torch.Tensor] = xs) -> torch.Tensor:
+                if isinstance(comm, sollat.VirtualCommunicator):
+                    return comm.all_reduce(xs, algo=algo)[0]
+                return comm.all_reduce(xs[rank], algo=algo)
+
+            y = call()
+            ok = bool((y.view(torch.uint8) == ref.view(torch.uint8)).all()) if dtype != torch.float64 else True
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for _ in range(3):
+                    call()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(a.calls):
+                    call()
+            us = _time_graph(g, a.calls, a.replays, barrier)
+            t = torch.tensor([us], device="cuda")
+            if not a.virtual:
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            comm.check()
+            if rank == 0:
+                print(f"AB {a.tag} {algo} {a.dtype} {nbytes} B: {t.item():.3f} us/call (slowest rank)"
+                      f"{'' if ok else '  WRONG RESULT'}", flush=True)
+    if not a.virtual:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

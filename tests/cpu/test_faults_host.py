@@ -1,0 +1,137 @@
+"""Host side of the fault semantics, without a GPU: timeouts, argument validation, the fault
+record's decoding, and the ranks' store agreement (ranks simulated by threads on one store)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+import torch
+
+import sollat
+from sollat import agree, faults, layout
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True, 1e9])
+def test_bad_timeouts_are_clear_errors(bad: object) -> None:
+    with pytest.raises(sollat.UnsupportedError, match="timeout_s must be"):
+        sollat.VirtualCommunicator(2, timeout_s=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "abc", "inf"])
+def test_bad_timeout_environment_is_named(monkeypatch, raw: str) -> None:
+    monkeypatch.setenv("SOLLAT_TIMEOUT_S", raw)
+    with pytest.raises(sollat.UnsupportedError, match=r"\$SOLLAT_TIMEOUT_S"):
+        sollat.VirtualCommunicator(2)
+
+
+def test_default_timeout_is_long_enough_for_ordinary_skew(monkeypatch) -> None:
+    monkeypatch.delenv("SOLLAT_TIMEOUT_S", raising=False)
+    from sollat.communicator import default_timeout_s
+
+    assert default_timeout_s() == faults.DEFAULT_TIMEOUT_S >= 30
+    monkeypatch.setenv("SOLLAT_TIMEOUT_S", "2.5")
+    assert default_timeout_s() == 2.5
+
+
+@pytest.mark.parametrize("ws, match", [(0, "2..8"), (100, "2..8"), ("4", "must be an int"), (2.5, "must be an int"),
+                                       (True, "must be an int")])
+def test_virtual_world_size_is_validated_first(ws: object, match: str) -> None:
+    with pytest.raises(sollat.UnsupportedError, match=match):
+        sollat.VirtualCommunicator(ws)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device, match", [("banana", "not a device"), ("cpu", "must be a CUDA device"),
+                                           (1.5, "must be a torch.device")])
+def test_virtual_device_is_validated_before_the_gpu_check(device: object, match: str) -> None:
+    with pytest.raises(sollat.UnsupportedError, match=match):
+        sollat.VirtualCommunicator(2, device=device)  # type: ignore[arg-type]
+
+
+def test_no_gpu_is_an_unsupported_error(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(sollat.UnsupportedError, match="no CUDA device"):
+        sollat.VirtualCommunicator(2)
+
+
+def test_communicator_on_cpu_torch_is_an_unsupported_error(monkeypatch, tmp_path) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group exists")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(sollat.UnsupportedError, match="no CUDA device"):
+            sollat.Communicator()
+    finally:
+        dist.destroy_process_group()
+
+
+def _record(code: int, rank: int, peer: int, seen: int = 0) -> np.ndarray:
+    return np.array([code, rank, peer & 0xFFFFFFFF, 3, 17, 2048, 5, seen], dtype=np.int64)
+
+
+def test_records_become_the_same_exception_on_every_rank() -> None:
+    rec = _record(layout.FAULT_TIMEOUT, rank=0, peer=1)
+    own = faults.to_exception(rec, timeout_s=2.0, where_seen=0)
+    other = faults.to_exception(rec, timeout_s=2.0, where_seen=1)
+    for e in (own, other):
+        assert isinstance(e, sollat.PeerTimeoutError) and (e.rank, e.peer) == (0, 1)
+        assert "peer 1 did not deliver" in str(e) and "reset()" in str(e)
+    assert "reported to rank 1 by rank 0" in str(other) and "reported" not in str(own)
+    mm = faults.to_exception(_record(layout.FAULT_MISMATCH, 1, 0, seen=0xABCD0001), timeout_s=1, where_seen=1)
+    assert isinstance(mm, sollat.CallMismatchError) and mm.peer == 0 and "0xabcd0001" in str(mm)
+    ll128 = faults.to_exception(_record(layout.FAULT_MISMATCH, 1, -1, seen=0x40400000), timeout_s=1, where_seen=0)
+    assert isinstance(ll128, sollat.CallMismatchError) and ll128.peer == -1
+
+
+def test_a_claimed_record_is_reread_until_published() -> None:
+    reads = [_record(layout.FAULT_CLAIMED, 0, 0), _record(layout.FAULT_CLAIMED, 0, 0), _record(1, 0, 1)]
+    got = faults.read_record(lambda: reads.pop(0) if len(reads) > 1 else reads[0])
+    assert got[0] == layout.FAULT_TIMEOUT
+
+
+def _run_ranks(world: int, fn) -> list[object]:  # noqa: ANN001
+    out: list[object] = [None] * world
+
+    def body(r: int) -> None:
+        try:
+            out[r] = fn(r)
+        except Exception as e:  # collected and compared by the test
+            out[r] = e
+
+    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_agreement_passes_and_catches_a_differing_call_on_every_rank() -> None:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    world = 3
+    ags = [agree.Agreement(store, "gA", r, world, 5.0, seq=0) for r in range(world)]
+    assert _run_ranks(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8", "call")) == [None] * world
+    res = _run_ranks(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8" if r != 2 else "oneshot_ll|bf16|sum|n=16",
+                                                   "call"))
+    assert all(isinstance(e, sollat.CallMismatchError) for e in res), res
+    assert res[0].peer == 2 and res[2].peer == 0  # type: ignore[union-attr]
+    assert "rank 2: oneshot_ll|bf16|sum|n=16" in str(res[0])
+
+
+def test_agreement_names_a_rank_that_never_arrives() -> None:
+    from torch.distributed import HashStore
+
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    ag = agree.Agreement(store, "gB", 0, 2, 0.5, seq=0)
+    with pytest.raises(sollat.PeerTimeoutError, match=r"rank\(s\) \[1\]") as ei:
+        ag.agree("x", "call")
+    assert ei.value.peer == 1
