@@ -32,7 +32,7 @@ case ",$stages," in *,apps,*)
   {
     run "decode" 420 torchrun --nproc-per-node "$N" -m sollat.apps.decode --layers 80 --context 32768 --steps 64 \
         --backends nccl,sollat --price 3.5 --json "$R/decode-tp$N.json"
-    run "cg" 180 torchrun --nproc-per-node "$N" -m sollat.apps.cg --n 256 --backends nccl,sollat --json "$R/cg-$N.json"
+    run "cg" 180 torchrun --nproc-per-node "$N" -m sollat.apps.cg --grid 256 --backends nccl,sollat --json "$R/cg-$N.json"
   } > "$OUT/apps.txt" 2>&1 ;;
 esac
 tar czf "$OUT/results.tgz" -C "$R" . 2>/dev/null

@@ -1,7 +1,7 @@
 """Distributed conjugate gradients on the 3-D Poisson equation, with NCCL or sollat dot products.
 
-    torchrun --nproc-per-node 4 -m sollat.apps.cg --n 256 --backends nccl,sollat
-    python -m sollat.apps.cg --virtual-ranks 4 --n 64 --check-single-rank
+    torchrun --nproc-per-node 4 -m sollat.apps.cg --grid 256 --backends nccl,sollat
+    python -m sollat.apps.cg --virtual-ranks 4 --grid 64 --check-single-rank
 
 Every iteration has two AllReduces of ``nrhs`` numbers (8 to 64 bytes in fp64 for 1 to 8 systems) on
 its critical path. Each backend solves the same problem from the same start; the report gives the
@@ -17,7 +17,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,10 +42,17 @@ DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
 # other reduction orders.
 HISTORY_TOL: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-3}
 
+# Default grid points per dimension. A CPU iterates a 128^3 grid at tens of ms per iteration, so
+# the default solves there would take minutes; 32^3 takes a second or two.
+DEFAULT_GRID: dict[str, int] = {"cuda": 128, "cpu": 32}
+
+# Seconds between progress lines of a running solve.
+PROGRESS_EVERY_S = 10.0
+
 
 @dataclass
 class CGArgs:
-    n: int
+    grid: int
     nrhs: int
     dtype: torch.dtype
     tol: float
@@ -67,13 +74,16 @@ class CGArgs:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sollat.apps.cg",
                                 description="CG on the 3-D Poisson equation with NCCL or sollat dot products.")
-    p.add_argument("--n", type=int, default=128, help="grid points per dimension (n^3 unknowns)")
+    # Not --n: torchrun takes abbreviations of its own options (--nnodes, --nproc-per-node) anywhere.
+    p.add_argument("--grid", type=int, default=None, metavar="N",
+                   help=f"grid points per dimension, N^3 unknowns (default {DEFAULT_GRID['cuda']} on a GPU, "
+                        f"{DEFAULT_GRID['cpu']} on a CPU)")
     p.add_argument("--nrhs", type=int, default=1,
                    help="systems solved together; each dot-product AllReduce carries nrhs numbers")
     p.add_argument("--dtype", default="fp64", choices=sorted(DTYPES))
     p.add_argument("--tol", type=float, default=None,
                    help="stop when every |r|/|r0| is below this (default 1e-8 fp64, 1e-5 fp32)")
-    p.add_argument("--max-iters", type=int, default=None, help="give up after this many (default 10 n)")
+    p.add_argument("--max-iters", type=int, default=None, help="give up after this many (default 10 N)")
     p.add_argument("--chunk", type=int, default=20,
                    help="iterations per CUDA-graph replay between convergence checks")
     p.add_argument("--repeats", type=int, default=3, help="timed solves per backend (the median is reported)")
@@ -100,8 +110,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    if a.n < 2:
-        parser.error("--n must be >= 2")
+    if a.grid is not None and a.grid < 2:
+        parser.error("--grid must be >= 2")
     if a.nrhs < 1:
         parser.error("--nrhs must be >= 1")
     for name in ("chunk", "repeats"):
@@ -116,9 +126,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     distributed, world, device = resolve_placement(
         parser, env, virtual=a.virtual_ranks, virtual_flag="--virtual-ranks", device=a.device,
         check_whole=a.check_single_rank, check_flag="--check-single-rank")
-    if world > a.n:
-        parser.error(f"{world} ranks cannot split {a.n} planes (need ranks <= n)")
     on_gpu = torch.device(device).type == "cuda"
+    grid = a.grid if a.grid is not None else DEFAULT_GRID["cuda" if on_gpu else "cpu"]
+    if world > grid:
+        parser.error(f"{world} ranks cannot split {grid} planes (need ranks <= --grid)")
     try:
         backends = parse_backend_list(a.backends or ("nccl,sollat" if on_gpu else "cpu"))
     except ValueError as e:
@@ -131,9 +142,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         if distributed and spec.kind in ("reference", "cpu"):
             parser.error(f"backend {spec.label} runs only with --virtual-ranks (under torchrun use nccl or sollat)")
     dtype = DTYPES[a.dtype]
-    return CGArgs(n=a.n, nrhs=a.nrhs, dtype=dtype,
+    return CGArgs(grid=grid, nrhs=a.nrhs, dtype=dtype,
                   tol=a.tol if a.tol is not None else (1e-8 if dtype == torch.float64 else 1e-5),
-                  max_iters=a.max_iters or 10 * a.n, chunk=a.chunk, repeats=a.repeats, backends=backends,
+                  max_iters=a.max_iters or 10 * grid, chunk=a.chunk, repeats=a.repeats, backends=backends,
                   distributed=distributed, world_size=world, device=device, halo=a.halo,
                   history_tol=HISTORY_TOL[dtype] if a.history_tol is None else a.history_tol,
                   check_single_rank=a.check_single_rank, graph=on_gpu and not a.no_graph, seed=a.seed,
@@ -142,6 +153,25 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
 
 # --------------------------------------------------------------------------------------------------
 # Solving
+
+ProgressFn = Callable[[int, float], None]
+
+
+class Progress:
+    """A ``ProgressFn`` that prints where a solve is, at most once per ``every_s`` seconds, so a long
+    solve shows it is moving (the first line after ``every_s``: short solves print nothing)."""
+
+    def __init__(self, say: Callable[[str], None], label: str, *, every_s: float = PROGRESS_EVERY_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.say, self.label, self.every_s, self.clock = say, label, every_s, clock
+        self.t0 = self.last = clock()
+
+    def __call__(self, iterations: int, residual: float) -> None:
+        now = self.clock()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self.say(f"    {self.label}: {iterations} iterations, max |r|/|r0| {residual:.2e}, "
+                     f"{now - self.t0:.0f} s")
 
 
 @dataclass
@@ -186,32 +216,38 @@ class Solver:
             for _ in range(self.chunk):
                 self.problem.iterate(self.backend)
 
-    def solve(self, tol: float, max_iters: int) -> Solve:
+    def timed_chunk(self) -> float:
+        """Run one chunk; milliseconds per iteration (CUDA events on a GPU, wall clock on the CPU)."""
+        if self.problem.device.type != "cuda":
+            c0 = time.perf_counter()
+            self.run_chunk()
+            return (time.perf_counter() - c0) * 1e3 / self.chunk
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.run_chunk()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / self.chunk
+
+    def solve(self, tol: float, max_iters: int, progress: ProgressFn | None = None) -> Solve:
+        """Iterate until every ``|r|/|r0| < tol`` or ``max_iters``; ``progress(iterations, max |r|/|r0|)``
+        is called after every chunk."""
         p = self.problem
         if max_iters + self.chunk > p.capacity:
             raise ValueError(f"cg: history holds {p.capacity} iterations; max_iters + chunk is larger")
         p.reset(self.backend)
-        cuda = p.device.type == "cuda"
-        if cuda:
+        if p.device.type == "cuda":
             torch.cuda.synchronize(p.device)
         iter_ms: list[float] = []
         done, it = 0, 0
         t0 = time.perf_counter()
         while it < max_iters:
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                self.run_chunk()
-                end.record()
-                end.synchronize()
-                iter_ms.append(start.elapsed_time(end) / self.chunk)
-            else:
-                c0 = time.perf_counter()
-                self.run_chunk()
-                iter_ms.append((time.perf_counter() - c0) * 1e3 / self.chunk)
+            iter_ms.append(self.timed_chunk())
             rel = (p.history[it:it + self.chunk] / p.rr0).sqrt().amax(dim=1)
             below = (rel < tol).nonzero()
             it += self.chunk
+            if progress is not None:
+                progress(it, float(rel[-1]))
             if below.numel():
                 done = it - self.chunk + int(below[0]) + 1
                 break
@@ -258,31 +294,31 @@ class BackendRun:
 def run(args: CGArgs) -> dict[str, Any]:
     device, rank = _setup_device(args)
 
-    def say(*a: object) -> None:
+    def say(line: str) -> None:
         if rank == 0:
-            print(*a, flush=True)
+            print(line, flush=True)
 
     ranks = (rank,) if args.distributed else tuple(range(args.world_size))
     capacity = args.max_iters + 2 * args.chunk
-    halo = (DistHalo(args.halo, rank, args.world_size, (args.nrhs, args.n + 2, args.n + 2),
+    halo = (DistHalo(args.halo, rank, args.world_size, (args.nrhs, args.grid + 2, args.grid + 2),
                      device=device, dtype=args.dtype) if args.distributed else VirtualHalo())
-    problem = PoissonCG(args.n, args.nrhs, world_size=args.world_size, ranks=ranks, device=device,
+    problem = PoissonCG(args.grid, args.nrhs, world_size=args.world_size, ranks=ranks, device=device,
                         dtype=args.dtype, seed=args.seed, capacity=capacity, halo=halo)
     es = torch.empty((), dtype=args.dtype).element_size()
     mode = (f"torchrun, {args.world_size} GPUs, halo {args.halo}" if args.distributed
             else f"{args.world_size} virtual rank(s) on {device}")
-    say(f"3-D Poisson, {args.n}^3 unknowns x {args.nrhs} system(s), {str(args.dtype).replace('torch.', '')}; "
+    say(f"3-D Poisson, {args.grid}^3 unknowns x {args.nrhs} system(s), {str(args.dtype).replace('torch.', '')}; "
         f"{mode}; z-slabs {[z1 - z0 for z0, z1 in problem.slabs]}")
     say(f"stop at |r|/|r0| < {args.tol:g} (at most {args.max_iters} iterations); "
         f"{'CUDA graph of ' + str(args.chunk) + ' iterations per replay' if args.graph else 'eager'}")
 
     reference: Solve | None = None
     if args.check_single_rank:
-        single = PoissonCG(args.n, args.nrhs, world_size=1, ranks=(0,), device=device, dtype=args.dtype,
+        single = PoissonCG(args.grid, args.nrhs, world_size=1, ranks=(0,), device=device, dtype=args.dtype,
                            seed=args.seed, capacity=capacity)
         solver = Solver(single, make_backend("noop", world_size=1, device=device, distributed=False),
                         chunk=args.chunk, use_graph=args.graph)
-        reference = solver.solve(args.tol, args.max_iters)
+        reference = solver.solve(args.tol, args.max_iters, Progress(say, "single-rank reference"))
         say(f"single-rank reference: {reference.iterations} iterations")
         del solver, single
 
@@ -303,8 +339,9 @@ def run(args: CGArgs) -> dict[str, Any]:
     for spec in args.backends:
         backend = make_backend(spec, world_size=args.world_size, device=device, distributed=args.distributed)
         solver = Solver(problem, backend, chunk=args.chunk, use_graph=args.graph)
-        solver.solve(args.tol, args.max_iters)  # warm-up solve
-        solves = [solver.solve(args.tol, args.max_iters) for _ in range(args.repeats)]
+        solver.solve(args.tol, args.max_iters, Progress(say, f"{backend.name} warm-up solve"))
+        solves = [solver.solve(args.tol, args.max_iters, Progress(say, f"{backend.name} solve {i + 1}/{args.repeats}"))
+                  for i in range(args.repeats)]
         calls = solver.calls_per_iteration
         err = problem.relative_error(backend).max().item()
         run_ = BackendRun(backend.name, backend.rank_order_for(calls), [backend.algorithm_for(c) for c in calls],
@@ -327,7 +364,7 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _report(args: CGArgs, say: Any, runs: list[BackendRun], reference: Solve | None, es: int) -> dict[str, Any]:
+def _report(args: CGArgs, say: Callable[[str], None], runs: list[BackendRun], reference: Solve | None, es: int) -> dict[str, Any]:
     say(f"\n{'backend':<24}{'iters':>7}{'to solution ms':>16}{'us/iter p50':>13}{'AR share':>10}")
     out: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, torch.dtype) else v)
                                       for k, v in asdict(args).items() if k != "backends"},

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ from sollat.apps.cg import HISTORY_TOL, Solver, compare_histories, parse_args
 from sollat.apps.poisson import PoissonCG, exact_planes, split_planes, stencil
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_split_planes() -> None:
@@ -92,11 +96,11 @@ def test_rank_order_backends_give_bitwise_equal_histories() -> None:
 
 def test_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
     cases = [
-        (["--n", "1"], {}, "--n must be >= 2"),
+        (["--grid", "1"], {}, "--grid must be >= 2"),
         (["--nrhs", "0"], {}, "--nrhs must be >= 1"),
         (["--chunk", "0"], {}, "--chunk must be >= 1"),
         (["--tol", "2"], {}, "--tol must be in (0, 1)"),
-        (["--n", "4", "--virtual-ranks", "8"], {}, "cannot split 4 planes"),
+        (["--grid", "4", "--virtual-ranks", "8"], {}, "cannot split 4 planes"),
         (["--backends", "sollat"], {}, "needs a CUDA device"),
         (["--backends", "noop"], {}, "only used internally"),
         (["--virtual-ranks", "2"], {"WORLD_SIZE": "2", "RANK": "0"}, "do not combine it with torchrun"),
@@ -113,15 +117,17 @@ def test_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_parse_defaults() -> None:
     a = parse_args(["--device", "cpu"], {})
-    assert (a.n, a.nrhs, a.world_size, a.distributed, a.graph, a.tol) == (128, 1, 1, False, False, 1e-8)
-    assert a.max_iters == 1280 and [s.label for s in a.backends] == ["cpu"]
+    assert (a.grid, a.nrhs, a.world_size, a.distributed, a.graph, a.tol) == (32, 1, 1, False, False, 1e-8)
+    assert a.max_iters == 320 and [s.label for s in a.backends] == ["cpu"]
     a = parse_args(["--dtype", "fp32", "--halo", "allgather"], {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "3"})
-    assert (a.world_size, a.device, a.tol, a.halo) == (4, "cuda:3", 1e-5, "allgather")
+    assert (a.world_size, a.device, a.tol, a.halo, a.grid) == (4, "cuda:3", 1e-5, "allgather", 128)
+    a = parse_args(["--device", "cpu", "--grid", "64"], {})
+    assert (a.grid, a.max_iters) == (64, 640)
 
 
 def test_main_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "cg.json"
-    rc = cg.main(["--device", "cpu", "--virtual-ranks", "4", "--n", "12", "--nrhs", "3", "--repeats", "1",
+    rc = cg.main(["--device", "cpu", "--virtual-ranks", "4", "--grid", "12", "--nrhs", "3", "--repeats", "1",
                   "--backends", "cpu,reference", "--check-single-rank", "--json", str(out)])
     text = capsys.readouterr().out
     assert rc == 0, text
@@ -129,3 +135,33 @@ def test_main_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert report["ok"] and report["message_bytes"] == 24
     assert report["checks"]["reference"]["bitwise_vs_first"] is True
     assert report["results"]["cpu"]["iterations"] == report["checks"]["cpu"]["base_iterations"]
+
+
+def test_solve_reports_progress_after_every_chunk() -> None:
+    problem = PoissonCG(14, 2, world_size=2, ranks=range(2), device=CPU, dtype=torch.float64, capacity=600)
+    seen: list[tuple[int, float]] = []
+    result = Solver(problem, ReferenceBackend(2, name="cpu"), chunk=5, use_graph=False).solve(
+        1e-10, 500, lambda it, res: seen.append((it, res)))
+    assert [it for it, _ in seen] == list(range(5, result.iterations_run + 1, 5))
+    assert result.residuals is not None
+    assert [res for _, res in seen] == [result.residuals[it - 1].max().item() for it, _ in seen]
+
+
+def test_progress_prints_at_most_once_per_interval() -> None:
+    now = [100.0]
+    lines: list[str] = []
+    progress = cg.Progress(lines.append, "cpu solve 1/3", every_s=10.0, clock=lambda: now[0])
+    for t, it in [(5.0, 20), (10.0, 40), (15.0, 60), (21.0, 80)]:
+        now[0] = 100.0 + t
+        progress(it, 1e-3)
+    assert lines == ["    cpu solve 1/3: 40 iterations, max |r|/|r0| 1.00e-03, 10 s",
+                     "    cpu solve 1/3: 80 iterations, max |r|/|r0| 1.00e-03, 21 s"]
+
+
+def test_default_run_finishes_quickly_on_this_cpu() -> None:
+    """No arguments on a machine without a GPU: the CPU default grid solves in seconds, not minutes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")} | {"CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "sollat.apps.cg"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{cg.DEFAULT_GRID['cpu']}^3 unknowns" in proc.stdout and "result: ok" in proc.stdout
