@@ -19,7 +19,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -34,7 +34,19 @@ from .backends import (
     setup_device,
     teardown,
 )
-from .llama import GIB, PRESETS, TPDecoder, estimate_memory, full_logits, max_context, preset
+from .llama import (
+    GIB,
+    PRESETS,
+    LlamaConfig,
+    MemoryEstimate,
+    TPDecoder,
+    available_memory,
+    estimate_memory,
+    full_logits,
+    largest_fitting,
+    max_context,
+    preset,
+)
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -161,6 +173,42 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
                       logit_tol=LOGIT_TOL[dtype] if a.logit_tol is None else a.logit_tol,
                       check_unsharded=a.check_unsharded, graph=on_gpu and not a.no_graph, seed=a.seed,
                       json_path=a.json_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory
+
+
+def peak_memory(cfg: LlamaConfig, args: DecodeArgs, n_local: int) -> tuple[MemoryEstimate, int]:
+    """The sharded model's estimate, and the peak bytes of the run (the unsharded reference, built
+    and freed first with ``--check-unsharded``, may need more)."""
+    est = estimate_memory(cfg, tp=args.tp, n_local=n_local, batch=args.batch, max_len=args.max_len,
+                          dtype=args.dtype)
+    if not args.check_unsharded:
+        return est, est.total
+    whole = estimate_memory(cfg, tp=1, n_local=1, batch=args.batch, max_len=args.max_len, dtype=args.dtype)
+    return est, max(est.total, whole.total)
+
+
+def too_big_message(cfg: LlamaConfig, args: DecodeArgs, n_local: int, *, device: torch.device, need: int,
+                    free: int) -> str:
+    """One line saying what does not fit and which options to pass so that it does."""
+    def fits(cfg_: LlamaConfig, args_: DecodeArgs) -> bool:
+        return peak_memory(cfg_, args_, n_local)[1] <= free
+
+    layers = largest_fitting(lambda n: fits(replace(cfg, n_layers=n), replace(args, layers=n)), cfg.n_layers)
+    context = largest_fitting(lambda c: fits(cfg, replace(args, context=c)), args.context)
+    batch = largest_fitting(lambda b: fits(cfg, replace(args, batch=b)), args.batch)
+    tiny = preset("tiny")
+    ways = [f"--layers {layers}" if layers else "", f"--context {context}" if context else "",
+            f"--batch {batch}" if batch else "",
+            "--model tiny" if args.model != "tiny" and fits(tiny, replace(args, model="tiny")) else "",
+            "no --check-unsharded" if args.check_unsharded and fits(cfg, replace(args, check_unsharded=False))
+            else "", "more GPUs (--nproc-per-node)" if args.distributed else ""]
+    alone = ", ".join(w for w in ways if w)
+    return (f"decode: needs about {need / GIB:.1f} GiB on {device} but {free / GIB:.1f} GiB are free; pass "
+            + (f"one of: {alone}, or " if alone else "")
+            + "smaller --layers, --context and --batch together")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -419,27 +467,17 @@ def run(args: DecodeArgs) -> dict[str, Any]:
             f"{str(args.dtype).replace('torch.', '')}")
     d.print(f"TP {args.tp} ({mode}); batch {args.batch}, context {args.context} prefilled tokens per sequence")
 
-    # Memory: estimate, and refuse before allocating if it cannot fit.
-    est = estimate_memory(cfg, tp=args.tp, n_local=n_local, batch=args.batch, max_len=args.max_len,
-                          dtype=args.dtype)
-    need = est.total
-    if args.check_unsharded:  # built, used and freed before the sharded model
-        need = max(need, estimate_memory(cfg, tp=1, n_local=1, batch=args.batch, max_len=args.max_len,
-                                         dtype=args.dtype).total)
+    # Memory: estimate, and refuse before allocating if it cannot fit (on every device, the CPU too).
+    est, need = peak_memory(cfg, args, n_local)
     d.print(f"memory estimate per device: {est.describe()}"
             + (f"; peak with the unsharded reference {need / GIB:.2f} GiB" if args.check_unsharded else ""))
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        extra = args.max_len - args.context
-        fit = max_context(cfg, tp=args.tp, n_local=n_local, batch=args.batch, extra_tokens=extra,
-                          dtype=args.dtype, budget=free)
-        d.print(f"device memory: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB; "
-                f"at most {fit} context tokens per sequence would fit")
-        if need > free:
-            raise MemoryError(
-                f"decode: needs about {need / GIB:.1f} GiB on {device} but {free / GIB:.1f} GiB are free "
-                f"({est.describe()}). Use fewer --layers, a shorter --context (at most {fit} fits), a smaller "
-                f"--batch, more tensor-parallel ranks, or drop --check-unsharded.")
+    free, total = available_memory(device)
+    fit = max_context(cfg, tp=args.tp, n_local=n_local, batch=args.batch, extra_tokens=args.max_len - args.context,
+                      dtype=args.dtype, budget=free)
+    d.print(f"{device.type} memory: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB; "
+            f"at most {fit} context tokens per sequence would fit")
+    if need > free:
+        raise MemoryError(too_big_message(cfg, args, n_local, device=device, need=need, free=free))
 
     gen = torch.Generator().manual_seed(args.seed)
     start = torch.randint(cfg.vocab, (args.batch,), generator=gen)

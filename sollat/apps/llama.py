@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -450,3 +451,38 @@ def max_context(cfg: LlamaConfig, *, tp: int, n_local: int, batch: int, extra_to
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+def largest_fitting(fits: Callable[[int], bool], hi: int) -> int:
+    """Largest ``x`` in ``[1, hi]`` with ``fits(x)``, for ``fits`` true up to some point; 0 if none."""
+    lo = 0
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def host_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") -> tuple[int, int]:
+    """(available, total) bytes of host RAM: ``MemAvailable``/``MemTotal`` of /proc/meminfo (else
+    sysconf), lowered to what a cgroup-v2 memory limit leaves, as in a container."""
+    try:
+        with open(meminfo) as f:
+            kib = {k.strip(): int(v.split()[0]) for k, v in (line.split(":", 1) for line in f if ":" in line)}
+        avail, total = kib["MemAvailable"] * 1024, kib["MemTotal"] * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        page = os.sysconf("SC_PAGE_SIZE")
+        avail, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    try:
+        with open(os.path.join(cgroup, "memory.max")) as f_max, open(os.path.join(cgroup, "memory.current")) as f_cur:
+            limit, used = int(f_max.read()), int(f_cur.read())
+        avail, total = min(avail, max(0, limit - used)), min(total, limit)
+    except (OSError, ValueError):  # no cgroup v2 here, or no limit ("max")
+        pass
+    return avail, total
+
+
+def available_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes this process can allocate on ``device``: the GPU's, or the host RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)
+    return host_memory()

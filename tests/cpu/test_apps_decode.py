@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,9 +21,20 @@ from sollat.apps.backends import (
     rank_order_reduce,
 )
 from sollat.apps.decode import DecodeSession, compare_logits, cost_per_million_tokens, parse_args
-from sollat.apps.llama import GIB, TPDecoder, estimate_memory, full_logits, max_context, preset, rms_norm
+from sollat.apps.llama import (
+    GIB,
+    TPDecoder,
+    estimate_memory,
+    full_logits,
+    host_memory,
+    largest_fitting,
+    max_context,
+    preset,
+    rms_norm,
+)
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 TINY = preset("tiny")
 
 
@@ -210,6 +224,92 @@ def test_memory_estimate_refuses_the_whole_model_on_one_device() -> None:
     ctx = max_context(small, tp=4, n_local=4, batch=8, extra_tokens=0, dtype=torch.bfloat16, budget=40 * GIB)
     assert estimate_memory(small, tp=4, n_local=4, batch=8, max_len=ctx, dtype=torch.bfloat16).total <= 40 * GIB
     assert estimate_memory(small, tp=4, n_local=4, batch=8, max_len=ctx + 1, dtype=torch.bfloat16).total > 40 * GIB
+
+
+class _Allocated(Exception):
+    """Raised by a stand-in TPDecoder: the run got past the memory check."""
+
+
+def _no_model(*_args: object, **_kw: object) -> TPDecoder:
+    raise _Allocated
+
+
+def test_memory_check_refuses_on_the_cpu_before_allocating(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check runs on every device: with 20 GiB of host RAM the default 70B shape stops with the
+    options that would make it fit, before any weight is allocated."""
+    monkeypatch.setattr(decode, "available_memory", lambda device: (20 * GIB, 24 * GIB))
+    monkeypatch.setattr(decode, "TPDecoder", _no_model)
+    args = parse_args(["--device", "cpu"], NO_ENV)
+    with pytest.raises(MemoryError) as exc:
+        decode.run(args)
+    msg = str(exc.value)
+    assert "\n" not in msg and "on cpu but 20.0 GiB are free" in msg
+    assert "--layers 1," in msg and "--model tiny" in msg and "--context" in msg and "--batch" in msg
+    # a run that fits gets past the check
+    monkeypatch.setattr(decode, "available_memory", lambda device: (4096 * GIB, 4096 * GIB))
+    with pytest.raises(_Allocated):
+        decode.run(args)
+
+
+@pytest.mark.parametrize("extra", [[], ["--check-unsharded", "--virtual-tp", "2"]])
+def test_memory_advice_names_the_largest_values_that_fit(extra: list[str]) -> None:
+    args = parse_args(["--device", "cpu", "--layers", "8", "--context", "65536", *extra], NO_ENV)
+    cfg, n_local = preset(args.model, args.layers), args.tp
+    need = decode.peak_memory(cfg, args, n_local)[1]
+    free = need * 2 // 3
+    msg = decode.too_big_message(cfg, args, n_local, device=CPU, need=need, free=free)
+    ways = dict(w.split() for w in msg.split("one of: ")[1].split(", or ")[0].split(", ") if w.startswith("--"))
+    assert set(ways) == {"--layers", "--context", "--batch", "--model"}, msg
+
+    def peak(**kw: int) -> int:
+        layers = kw.get("layers", args.layers)
+        return decode.peak_memory(replace(cfg, n_layers=layers), replace(args, **kw), n_local)[1]
+
+    for opt, field in (("--layers", "layers"), ("--context", "context"), ("--batch", "batch")):
+        best = int(ways[opt])
+        assert peak(**{field: best}) <= free < peak(**{field: best + 1}), opt
+    assert ("no --check-unsharded" in msg) == (decode.peak_memory(cfg, replace(args, check_unsharded=False),
+                                                                  n_local)[1] <= free)
+
+
+def test_host_memory_reads_meminfo_and_a_cgroup_limit(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000000 kB\n"
+                       "MemAvailable:   20000000 kB\nHugePages_Total:       0\n")
+    assert host_memory(str(meminfo), str(tmp_path / "no-cgroup")) == (20000000 * 1024, 24000000 * 1024)
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("1000\n")
+    assert host_memory(str(meminfo), str(tmp_path)) == (20000000 * 1024, 24000000 * 1024)
+    (tmp_path / "memory.max").write_text(f"{8 * GIB}\n")
+    (tmp_path / "memory.current").write_text(f"{3 * GIB}\n")
+    assert host_memory(str(meminfo), str(tmp_path)) == (5 * GIB, 8 * GIB)
+    avail, total = host_memory(str(tmp_path / "no-meminfo"), str(tmp_path / "no-cgroup"))  # sysconf
+    assert 0 < avail <= total
+    free, total = decode.available_memory(CPU)
+    assert 0 < free <= total
+
+
+def test_largest_fitting() -> None:
+    assert largest_fitting(lambda x: x <= 7, 80) == 7
+    assert largest_fitting(lambda x: True, 80) == 80
+    assert largest_fitting(lambda x: False, 80) == 0
+    assert largest_fitting(lambda x: x <= 1, 1) == 1
+
+
+def test_default_run_on_this_cpu_refuses_at_once_or_fits() -> None:
+    """No arguments on a machine without a GPU: the 70B shape does not fit in the host RAM of a
+    test machine, and the program must say so (exit 3) within seconds instead of allocating."""
+    args = parse_args(["--device", "cpu"], NO_ENV)  # what the child sees with no GPU visible
+    need = decode.peak_memory(preset(args.model, args.layers), args, args.tp)[1]
+    if need <= host_memory()[0]:
+        pytest.skip("this machine has the RAM for the default run")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")} | {"CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-m", "sollat.apps.decode"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("decode: needs about") and "--layers" in lines[0], proc.stderr
+    assert "built the model" not in proc.stdout
 
 
 def test_cost_per_million_tokens() -> None:
