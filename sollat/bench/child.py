@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .env import SAFETY_ENV
-from .peers import ChildJob
-from .results import ERROR, OK, UNSUPPORTED, Row
+from .peers import ChildJob, nccl_unavailable
+from .results import ERROR, OK, SKIPPED, UNSUPPORTED, Row
 from .stats import Stats
 from .timing import calls_for, sets_for, time_calls
 
@@ -25,6 +25,19 @@ from .timing import calls_for, sets_for, time_calls
 def _reason(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def mark_failed(row: Row, exc: BaseException, job: ChildJob, world: int) -> Row:
+    """The status of a row whose call raised: n/a (skipped) where NCCL has no algorithm/protocol it
+    was asked for, unsupported where the implementation refuses the size, else an error."""
+    msg = str(exc)
+    na = nccl_unavailable(job.env, msg, world)  # the full text: the NCCL part comes after torch's
+    if na is not None:
+        row.status, row.reason = SKIPPED, na
+    else:
+        row.status = UNSUPPORTED if ("must be" in msg or "Not implemented" in msg) else ERROR
+        row.reason = _reason(exc)
+    return row
 
 
 class _Ctx:
@@ -137,9 +150,7 @@ def run(job: ChildJob) -> list[Row]:
                     row.calls_per_graph, row.replays, row.status = calls, job.replays, OK
                     row.check = check()
                 except Exception as exc:
-                    msg = str(exc)
-                    row.status = UNSUPPORTED if ("must be" in msg or "Not implemented" in msg) else ERROR
-                    row.reason = _reason(exc)
+                    mark_failed(row, exc, job, ctx.world)
                 rows.append(row)
     ctx.dist.destroy_process_group()
     return rows

@@ -32,6 +32,10 @@ from .env import SAFETY_ENV
 from .results import ERROR, SKIPPED, Row
 
 NEEDS_2_GPUS = "needs >= 2 GPUs (virtual ranks share one GPU, and NCCL allows one rank per GPU)"
+NO_TREE_AT_2 = "NCCL has no Tree algorithm at 2 ranks"
+# What NCCL says (as its last error, and as a WARN) when NCCL_ALGO / NCCL_PROTO ask for something it
+# cannot build here: "no algorithm/protocol available for function AllReduce with datatype ...".
+NCCL_UNAVAILABLE_TEXT = "no algorithm/protocol available"
 
 
 @dataclass(frozen=True)
@@ -150,19 +154,43 @@ def child_env(base: Mapping[str, str], job: ChildJob, where: Placement, port: in
     return env
 
 
+def unavailable_up_front(p: PeerSpec, world_size: int) -> str | None:
+    """Why NCCL cannot run ``p`` at ``world_size`` ranks, known without trying; None if it may."""
+    if world_size == 2 and p.env_dict.get("NCCL_ALGO", "").lower() == "tree":
+        return NO_TREE_AT_2
+    return None
+
+
+def nccl_unavailable(env: Mapping[str, str], text: str, world_size: int) -> str | None:
+    """A short reason when ``text`` (an exception or a child's output) is NCCL refusing the
+    NCCL_ALGO / NCCL_PROTO it was asked for; None for every other failure, which stays an error."""
+    wanted = "/".join(env[k] for k in ("NCCL_ALGO", "NCCL_PROTO") if env.get(k))
+    if not wanted or NCCL_UNAVAILABLE_TEXT not in text.lower():
+        return None
+    return f"NCCL has no {wanted} AllReduce at {world_size} ranks here"
+
+
+def _skipped_rows(p: PeerSpec, ranks: Sequence[int], dtypes: Sequence[str], sizes: Sequence[int | None],
+                  reason: str) -> list[Row]:
+    return [Row(p.impl, algo, R, dt, n, status=SKIPPED, reason=reason, env=p.env_dict)
+            for R in ranks for algo in p.algos for dt in dtypes for n in sizes]
+
+
 def make_jobs(peers: Sequence[PeerSpec], *, world_size: int, sizes: list[int], dtypes: list[str], replays: int,
               warmup: int, max_calls: int, max_sets: int = 4,
               skip_ranks: Sequence[int] | None = None) -> tuple[list[ChildJob], list[Row]]:
-    """Jobs for the peers that can run at ``world_size``; for the others, one skipped row per
-    algorithm, dtype and rank count in ``skip_ranks`` (the tables they belong to) saying why."""
-    jobs, skipped = [], []
+    """Jobs for the peers that can run at ``world_size``; for the others skipped rows saying why:
+    one per algorithm, dtype and rank count in ``skip_ranks`` (the tables they belong to) for a
+    world too small, and one per size (shown as ``n/a``) where NCCL has no such algorithm."""
+    jobs: list[ChildJob] = []
+    skipped: list[Row] = []
     for p in peers:
         if world_size < p.min_world:
-            for R in skip_ranks or [world_size]:
-                for algo in p.algos:
-                    for dt in dtypes:
-                        skipped.append(Row(p.impl, algo, R, dt, None, status=SKIPPED, reason=NEEDS_2_GPUS,
-                                           env=p.env_dict))
+            skipped += _skipped_rows(p, skip_ranks or [world_size], dtypes, [None], NEEDS_2_GPUS)
+            continue
+        why = unavailable_up_front(p, world_size)
+        if why is not None:
+            skipped += _skipped_rows(p, [world_size], dtypes, sizes, why)
             continue
         jobs.append(ChildJob(p.name, p.kind, p.impl, list(p.algos), p.env_dict, world_size, list(sizes),
                              list(dtypes), replays, warmup, max_calls, max_sets))
@@ -180,10 +208,31 @@ def _failure_rows(job: ChildJob, reason: str) -> list[Row]:
             for algo in job.algos for dt in job.dtypes]
 
 
+def _unavailable_rows(job: ChildJob, reason: str) -> list[Row]:
+    return [Row(job.impl, algo, job.world_size, dt, n, status=SKIPPED, reason=reason, env=dict(job.env))
+            for algo in job.algos for dt in job.dtypes for n in job.sizes]
+
+
+def _outcome_rows(job: ChildJob, outcome: ChildOutcome, codes: Sequence[tuple[int, str, str]]) -> list[Row]:
+    """Rank 0's rows of one job from every rank's (exit code, output tail, n/a reason)."""
+    failed = [(r, c, t, na) for r, (c, t, na) in enumerate(codes) if c != 0]
+    unavailable = [na for _, _, _, na in failed if na]
+    if unavailable:  # NCCL has no such algorithm here: n/a, not an error
+        return _unavailable_rows(job, unavailable[0])
+    if failed:
+        r, c, t, _ = failed[0]
+        what = "timed out" if c in (124, -9) else f"exited with code {c}"
+        return _failure_rows(job, f"child of rank {r} {what}: {t}" if t else f"child of rank {r} {what}")
+    if not outcome.result or "rows" not in outcome.result:
+        return _failure_rows(job, "child wrote no result")
+    return [Row.from_dict(d) for d in outcome.result["rows"]]
+
+
 def run_jobs(jobs: Sequence[ChildJob], runner: Runner, where: Placement, *, timeout_s: float,
              environ: Mapping[str, str] | None = None, progress: Any = None) -> list[Row]:
     """Run every job on every rank (one child per rank per job, all ranks in step); rank 0
-    returns the rows (from its child's result, or one error row per algo and dtype saying why)."""
+    returns the rows (from its child's result, or one error row per algo and dtype saying why, or
+    n/a rows when a child failed because NCCL has no algorithm/protocol it was asked for)."""
     base = dict(os.environ if environ is None else environ)
     rows: list[Row] = []
     for job in jobs:
@@ -193,17 +242,10 @@ def run_jobs(jobs: Sequence[ChildJob], runner: Runner, where: Placement, *, time
             outcome = runner(job, env, timeout_s)
         except Exception as exc:
             outcome = ChildOutcome(-1, f"could not start the child: {type(exc).__name__}: {exc}")
-        codes = where.all_gather((outcome.returncode, _tail(outcome.output_tail)))
+        na = None if outcome.returncode == 0 else nccl_unavailable(job.env, outcome.output_tail, job.world_size)
+        codes = where.all_gather((outcome.returncode, _tail(outcome.output_tail), na or ""))
         if where.rank == 0:
-            failed = [(r, c, t) for r, (c, t) in enumerate(codes) if c != 0]
-            if failed:
-                r, c, t = failed[0]
-                what = "timed out" if c in (124, -9) else f"exited with code {c}"
-                rows += _failure_rows(job, f"child of rank {r} {what}: {t}" if t else f"child of rank {r} {what}")
-            elif not outcome.result or "rows" not in outcome.result:
-                rows += _failure_rows(job, "child wrote no result")
-            else:
-                rows += [Row.from_dict(d) for d in outcome.result["rows"]]
+            rows += _outcome_rows(job, outcome, codes)
         if progress is not None:
             progress.advance(note=job.peer)
     return rows

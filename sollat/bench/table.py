@@ -2,8 +2,9 @@
 
 Laid out like nccl-tests (size, count, type, then times), with the floor and the SoL from the
 same run beside every size so the gap can be read off directly. Cell marks: ``-`` the
-implementation refuses this size, ``err`` it failed, ``~`` spread (p10-p90) above 20 % of the
-median, ``!`` its outputs did not match the reference.
+implementation refuses this size, ``n/a`` it was not run here (NCCL has no such algorithm/protocol
+at this rank count; the reason is printed below the table), ``err`` it failed, ``~`` spread
+(p10-p90) above 20 % of the median, ``!`` its outputs did not match the reference.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .results import BarrierRow, Row
+from .results import ERROR, SKIPPED, UNSUPPORTED, BarrierRow, Row
 from .sizes import format_bytes
 
 SPREAD_MARK_PCT = 20.0
@@ -65,8 +66,10 @@ def column_order(rows: Sequence[Row]) -> list[str]:
 def _cell(r: Row | None) -> str:
     if r is None:
         return ""
-    if r.status == "unsupported":
+    if r.status == UNSUPPORTED:
         return "-"
+    if r.status == SKIPPED:
+        return "n/a"
     if not r.ok:
         return "err"
     s = fmt_us(r.median_us)
@@ -133,7 +136,12 @@ def format_panel(meta: dict[str, Any], floor_us: float | None, sol_us: float | N
     lines.extend("  " + join(t).rstrip() for t in table)
     for r in whole:
         lines.append(f"# {r.label}: not run - {r.reason}")
-    errors = [r for r in sized if r.status == "error"]
+    said: set[tuple[str, str]] = set()
+    for r in sized:
+        if r.status == SKIPPED and (r.label, r.reason) not in said:
+            said.add((r.label, r.reason))
+            lines.append(f"# n/a {r.label}: {r.reason}")
+    errors = [r for r in sized if r.status == ERROR]
     for r in errors[:12]:
         lines.append(f"# err {r.label} @ {format_bytes(r.nbytes or 0)}: {r.reason}")
     if len(errors) > 12:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sollat.bench import peers, sweep
+from sollat.bench import child, peers, sweep
 from sollat.bench.env import SAFETY_ENV, dist_info
 from sollat.bench.peers import (
     ChildJob,
@@ -23,6 +23,7 @@ from sollat.bench.peers import (
     select_peers,
 )
 from sollat.bench.results import Row
+from sollat.bench.table import format_bench
 from sollat.bench.timing import GraphTiming, calls_for, sets_for
 
 
@@ -76,7 +77,7 @@ def test_each_child_gets_its_own_nccl_environment() -> None:
             "NCCL_NVLS_ENABLE": "1"}
     ports = iter(range(30000, 30100))
     where = Placement(rank=0, world_size=4, local_rank=0, local_world_size=4, master_addr="10.0.0.1",
-                      all_gather=lambda x: [x, (0, ""), (0, ""), (0, "")], broadcast=lambda x: next(ports))
+                      all_gather=lambda x: [x, (0, "", ""), (0, "", ""), (0, "", "")], broadcast=lambda x: next(ports))
     rows = run_jobs(jobs, runner, where, timeout_s=42.0, environ=base)
     assert len(runner.calls) == len(jobs)
     seen_ports = set()
@@ -100,7 +101,7 @@ def test_each_child_gets_its_own_nccl_environment() -> None:
 
 
 def test_failures_become_rows_with_reasons() -> None:
-    jobs, _ = _jobs(2, "nccl,nccl-tree-ll,torch-symm")
+    jobs, _ = _jobs(4, "nccl,nccl-tree-ll,torch-symm")
     runner = FakeRunner({
         "nccl-tree-ll": ChildOutcome(1, "Traceback ...\nRuntimeError: NCCL error: invalid usage\n"),
         "torch-symm": ChildOutcome(124, "(killed after 5 s)"),
@@ -116,14 +117,85 @@ def test_failures_become_rows_with_reasons() -> None:
 
 def test_a_failure_on_another_rank_is_reported_by_rank_0() -> None:
     jobs, _ = _jobs(2, "nccl")
-    where = Placement(rank=0, world_size=2, all_gather=lambda x: [x, (3, "segfault")], broadcast=lambda x: x)
+    where = Placement(rank=0, world_size=2, all_gather=lambda x: [x, (3, "segfault", "")], broadcast=lambda x: x)
     rows = run_jobs(jobs, FakeRunner(), where, timeout_s=1.0)
     assert rows and all(r.status == "error" and "rank 1" in r.reason and "segfault" in r.reason for r in rows)
 
 
+# What torch raises when NCCL_ALGO / NCCL_PROTO ask for something NCCL cannot build (the NCCL part
+# after torch's, past the 300 characters a row reason keeps).
+NCCL_NO_ALGO = ("DistBackendError: NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, "
+                "invalid usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.27.5\n"
+                "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\nLast error:\n"
+                "Error : no algorithm/protocol available for function AllReduce with datatype ncclFloat32. "
+                "NCCL_ALGO was set to Tree. NCCL_PROTO was set to LL.")
+
+
+def test_tree_is_na_at_2_ranks_without_starting_a_child() -> None:
+    jobs, skipped = _jobs(2)
+    assert not any(j.peer.startswith("nccl-tree") for j in jobs)
+    assert {j.peer for j in jobs} == {p.name for p in peers.PEERS if not p.name.startswith("nccl-tree")}
+    assert {(r.algo, r.dtype, r.nbytes) for r in skipped} == {
+        (a, dt, n) for a in ("Tree/LL", "Tree/LL128", "Tree/Simple") for dt in ("float32", "bfloat16") for n in (4, 1024)}
+    assert all(r.status == "skipped" and r.reason == "NCCL has no Tree algorithm at 2 ranks" and r.ranks == 2
+               for r in skipped)
+    jobs, skipped = _jobs(4)
+    assert not skipped and "nccl-tree-ll" in {j.peer for j in jobs}
+
+
+def test_a_child_refused_by_nccl_gives_na_rows_and_other_failures_stay_errors() -> None:
+    jobs, _ = _jobs(4, "nccl,nccl-tree-ll,nccl-ring-simple")
+    runner = FakeRunner({
+        "nccl-tree-ll": ChildOutcome(1, f"NCCL WARN Error : no algorithm/protocol available ...\n{NCCL_NO_ALGO}\n"
+                                        "torch.distributed.elastic...: exit 1"),
+        "nccl-ring-simple": ChildOutcome(1, "RuntimeError: NCCL error: unhandled cuda error"),
+    })
+    rows = run_jobs(jobs, runner, Placement(), timeout_s=5.0)
+    tree = [r for r in rows if r.algo == "Tree/LL"]
+    assert {(r.dtype, r.nbytes) for r in tree} == {(dt, n) for dt in ("float32", "bfloat16") for n in (4, 1024)}
+    assert all(r.status == "skipped" and r.reason == "NCCL has no Tree/LL AllReduce at 4 ranks here" for r in tree)
+    ring = [r for r in rows if r.algo == "Ring/Simple"]
+    assert ring and all(r.status == "error" and "unhandled cuda error" in r.reason for r in ring)
+    # the same text from NCCL's own choice (nothing was forced) is an error, not n/a
+    assert peers.nccl_unavailable({}, NCCL_NO_ALGO, 4) is None
+    # refused on another rank: rank 0 reports n/a too
+    where = Placement(rank=0, world_size=2, all_gather=lambda x: [x, (1, "x", "NCCL has no Tree/LL AllReduce")],
+                      broadcast=lambda x: x)
+    rows = run_jobs(jobs[1:2], FakeRunner(), where, timeout_s=1.0)
+    assert rows and all(r.status == "skipped" and r.reason == "NCCL has no Tree/LL AllReduce" for r in rows)
+
+
+@pytest.mark.parametrize("env,text,status", [
+    ({"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}, NCCL_NO_ALGO, "skipped"),
+    ({"NCCL_ALGO": "Tree", "NCCL_PROTO": "LL"}, "NCCL error: unhandled system error", "error"),
+    ({}, NCCL_NO_ALGO, "error"),
+    ({}, "size must be a multiple of 16", "unsupported"),
+], ids=["forced-and-refused", "forced-other-failure", "default-same-text", "refused-size"])
+def test_child_row_status_of_a_failed_call(env: dict[str, str], text: str, status: str) -> None:
+    job = ChildJob("p", "nccl", "nccl", ["Tree/LL"], env, 2, [4], ["float32"], 3, 1, 10)
+    row = child.mark_failed(Row("nccl", "Tree/LL", 2, "float32", 4), RuntimeError(text), job, 2)
+    assert row.status == status
+    if status == "skipped":
+        assert row.reason == "NCCL has no Tree/LL AllReduce at 2 ranks here"
+    else:
+        assert "RuntimeError" in row.reason and len(row.reason) <= 300
+
+
+def test_table_shows_na_with_the_reason_once() -> None:
+    jobs, skipped = _jobs(2, "nccl,nccl-tree-ll")
+    rows = run_jobs(jobs, FakeRunner(), Placement(), timeout_s=1.0) + skipped
+    text = format_bench({"ranks": [2], "dtypes": ["float32"], "mode": "torchrun"}, None, None, rows)
+    header = next(ln for ln in text.splitlines() if ln.split()[:2] == ["#", "size"])
+    assert "nccl Tree/LL" in header
+    body = [ln for ln in text.splitlines() if ln.startswith("  ")]
+    assert len(body) == 2 and all(ln.split()[-2:] == ["n/a", "nccl"] for ln in body), text
+    assert text.count("# n/a nccl Tree/LL: NCCL has no Tree algorithm at 2 ranks") == 1
+    assert "err" not in text
+
+
 def test_other_ranks_return_no_rows() -> None:
     jobs, _ = _jobs(2, "nccl")
-    where = Placement(rank=1, world_size=2, all_gather=lambda x: [(0, ""), x], broadcast=lambda x: 29999)
+    where = Placement(rank=1, world_size=2, all_gather=lambda x: [(0, "", ""), x], broadcast=lambda x: 29999)
     runner = FakeRunner()
     assert run_jobs(jobs, runner, where, timeout_s=1.0) == []
     assert runner.calls[0][1]["RANK"] == "1" and runner.calls[0][1]["MASTER_PORT"] == "29999"
