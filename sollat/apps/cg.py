@@ -340,7 +340,8 @@ def run(args: CGArgs) -> dict[str, Any]:
         backend = make_backend(spec, world_size=args.world_size, device=device, distributed=args.distributed)
         solver = Solver(problem, backend, chunk=args.chunk, use_graph=args.graph)
         solver.solve(args.tol, args.max_iters, Progress(say, f"{backend.name} warm-up solve"))
-        solves = [solver.solve(args.tol, args.max_iters, Progress(say, f"{backend.name} solve {i + 1}/{args.repeats}"))
+        solves = [solver.solve(args.tol, args.max_iters,
+                               Progress(say, f"{backend.name} solve {i + 1}/{args.repeats}"))
                   for i in range(args.repeats)]
         calls = solver.calls_per_iteration
         err = problem.relative_error(backend).max().item()
@@ -364,7 +365,8 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _report(args: CGArgs, say: Callable[[str], None], runs: list[BackendRun], reference: Solve | None, es: int) -> dict[str, Any]:
+def _report(args: CGArgs, say: Callable[[str], None], runs: list[BackendRun], reference: Solve | None,
+            es: int) -> dict[str, Any]:
     say(f"\n{'backend':<24}{'iters':>7}{'to solution ms':>16}{'us/iter p50':>13}{'AR share':>10}")
     out: dict[str, Any] = {"config": {k: (str(v) if isinstance(v, torch.dtype) else v)
                                       for k, v in asdict(args).items() if k != "backends"},

@@ -472,8 +472,8 @@ def run(args: DecodeArgs) -> dict[str, Any]:
     d.print(f"memory estimate per device: {est.describe()}"
             + (f"; peak with the unsharded reference {need / GIB:.2f} GiB" if args.check_unsharded else ""))
     free, total = available_memory(device)
-    fit = max_context(cfg, tp=args.tp, n_local=n_local, batch=args.batch, extra_tokens=args.max_len - args.context,
-                      dtype=args.dtype, budget=free)
+    fit = max_context(cfg, tp=args.tp, n_local=n_local, batch=args.batch,
+                      extra_tokens=args.max_len - args.context, dtype=args.dtype, budget=free)
     d.print(f"{device.type} memory: {free / GIB:.1f} GiB free of {total / GIB:.1f} GiB; "
             f"at most {fit} context tokens per sequence would fit")
     if need > free:

@@ -473,8 +473,10 @@ def host_memory(meminfo: str = "/proc/meminfo", cgroup: str = "/sys/fs/cgroup") 
         page = os.sysconf("SC_PAGE_SIZE")
         avail, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
     try:
-        with open(os.path.join(cgroup, "memory.max")) as f_max, open(os.path.join(cgroup, "memory.current")) as f_cur:
-            limit, used = int(f_max.read()), int(f_cur.read())
+        with open(os.path.join(cgroup, "memory.max")) as f:
+            limit = int(f.read())
+        with open(os.path.join(cgroup, "memory.current")) as f:
+            used = int(f.read())
         avail, total = min(avail, max(0, limit - used)), min(total, limit)
     except (OSError, ValueError):  # no cgroup v2 here, or no limit ("max")
         pass
