@@ -144,7 +144,7 @@ def test_decode_cli_virtual_tp(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cg_cli_virtual_ranks(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cg.main(["--virtual-ranks", "4", "--n", "32", "--nrhs", "2", "--repeats", "1", "--check-single-rank",
+    rc = cg.main(["--virtual-ranks", "4", "--grid", "32", "--nrhs", "2", "--repeats", "1", "--check-single-rank",
                   "--backends", "nccl,sollat"])
     out = capsys.readouterr().out
     print(out)
