@@ -1,0 +1,1172 @@
+"""Real-rank test suite: one process per GPU under torchrun, ``sollat.Communicator``.
+
+    python -m torch.distributed.run --standalone --nproc-per-node=N tests/gpu/mp_suite.py [--only a,b]
+
+Sections (default: all but ``skew``; ``--only`` or ``SOLLAT_MP_SECTIONS`` picks, ``SOLLAT_MP_SKIP``
+drops): values, auto, graphs, straggler, mismatch, dead_peer, graph_fault, two_comms, streams,
+tear, and ``skew`` (compile skew: run it in its own launch with a fresh empty SOLLAT_CACHE_DIR).
+(The option is ``--only``: torchrun abbreviates its own options anywhere on the line, and ``--only``
+is a prefix of none of them.)
+
+Every rank draws every rank's inputs from the same integer-hash seed (``_reference.make_inputs``),
+so each checks the result alone: bitwise against the rank-order reference (deterministic
+algorithms) or within the summation bound (LL128, NCCL); and every output's raw bits (NaN payloads
+included) are compared across ranks through SHA-256 digests exchanged via the process group's
+store at the end of each section.
+
+Robustness: value checks record failures and continue, so every rank issues the same calls; an
+exception ends only its section. Every cross-rank wait of the suite goes through the store with a
+timeout; after each section the ranks meet (store, with a timeout), then every communicator on
+the world group is reset. A watchdog ends the process when a section runs past twice its budget
+plus 60 s (a hang inside CUDA or NCCL), and faulthandler backs it up without the GIL.
+
+Output, per rank: ``RANK r PLAN ...``, ``RANK r START s``, detail lines ``RANK r   s: ...``, then
+``RANK r PASS s (...)`` or ``RANK r FAIL s: ...``, and ``RANK r SUMMARY passed=X failed=Y``
+(exit status 1 when any failed).
+
+Environment: SOLLAT_MP_SECTIONS, SOLLAT_MP_SKIP (comma lists), SOLLAT_MP_TEAR_LINES (LL lines of the
+tear stress, default 1e9), SOLLAT_MP_GRAPH_REPLAYS (default 100), SOLLAT_MP_BUDGET_SCALE (scales
+every section's time budget, default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import json
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import sollat
+from sollat import layout
+from sollat.algorithms import ALGORITHMS, Algorithm
+
+try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
+    from . import _reference as ref
+except ImportError:
+    import _reference as ref  # type: ignore[no-redef]
+
+NAN = float("nan")
+POISON = 1234.5  # finite poison where an untouched output must show (a faulted call writes NaN or the result)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+MAIN_TIMEOUT_S = 10.0  # the main communicator (the straggler sleeps 1.5 s)
+FAST_TIMEOUT_S = 2.0  # fault sections: mismatch, dead peer, fault under a graph
+SKEW_TIMEOUT_S = 3.0
+SKEW_SLEEP_S = 5.0
+STRAGGLER_SLEEP_S = 1.5
+FAULT_SLACK_S = 5.0  # a fault must be raised within timeout_s + this
+NCCL_TIMEOUT_S = 1800  # NCCL's own watchdog: later than ours, which names the section
+SUM_CLASSES = ("nan", "inf", "negzero", "denormal", "huge", "bits", "mix")
+
+
+def env_float(name: str, default: float) -> float:
+    v = os.environ.get(name, "").strip()
+    return float(v) if v else default
+
+
+def emit(line: str) -> None:
+    """One line in one write (ranks share the pipe: a line must not interleave with another rank's)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def dname(dt: torch.dtype) -> str:
+    return str(dt).replace("torch.", "")
+
+
+def esize(dt: torch.dtype) -> int:
+    return torch.empty((), dtype=dt).element_size()
+
+
+def dtypes_of(algo: str) -> list[torch.dtype]:
+    return [d for d in DTYPES if d in ALGORITHMS[algo].dtypes]
+
+
+def one_pass(alg: Algorithm, dt: torch.dtype, world: int) -> int:
+    """Elements one scratch pass of the largest plan holds (beyond it a call iterates)."""
+    return alg.max_blocks * layout.MAX_THREADS * (alg.payload_bytes // esize(dt)) * (world if alg.two_shot else 1)
+
+
+def is_deterministic(algo: str) -> bool:
+    return algo in ALGORITHMS and ALGORITHMS[algo].deterministic
+
+
+def detects_mismatch(algo: str) -> bool:
+    return bool(getattr(ALGORITHMS[algo], "detects_mismatch", True))
+
+
+def testing_module() -> ModuleType:
+    from sollat import testing  # the fault-injection hooks (inject / clear)
+
+    return testing
+
+
+def describe(e: BaseException) -> str:
+    rank, peer = getattr(e, "rank", None), getattr(e, "peer", None)
+    extra = f" rank={rank} peer={peer}" if rank is not None or peer is not None else ""
+    return f"{type(e).__name__}{extra}"
+
+
+def poll_fault(comm: sollat.Communicator, limit_s: float, *, sync: bool = True
+               ) -> tuple[sollat.SollatError | None, float]:
+    """Call comm.check() (or check(sync=False)) until it raises or limit_s passes: a rank whose own
+    kernel completed raises only once a peer's fault record has reached it."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            if sync:
+                comm.check()
+            else:
+                comm.check(sync=False)  # type: ignore[call-arg]
+        except sollat.SollatError as e:
+            return e, time.monotonic() - t0
+        if time.monotonic() - t0 > limit_s:
+            return None, time.monotonic() - t0
+        time.sleep(0.02)
+
+
+# ---- the harness ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    fn: Callable[[Suite], None]
+    budget_s: float
+    default: bool
+
+
+SECTIONS: dict[str, Section] = {}
+
+
+def section(name: str, budget_s: float, default: bool = True) -> Callable[[Callable[[Suite], None]], Callable[[Suite], None]]:
+    def deco(fn: Callable[[Suite], None]) -> Callable[[Suite], None]:
+        SECTIONS[name] = Section(name, fn, budget_s, default)
+        return fn
+
+    return deco
+
+
+class Watchdog(threading.Thread):
+    """Ends the process when a section runs past its hard limit (prints the stacks first)."""
+
+    def __init__(self, suite: Suite) -> None:
+        super().__init__(daemon=True)
+        self.suite = suite
+        self.deadline: float | None = None
+        self.section = ""
+        self.limit = 0.0
+
+    def arm(self, name: str, limit_s: float) -> None:
+        self.section, self.limit = name, limit_s
+        self.deadline = time.monotonic() + limit_s
+        faulthandler.dump_traceback_later(limit_s + 30, exit=True)  # needs no GIL
+
+    def disarm(self) -> None:
+        self.deadline = None
+        faulthandler.cancel_dump_traceback_later()
+
+    def run(self) -> None:
+        while True:
+            time.sleep(1.0)
+            d = self.deadline
+            if d is not None and time.monotonic() > d:
+                s = self.suite
+                emit(f"RANK {s.rank} FAIL {self.section}: hung past its hard limit of {self.limit:.0f} s; "
+                      "stacks follow, exiting")
+                faulthandler.dump_traceback(all_threads=True)
+                emit(f"RANK {s.rank} SUMMARY passed={s.passed} failed={s.failed + 1}")
+                os._exit(3)
+
+
+class Suite:
+    """Per-rank state: communicators, the current section's failures and output digests."""
+
+    def __init__(self, rank: int, world: int, dev: torch.device, store: Any) -> None:
+        self.rank, self.world, self.dev = rank, world, dev
+        self.store = store
+        self.comm: sollat.Communicator | None = None  # main communicator (timeout MAIN_TIMEOUT_S)
+        self._fast: sollat.Communicator | None = None
+        self.second: sollat.Communicator | None = None  # two_comms' second world communicator
+        self.world_comms: list[sollat.Communicator] = []  # reset after every section, creation order
+        self.keep: list[Any] = []  # kept alive until exit (sub-group communicators)
+        self.section = ""
+        self.failures: list[str] = []
+        self.digests: list[tuple[str, str, str]] = []
+        self._labels: set[str] = set()
+        self._seq = 0
+        self.passed = 0
+        self.failed = 0
+        self.aborted = False
+        self.scale = env_float("SOLLAT_MP_BUDGET_SCALE", 1.0)
+        self.watchdog = Watchdog(self)
+
+    # -- reporting
+    def log(self, msg: str) -> None:
+        emit(f"RANK {self.rank}   {self.section}: {msg}")
+
+    def fail(self, msg: str) -> None:
+        self.failures.append(msg)
+        if len(self.failures) <= 12:
+            self.log(f"fail: {msg}")
+        elif len(self.failures) == 13:
+            self.log("fail: (further failures of this section are counted, not printed)")
+
+    def expect(self, cond: bool, msg: str) -> bool:
+        if not cond:
+            self.fail(msg)
+        return cond
+
+    # -- communicators
+    def new_comm(self, **kw: Any) -> sollat.Communicator:
+        """A communicator on the world group (collective: every rank, same order)."""
+        c = sollat.Communicator(**kw)
+        self.world_comms.append(c)
+        return c
+
+    @property
+    def main(self) -> sollat.Communicator:
+        assert self.comm is not None
+        return self.comm
+
+    @property
+    def fast(self) -> sollat.Communicator:
+        """The fault-test communicator (timeout FAST_TIMEOUT_S), made on first use (collective)."""
+        if self._fast is None:
+            self._fast = self.new_comm(timeout_s=FAST_TIMEOUT_S)
+        return self._fast
+
+    # -- store-based rendezvous (every wait bounded)
+    def exchange(self, name: str, value: str, timeout_s: float = 120.0) -> list[str]:
+        """All-gather of one string per rank through the store; raises after timeout_s."""
+        key = f"{self.section}/{name}"
+        self.store.set(f"{key}/{self.rank}", value)
+        keys = [f"{key}/{r}" for r in range(self.world)]
+        self.store.wait(keys, timedelta(seconds=timeout_s))
+        return [self.store.get(k).decode() for k in keys]
+
+    def barrier(self, name: str = "barrier", timeout_s: float = 120.0) -> None:
+        self._seq += 1
+        self.exchange(f"{name}#{self._seq}", "1", timeout_s)
+
+    # -- inputs and checks
+    def inputs(self, kind: str, n: int, dt: torch.dtype, *parts: object) -> list[torch.Tensor]:
+        return ref.make_inputs(kind, ref.seed_of(self.section, *parts), n, dt, self.dev, self.world)
+
+    def add_digest(self, label: str, y: torch.Tensor) -> None:
+        k = 2
+        base = label
+        while label in self._labels:
+            label = f"{base}#{k}"
+            k += 1
+        self._labels.add(label)
+        self.digests.append((label, ref.digest(y), ref.digest(y, canonical_nan=True)))
+
+    def verify(self, y: torch.Tensor, xs: list[torch.Tensor], algo: str, op: str, what: str,
+               cross_rank: bool = True) -> bool:
+        """Bitwise against the rank-order reference (deterministic sollat algorithms) or within the
+        summation bound (LL128, NCCL); the raw bits join the cross-rank comparison."""
+        ok = True
+        if tuple(y.shape) != tuple(xs[0].shape):
+            self.fail(f"{what}: output shape {tuple(y.shape)}, expected {tuple(xs[0].shape)}")
+            return False
+        if is_deterministic(algo):
+            want = ref.rank_order_reduce(xs, op)
+            if int(ref.bitwise_bad(y, want)):
+                ok = self.expect(False, f"{what}: {ref.first_difference(y, want)}")
+        else:
+            if op != "sum":
+                self.fail(f"{what}: non-deterministic path {algo!r} for op {op}")
+                return False
+            bad = int(ref.sum_bound_bad(y, xs))
+            if bad:
+                ok = self.expect(False, f"{what}: {bad} of {y.numel()} elements outside the summation bound")
+        if cross_rank:
+            self.add_digest(what, y)
+        return ok
+
+    def compare_digests(self, timeout_s: float) -> None:
+        """Every output both ranks produced must have identical raw bits (NaN payloads included)."""
+        lists = self.exchange("digests", json.dumps(self.digests), timeout_s)
+        mine = {label: (raw, canon) for label, raw, canon in self.digests}
+        compared = 0
+        for r, text in enumerate(lists):
+            if r == self.rank:
+                continue
+            theirs = {label: (raw, canon) for label, raw, canon in json.loads(text)}
+            for label, (raw, canon) in mine.items():
+                other = theirs.get(label)
+                if other is None:
+                    continue
+                compared += 1
+                if other[0] != raw:
+                    how = "only in NaN payloads" if other[1] == canon else "in values"
+                    self.fail(f"cross-rank: output of [{label}] differs from rank {r}'s ({how})")
+        if compared:
+            self.log(f"cross-rank: {compared} outputs compared with the other ranks' raw bits")
+
+    # -- running
+    def run_section(self, sec: Section) -> None:
+        self.section, self.failures, self.digests, self._labels, self._seq = sec.name, [], [], set(), 0
+        budget = sec.budget_s * self.scale
+        if sec.name == "tear":  # grows with the line count asked for
+            budget *= max(1.0, tear_lines() / 1e9)
+        hard = 2 * budget + 60
+        emit(f"RANK {self.rank} START {sec.name} (budget {budget:.0f} s, hard limit {hard:.0f} s)")
+        self.watchdog.arm(sec.name, hard)
+        t0 = time.monotonic()
+        try:
+            sec.fn(self)
+        except Exception as e:
+            tb = traceback.extract_tb(e.__traceback__)
+            at = ", ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in tb[-3:])
+            self.fail(f"{type(e).__name__}: {e} [at {at}]")
+        try:  # this rank's device work ends (sollat kernels end by their timeouts)
+            torch.cuda.synchronize(self.dev)
+        except Exception as e:
+            self.fail(f"synchronize after the section: {type(e).__name__}: {e}")
+            self.aborted = True
+        if not self.aborted:
+            try:
+                self.compare_digests(max(60.0, hard - (time.monotonic() - t0)))
+            except Exception as e:
+                self.fail(f"cross-rank comparison: {type(e).__name__}: {e}")
+            try:
+                self.exchange("end", str(len(self.failures)), 60.0)
+            except Exception as e:
+                self.fail(f"the ranks did not meet after the section ({type(e).__name__}: {e}); stopping")
+                self.aborted = True
+        if not self.aborted:  # every rank is here: the collective resets line up
+            try:
+                hooks = _testing_or_none()
+                for c in self.world_comms:
+                    if hooks is not None:
+                        hooks.clear(c)
+                    c.reset()
+            except Exception as e:
+                self.fail(f"reset after the section: {type(e).__name__}: {e}; stopping")
+                self.aborted = True
+        dt = time.monotonic() - t0
+        self.watchdog.disarm()
+        if dt > budget:
+            emit(f"RANK {self.rank} WARN {sec.name} took {dt:.1f} s, over its budget of {budget:.0f} s")
+        if self.failures:
+            self.failed += 1
+            more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
+            emit(f"RANK {self.rank} FAIL {sec.name}: {self.failures[0]}{more} ({dt:.1f} s)")
+        else:
+            self.passed += 1
+            emit(f"RANK {self.rank} PASS {sec.name} ({dt:.1f} s of {budget:.0f} s budget)")
+
+
+def _testing_or_none() -> ModuleType | None:
+    try:
+        return testing_module()
+    except ImportError:
+        return None
+
+
+# ---- 1. values ------------------------------------------------------------------------------
+
+
+def value_case(s: Suite, comm: sollat.Communicator, algo: str, dt: torch.dtype, op: str, n: int,
+               kind: str, lay: str, rep: int = 0) -> None:
+    """One checked call. lay: out (poisoned out=), fresh (out=None), misaligned (input and output
+    views 1 and 3 elements into their buffers), strided (non-contiguous input), inplace (out=x),
+    transposed (a 2-D transposed input; the shape is kept)."""
+    what = f"{algo} {dname(dt)} {op} n={n} {kind} {lay}" + (f" rep{rep}" if rep else "")
+    xs = s.inputs(kind, n, dt, what)
+    x = xs[s.rank]
+    x_before = ref.raw_bits(x).clone()
+    x_after = x  # what must still hold the input's bits after the call
+    if lay == "out":
+        out = torch.full_like(x, NAN)
+        y = comm.all_reduce(x, op, algo, out=out)
+        s.expect(y.data_ptr() == out.data_ptr(), f"{what}: the result is not `out`")
+    elif lay == "fresh":
+        y = comm.all_reduce(x, op, algo)
+    elif lay == "misaligned":
+        ibuf = torch.full((n + 8,), NAN, dtype=dt, device=s.dev)
+        ibuf[1:1 + n].copy_(x)
+        obuf = torch.full((n + 8,), NAN, dtype=dt, device=s.dev)
+        y = comm.all_reduce(ibuf[1:1 + n], op, algo, out=obuf[3:3 + n])
+        s.expect(y.data_ptr() == obuf[3:].data_ptr(), f"{what}: the result is not the `out` view")
+        s.expect(bool(torch.isnan(obuf[:3]).all()) and bool(torch.isnan(obuf[3 + n:]).all()),
+                 f"{what}: wrote outside the output view")
+        x_after = ibuf[1:1 + n]
+    elif lay == "strided":
+        ibuf = torch.full((2 * n,), NAN, dtype=dt, device=s.dev)
+        ibuf[::2].copy_(x)
+        x_after = ibuf[::2]
+        y = comm.all_reduce(x_after, op, algo)
+    elif lay == "inplace":
+        x = x.clone()
+        y = comm.all_reduce(x, op, algo, out=x)
+        s.expect(y.data_ptr() == x.data_ptr(), f"{what}: in place result is not the input tensor")
+    elif lay == "transposed":
+        xs = [t.view(64, n // 64).t() for t in xs]
+        y = comm.all_reduce(xs[s.rank], op, algo)  # x_after: the flat storage under the view
+    else:
+        raise ValueError(lay)
+    if lay != "inplace":
+        s.expect(bool(torch.equal(ref.raw_bits(x_after).flatten(), x_before)), f"{what}: the input was modified")
+    s.verify(y, xs, algo, op, what)
+
+
+@section("values", 180)
+def values(s: Suite) -> None:
+    """Every algorithm x dtype x op x size x input class x layout, bitwise / bound + cross-rank."""
+    comm = s.main
+    calls = 0
+    for algo in comm.algorithms:
+        alg = ALGORITHMS[algo]
+        t0 = time.monotonic()
+        n_before = calls
+        for dt in dtypes_of(algo):
+            big = one_pass(alg, dt, s.world)
+            sizes = [1, 2, 3, 7, 31, 33, 1000, 4097, 65537, 3 * big + 5]
+            for n in sizes:  # sum of random normals, every size; out= poisoned, then out=None
+                for rep in range(2 if n <= 65537 else 1):
+                    value_case(s, comm, algo, dt, "sum", n, "randn", "out" if rep == 0 else "fresh", rep)
+                    calls += 1
+            for kind in (SUM_CLASSES if alg.deterministic else tuple(k for k in ref.FINITE_CLASSES if k != "randn")):
+                for n in (1, 33, 4097, big + 3):
+                    value_case(s, comm, algo, dt, "sum", n, kind, "out")
+                    calls += 1
+            for op in ("max", "min"):
+                if op not in alg.ops:
+                    continue
+                for kind in ref.NO_SIGNED_ZERO_CLASSES:
+                    for n in ((1, 7, 33, 4097, 65537) if kind == "randn" else (33, 4097)):
+                        value_case(s, comm, algo, dt, op, n, kind, "out")
+                        calls += 1
+            kind = "mix" if alg.deterministic else "randn"
+            for lay in ("misaligned", "strided", "inplace"):
+                for n in (5, 1000, 65537):
+                    value_case(s, comm, algo, dt, "sum", n, kind, lay)
+                    calls += 1
+            value_case(s, comm, algo, dt, "sum", 64 * 33, kind, "transposed")
+            calls += 1
+        comm.check()
+        s.log(f"{algo}: {calls - n_before} calls checked in {time.monotonic() - t0:.1f} s")
+    s.log(f"{calls} calls in all")
+
+
+AUTO_BYTES = tuple(4 << (2 * k) for k in range(13))  # 4 B .. 64 MiB
+AUTO_DETERMINISTIC_BYTES = (4, 4096, 1 << 20, 64 << 20)
+
+
+@section("auto", 60)
+def auto(s: Suite) -> None:
+    """algo="auto" from 4 B to 64 MiB (NCCL above the table), and deterministic=True."""
+    comm = s.main
+    picks: list[str] = []
+    for dt in (torch.float32, torch.bfloat16):
+        for nbytes in AUTO_BYTES:
+            n = max(1, nbytes // esize(dt))
+            pick = comm.selected_algorithm(n * esize(dt), dt, "sum")
+            xs = s.inputs("randn", n, dt, "auto", nbytes)
+            out = torch.full_like(xs[s.rank], NAN)
+            y = comm.all_reduce(xs[s.rank], out=out)
+            s.verify(y, xs, pick, "sum", f"auto {dname(dt)} {nbytes} B -> {pick}")
+            picks.append(f"{dname(dt)}:{nbytes}->{pick}")
+    for nbytes in AUTO_DETERMINISTIC_BYTES:
+        n = nbytes // 4
+        pick = comm.selected_algorithm(nbytes, torch.float32, "sum", deterministic=True)
+        s.expect(pick not in ALGORITHMS or ALGORITHMS[pick].deterministic,
+                 f"deterministic=True picked the non-deterministic {pick!r} at {nbytes} B")
+        xs = s.inputs("randn", n, torch.float32, "auto-det", nbytes)
+        y = comm.all_reduce(xs[s.rank], deterministic=True)
+        s.verify(y, xs, pick, "sum", f"auto deterministic float32 {nbytes} B -> {pick}")
+        picks.append(f"det:{nbytes}->{pick}")
+    for nbytes in (4096, 1 << 20):  # algo="nccl" by name
+        xs = s.inputs("randn", nbytes // 4, torch.float32, "nccl", nbytes)
+        y = comm.all_reduce(xs[s.rank], algo="nccl", out=torch.full_like(xs[s.rank], NAN))
+        s.verify(y, xs, "nccl", "sum", f"algo=nccl float32 {nbytes} B")
+    comm.check()
+    s.log("picks " + " ".join(picks))
+
+
+# ---- 2. graphs -------------------------------------------------------------------------------
+
+
+@dataclass
+class GCall:
+    algo: str
+    dt: torch.dtype
+    op: str
+    n: int
+    x: torch.Tensor
+    out: torch.Tensor
+
+
+@section("graphs", 120)
+def graphs(s: Suite) -> None:
+    """One CUDA graph of 100 mixed calls, replayed >= 100 times with fresh inputs: >= 10,000 calls."""
+    comm = s.main
+    algos = comm.algorithms
+    replays = int(env_float("SOLLAT_MP_GRAPH_REPLAYS", 100))
+    sizes = (1, 7, 128, 1000, 4097, 20000, 65536)
+    calls: list[GCall] = []
+    for k in range(100):
+        algo = algos[(k // 3) % len(algos)]
+        alg = ALGORITHMS[algo]
+        dt = DTYPES[k % 4] if DTYPES[k % 4] in alg.dtypes else torch.float32
+        op = "max" if (k % 5 == 4 and "max" in alg.ops) else "sum"
+        n = sizes[(k * 3 + k // 7) % len(sizes)]
+        calls.append(GCall(algo, dt, op, n, torch.zeros(n, dtype=dt, device=s.dev),
+                           torch.full((n,), NAN, dtype=dt, device=s.dev)))
+    # warm-up (compile, first-use agreement) eagerly on a side stream, as torch.cuda.graph captures
+    side = torch.cuda.Stream(s.dev)
+    side.wait_stream(torch.cuda.current_stream(s.dev))
+    with torch.cuda.stream(side):
+        for c in calls:
+            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.current_stream(s.dev).wait_stream(side)
+    torch.cuda.synchronize(s.dev)
+    comm.check()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.synchronize(s.dev)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, c in enumerate(calls):
+        by_dtype.setdefault(c.dt, []).append(i)
+    t0 = time.monotonic()
+    for rep in range(replays):
+        xs_of: list[list[torch.Tensor]] = [[] for _ in calls]
+        for dt, idx in by_dtype.items():  # one generation per (dtype, rank), sliced per call
+            total = sum(calls[i].n for i in idx)
+            bigs = [ref.make_input("randn", ref.seed_of("graphs", rep, dname(dt), r), total, dt, s.dev) for r in range(s.world)]
+            off = 0
+            for i in idx:
+                n = calls[i].n
+                xs_of[i] = [b[off:off + n] for b in bigs]
+                off += n
+        for c, xs in zip(calls, xs_of, strict=True):
+            c.x.copy_(xs[s.rank])
+            c.out.fill_(NAN)
+        g.replay()
+        bads = []
+        for c, xs in zip(calls, xs_of, strict=True):
+            if is_deterministic(c.algo):
+                bads.append(ref.bitwise_bad(c.out, ref.rank_order_reduce(xs, c.op)))
+            else:
+                bads.append(ref.sum_bound_bad(c.out, xs))
+        counts = torch.stack(bads).cpu().tolist()
+        for k, (c, bad) in enumerate(zip(calls, counts, strict=True)):
+            if bad:
+                s.fail(f"replay {rep} call {k} ({c.algo} {dname(c.dt)} {c.op} n={c.n}): {bad} of {c.n} elements wrong")
+        s.add_digest(f"replay {rep}", torch.cat([ref.raw_bits(c.out).view(torch.uint8) for c in calls]))
+    comm.check()
+    s.log(f"{replays * len(calls)} graph-replayed calls checked ({replays} replays of {len(calls)} calls) "
+          f"in {time.monotonic() - t0:.1f} s")
+
+
+# ---- 3. straggler ----------------------------------------------------------------------------
+
+
+@section("straggler", 60)
+def straggler(s: Suite) -> None:
+    """One rank sleeps 1.5 s before a call (cached and first-use shapes): correct, no fault."""
+    comm = s.main
+    cases: list[tuple[str, int, int]] = []  # (algo, n, late rank)
+    for i, algo in enumerate(comm.algorithms):
+        cases.append((algo, 4097, s.world - 1))
+        cases.append((algo, 6001 + 10 * i, s.world - 1))  # a shape never used before
+    if "oneshot_ll" in comm.algorithms:
+        cases.append(("oneshot_ll", 4097, 0))
+    for algo, n, late in cases:
+        xs = s.inputs("randn", n, torch.float32, algo, n, late)
+        if n == 4097:
+            comm.all_reduce(xs[s.rank], algo=algo)  # the shape is cached before the straggling call
+            comm.check()
+        s.barrier("start")
+        if s.rank == late:
+            time.sleep(STRAGGLER_SLEEP_S)
+        t0 = time.monotonic()
+        y = comm.all_reduce(xs[s.rank], "sum", algo, out=torch.full_like(xs[s.rank], NAN))
+        comm.check()
+        waited = time.monotonic() - t0
+        what = f"{algo} n={n} rank {late} late by {STRAGGLER_SLEEP_S} s"
+        s.verify(y, xs, algo, "sum", what)
+        s.log(f"{what}: no fault; this rank's call + check took {waited:.2f} s")
+
+
+# ---- 4. mismatch -----------------------------------------------------------------------------
+
+
+Spec = tuple[str, torch.dtype, str, int]  # (algo, dtype, op, n)
+
+
+def mismatch_specs(algos: tuple[str, ...], algo: str, kind: str, n: int) -> tuple[Spec, Spec] | None:
+    base: Spec = (algo, torch.float32, "sum", n)
+    if kind == "size":
+        return base, (algo, torch.float32, "sum", n + 1)
+    if kind == "dtype":
+        return base, (algo, torch.bfloat16, "sum", n)
+    if kind == "op":
+        return (base, (algo, torch.float32, "max", n)) if "max" in ALGORITHMS[algo].ops else None
+    others = [a for a in algos if a != algo]
+    if kind == "algorithm":
+        return (base, (others[algos.index(algo) % len(others)], torch.float32, "sum", n)) if others else None
+    raise ValueError(kind)
+
+
+MISMATCH_KINDS = ("size", "dtype", "op", "algorithm")
+
+
+def spec_str(sp: Spec) -> str:
+    return f"{sp[0]}/{dname(sp[1])}/{sp[2]}/n={sp[3]}"
+
+
+def mismatched_call(s: Suite, comm: sollat.Communicator, base: Spec, alt: Spec, tag: str
+                    ) -> tuple[sollat.SollatError | None, str, float]:
+    """Ranks 0..R-2 call `base`, the last rank `alt`. Returns (error, where it was raised, seconds)."""
+    sp = alt if s.rank == s.world - 1 else base
+    algo, dt, op, n = sp
+    x = s.inputs("randn", n, dt, tag, spec_str(sp))[s.rank]
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x, op, algo, out=torch.full_like(x, NAN))
+    except sollat.SollatError as e:
+        return e, "call", time.monotonic() - t0
+    err, _ = poll_fault(comm, getattr(comm, "timeout_s", FAST_TIMEOUT_S) + FAULT_SLACK_S)
+    return err, "check", time.monotonic() - t0
+
+
+def correct_call(s: Suite, comm: sollat.Communicator, sp: Spec, tag: str) -> None:
+    algo, dt, op, n = sp
+    xs = s.inputs("randn", n, dt, tag, spec_str(sp))
+    y = comm.all_reduce(xs[s.rank], op, algo, out=torch.full_like(xs[s.rank], NAN))
+    s.verify(y, xs, algo, op, f"{tag} {spec_str(sp)}")
+
+
+@section("mismatch", 150)
+def mismatch(s: Suite) -> None:
+    """Size / dtype / op / algorithm mismatches on every algorithm: (a) on first use (raised before
+    any kernel), (b) on shapes both already used (raised by the kernels, propagated to every rank),
+    (c) the signature hook; then reset() and a correct call."""
+    f = s.fast
+    algos = f.algorithms
+    i = 0
+    for phase in ("first-use", "cached"):
+        for algo in algos:
+            for kind in MISMATCH_KINDS:
+                i += 1
+                n = (21001 if phase == "first-use" else 31001) + 64 * i  # sizes no other section uses
+                specs = mismatch_specs(algos, algo, kind, n)
+                what = f"{phase} {kind} mismatch on {algo}"
+                if specs is None:
+                    s.log(f"{what}: SKIP (not applicable: {algo} supports one {kind})")
+                    continue
+                base, alt = specs
+                if phase == "cached":
+                    correct_call(s, f, base, "warm")
+                    correct_call(s, f, alt, "warm")
+                    f.check()
+                s.barrier("mismatch")
+                err, where, secs = mismatched_call(s, f, base, alt, what)
+                desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on rank {s.world - 1})"
+                if phase == "first-use":
+                    if err is None:
+                        s.fail(f"{desc}: nothing raised on this rank")
+                    elif not isinstance(err, sollat.CallMismatchError):
+                        s.fail(f"{desc}: expected CallMismatchError, got {describe(err)} from {where}: {err}")
+                    else:
+                        s.log(f"{desc}: {describe(err)} raised by the {where} after {secs:.2f} s")
+                else:
+                    ok_types: tuple[type[Exception], ...] = (sollat.CallMismatchError,)
+                    detects = detects_mismatch(base[0]) and detects_mismatch(alt[0])
+                    # algorithms use different buffers: each side may just wait for the other
+                    if kind == "algorithm" or not detects:
+                        ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
+                    if (algo == "ll128" and isinstance(err, sollat.PeerTimeoutError) and err.peer == -1
+                            and not isinstance(err, ok_types)):
+                        s.log(f"{what}: PeerTimeoutError with peer -1 accepted for ll128 (a line counter that "
+                              "never reached the world size)")
+                        ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
+                    if err is None:
+                        if detects:
+                            s.fail(f"{desc}: nothing raised on this rank within {FAST_TIMEOUT_S + FAULT_SLACK_S:.0f} s")
+                        else:
+                            s.log(f"{desc}: SKIP (documented): this algorithm does not detect a mismatch "
+                                  "of cached shapes; nothing raised")
+                    elif not isinstance(err, ok_types):
+                        s.fail(f"{desc}: expected {'/'.join(t.__name__ for t in ok_types)}, got {describe(err)}: {err}")
+                    else:
+                        own = "own" if getattr(err, "rank", None) == s.rank else "propagated"
+                        s.log(f"{desc}: {describe(err)} ({own}) raised by the {where} after {secs:.2f} s")
+                f.reset()
+                correct_call(s, f, base, f"recovery after {what}")
+                f.check()
+    # (c) the signature hook: the last rank flips a bit of its signature; every rank must raise
+    testing = testing_module()
+    for algo in algos:
+        base = (algo, torch.float32, "sum", 4097)
+        correct_call(s, f, base, "warm")
+        f.check()
+        s.barrier("hook")
+        testing.inject(f, mismatch=s.world - 1)
+        err, where, secs = mismatched_call(s, f, base, base, f"hook {algo}")
+        what = f"signature hook on rank {s.world - 1}, {algo}"
+        if not isinstance(err, sollat.CallMismatchError):
+            s.fail(f"{what}: expected CallMismatchError on every rank, got "
+                   f"{'nothing' if err is None else describe(err)}")
+        else:
+            s.expect(s.world - 1 in (err.rank, err.peer) or (algo == "ll128" and err.peer == -1),
+                     f"{what}: {describe(err)} names neither rank {s.world - 1}")
+            own = "own" if err.rank == s.rank else "propagated"
+            s.log(f"{what}: {describe(err)} ({own}) raised by the {where} after {secs:.2f} s")
+        testing.clear(f)
+        f.reset()
+        correct_call(s, f, base, f"recovery after hook {algo}")
+        f.check()
+
+
+# ---- 5. dead peer ----------------------------------------------------------------------------
+
+
+def faulted_output_bad(algo: str, out: torch.Tensor, xs: list[torch.Tensor]) -> int:
+    if is_deterministic(algo):
+        return int(ref.nan_or_exact_bad(out, ref.rank_order_reduce(xs, "sum")))
+    return int(ref.nan_or_within_bound_bad(out, xs))
+
+
+def check_names_absent(s: Suite, err: sollat.SollatError | None, algo: str, what: str) -> None:
+    absent = s.world - 1
+    if not isinstance(err, sollat.PeerTimeoutError):
+        s.fail(f"{what}: expected PeerTimeoutError, got {'nothing' if err is None else describe(err)}")
+        return
+    if err.peer == absent:
+        return
+    if algo == "ll128" and err.peer == -1:  # a line counter that did not reach R cannot name the peer
+        s.log(f"{what}: peer -1 accepted for ll128 (an LL128 line counter cannot name the missing rank)")
+        return
+    s.fail(f"{what}: the error names peer {err.peer}, expected {absent}")
+
+
+@section("dead_peer", 120)
+def dead_peer(s: Suite) -> None:
+    """The last rank's kernels return at once: every rank raises PeerTimeoutError naming it within
+    timeout_s + a few s; outputs NaN or exact; a second call raises; reset() recovers."""
+    f = s.fast
+    testing = testing_module()
+    absent = s.world - 1
+    limit = getattr(f, "timeout_s", FAST_TIMEOUT_S) + FAULT_SLACK_S
+    for algo in f.algorithms:
+        xs = s.inputs("randn", 4097, torch.float32, "dead", algo)
+        x = xs[s.rank]
+        s.barrier("dead")
+        testing.inject(f, absent=absent)
+        out = torch.full_like(x, POISON)
+        t0 = time.monotonic()
+        err: sollat.SollatError | None = None
+        try:
+            f.all_reduce(x, "sum", algo, out=out)
+        except sollat.SollatError as e:
+            err = e
+        t_call = time.monotonic() - t0
+        if err is None:
+            err, _ = poll_fault(f, limit)
+        waited = time.monotonic() - t0 - t_call
+        what = f"{algo} with rank {absent} absent"
+        check_names_absent(s, err, algo, what)
+        if err is not None:
+            s.expect(waited <= limit, f"{what}: raised after {waited:.1f} s, limit {limit:.0f} s")
+            own = "own" if getattr(err, "rank", None) == s.rank else "propagated"
+            s.log(f"{what}: {describe(err)} ({own}) {waited:.2f} s after the call returned (call {t_call:.2f} s)")
+        if s.rank != absent:
+            bad = faulted_output_bad(algo, out, xs)
+            s.expect(bad == 0, f"{what}: {bad} output elements are neither NaN nor the correct result")
+        out2 = torch.full_like(x, POISON)
+        try:
+            f.all_reduce(x, "sum", algo, out=out2)
+            f.check()
+            s.fail(f"{what}: a second call before reset() returned without raising")
+        except sollat.SollatError as e:
+            s.log(f"{what}: second call before reset() raised {describe(e)}")
+        testing.clear(f)
+        f.reset()
+        correct_call(s, f, (algo, torch.float32, "sum", 4097), f"recovery after {what}")
+        f.check()
+    # the fault is also raised by the next call, without check()
+    algo = "oneshot_ll" if "oneshot_ll" in f.algorithms else f.algorithms[0]
+    xs = s.inputs("randn", 4097, torch.float32, "dead-next", algo)
+    s.barrier("dead-next")
+    testing.inject(f, absent=absent)
+    first: sollat.SollatError | None = None
+    try:
+        f.all_reduce(xs[s.rank], "sum", algo)
+    except sollat.SollatError as e:
+        first = e
+    torch.cuda.synchronize(s.dev)
+    s.barrier("dead-next-done")  # every rank's kernel has ended: the faults are recorded everywhere
+    time.sleep(0.2)
+    what = f"next call after {algo} with rank {absent} absent"
+    try:
+        f.all_reduce(xs[s.rank], "sum", algo)
+        s.fail(f"{what}: returned without raising")
+        with contextlib.suppress(sollat.SollatError):
+            f.check()
+    except sollat.SollatError as e:
+        if first is None:
+            check_names_absent(s, e, algo, what)
+        s.log(f"{what}: raised {describe(e)}" + (f" (the faulting call itself raised {describe(first)})" if first else ""))
+    testing.clear(f)
+    f.reset()
+    correct_call(s, f, (algo, torch.float32, "sum", 4097), "recovery after next-call fault")
+    f.check()
+
+
+# ---- 6. fault under a CUDA graph ----------------------------------------------------------------
+
+
+@section("graph_fault", 90)
+def graph_fault(s: Suite) -> None:
+    """A captured graph; a clean replay (check(sync=False) silent), a replay with the last rank absent
+    (injected after capture: check(sync=False) raises on every rank), reset(), a clean replay again."""
+    f = s.fast
+    testing = testing_module()
+    absent = s.world - 1
+    n = 4097
+    testing.inject(f)  # no fault yet: the kernels that read the hooks, so the captured graph can fault later
+    calls = [GCall(a, torch.float32, "sum", n, torch.zeros(n, device=s.dev), torch.full((n,), NAN, device=s.dev))
+             for a in f.algorithms]
+    side = torch.cuda.Stream(s.dev)
+    side.wait_stream(torch.cuda.current_stream(s.dev))
+    with torch.cuda.stream(side):
+        for c in calls:
+            f.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.current_stream(s.dev).wait_stream(side)
+    torch.cuda.synchronize(s.dev)
+    f.check()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            f.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.synchronize(s.dev)
+
+    def fill(tag: str, poison: float) -> list[list[torch.Tensor]]:
+        xs_of = []
+        for c in calls:
+            xs = s.inputs("randn", n, torch.float32, tag, c.algo)
+            c.x.copy_(xs[s.rank])
+            c.out.fill_(poison)
+            xs_of.append(xs)
+        return xs_of
+
+    def clean(tag: str) -> None:
+        xs_of = fill(tag, NAN)
+        g.replay()
+        torch.cuda.synchronize(s.dev)
+        try:
+            f.check(sync=False)  # type: ignore[call-arg]
+        except sollat.SollatError as e:
+            s.fail(f"{tag}: check(sync=False) raised {describe(e)} after a clean replay: {e}")
+        for c, xs in zip(calls, xs_of, strict=True):
+            s.verify(c.out, xs, c.algo, "sum", f"{tag} {c.algo}")
+        f.check()
+
+    clean("clean replay")
+    s.barrier("before-fault")
+    testing.inject(f, absent=absent)
+    xs_of = fill("faulted replay", POISON)
+    t0 = time.monotonic()
+    g.replay()
+    torch.cuda.synchronize(s.dev)
+    t_sync = time.monotonic() - t0
+    s.barrier("replayed")  # every rank's replay has ended: the fault is recorded and propagated
+    err, waited = poll_fault(f, FAULT_SLACK_S, sync=False)
+    if err is None:
+        s.fail(f"check(sync=False) did not raise within {FAULT_SLACK_S:.0f} s after every rank's replay ended")
+        diag, _ = poll_fault(f, 0.0)
+        s.log(f"diagnosis: check() (with sync) then raised {describe(diag) if diag else 'nothing'}")
+    else:
+        own = "own" if getattr(err, "rank", None) == s.rank else "propagated"
+        s.log(f"faulted replay: check(sync=False) raised {describe(err)} ({own}); replay + synchronize "
+              f"{t_sync:.2f} s, then {waited:.2f} s")
+    if s.rank != absent:
+        for c, xs in zip(calls, xs_of, strict=True):
+            bad = faulted_output_bad(c.algo, c.out, xs)
+            s.expect(bad == 0, f"faulted replay {c.algo}: {bad} output elements neither NaN nor the correct result")
+    testing.clear(f)
+    f.reset()
+    clean("clean replay after reset")
+
+
+# ---- 7. two communicators, sub-groups ---------------------------------------------------------
+
+
+def subgroups(world: int) -> list[list[int]]:
+    """Whole world for 2 ranks; a proper subset for 3; two disjoint halves from 4."""
+    if world == 2:
+        return [[0, 1]]
+    if world == 3:
+        return [[0, 1]]
+    h = world // 2
+    return [list(range(h)), list(range(h, world))]
+
+
+@section("two_comms", 60)
+def two_comms(s: Suite) -> None:
+    """Two communicators on the world group, calls interleaved; communicators on sub-groups, their
+    calls interleaved with calls on the world communicator."""
+    c1 = s.main
+    if s.second is None:
+        s.second = s.new_comm(timeout_s=MAIN_TIMEOUT_S)
+    c2 = s.second
+    algos = c1.algorithms
+    sizes = (1, 33, 1000, 4097, 65537)
+    pending = []
+    for k in range(80):
+        c, name = (c1, "c1") if k % 2 == 0 else (c2, "c2")
+        algo = algos[(k // 2) % len(algos)]
+        dt = (torch.float32, torch.bfloat16)[(k // 10) % 2]
+        n = sizes[(k // 2) % len(sizes)]
+        xs = s.inputs("randn", n, dt, k)
+        pending.append((c.all_reduce(xs[s.rank], "sum", algo), xs, algo, f"{name} call {k} {algo} {dname(dt)} n={n}"))
+    for y, xs, algo, what in pending:  # checked only after every call was issued
+        s.verify(y, xs, algo, "sum", what)
+    c1.check()
+    c2.check()
+    s.log(f"{len(pending)} interleaved calls on two communicators checked")
+    groups = subgroups(s.world)
+    handles = [dist.new_group(m) for m in groups]  # every rank creates every group, in one order
+    mine: list[tuple[list[int], sollat.Communicator]] = []
+    for members, h in zip(groups, handles, strict=True):
+        if s.rank not in members:
+            s.log(f"not in sub-group {members}: constructs nothing on it")
+            continue
+        sc = sollat.Communicator(group=h, timeout_s=MAIN_TIMEOUT_S)  # collective over the members only
+        s.keep.append(sc)
+        me = members.index(s.rank)
+        s.expect(sc.rank == me and sc.world_size == len(members),
+                 f"sub-group {members}: rank {sc.rank} / world {sc.world_size}, expected {me} / {len(members)}")
+        mine.append((members, sc))
+    for k in range(2 * len(algos)):
+        algo, n = algos[k % len(algos)], (33, 4097)[k // len(algos)]
+        xw = s.inputs("randn", n, torch.float32, "world", k)
+        yw = c1.all_reduce(xw[s.rank], "sum", algo)  # every rank, between the sub-group calls
+        for members, sc in mine:
+            xs = ref.make_inputs("randn", ref.seed_of("subgroup", members, algo, n), n, torch.float32, s.dev, len(members))
+            y = sc.all_reduce(xs[sc.rank], "sum", algo)
+            s.verify(y, xs, algo, "sum", f"sub-group {members} {algo} n={n}")
+        s.verify(yw, xw, algo, "sum", f"world call {k} between sub-group calls")
+    for members, sc in mine:
+        sc.check()
+        s.log(f"sub-group {members}: rank {sc.rank} of {sc.world_size}, {2 * len(algos)} calls checked")
+    c1.check()
+
+
+# ---- 8. streams --------------------------------------------------------------------------------
+
+
+@section("streams", 60)
+def streams(s: Suite) -> None:
+    """Calls alternating between two streams, no user synchronisation between them: issue order."""
+    comm = s.main
+    algos = comm.algorithms
+    rounds: list[tuple[str, Callable[[int], str]]] = []
+    if "oneshot_ll" in algos:
+        rounds.append(("oneshot_ll", lambda k: "oneshot_ll"))
+    rounds.append(("mixed", lambda k: algos[k % len(algos)]))
+    K, n = 400, 4096
+    cur = torch.cuda.current_stream(s.dev)
+    for name, algo_of in rounds:
+        X = [ref.make_input("randn", ref.seed_of("streams", name, r), K * n, torch.float32, s.dev).view(K, n)
+             for r in range(s.world)]
+        s1, s2 = torch.cuda.Stream(s.dev), torch.cuda.Stream(s.dev)
+        s1.wait_stream(cur)
+        s2.wait_stream(cur)
+        outs = []
+        for k in range(K):
+            with torch.cuda.stream(s1 if k % 2 == 0 else s2):
+                outs.append(comm.all_reduce(X[s.rank][k], "sum", algo_of(k)))
+        cur.wait_stream(s1)
+        cur.wait_stream(s2)
+        torch.cuda.synchronize(s.dev)
+        if name == "oneshot_ll":
+            s.verify(torch.stack(outs), X, "oneshot_ll", "sum", f"{K} oneshot_ll calls on 2 streams")
+        else:
+            for k, y in enumerate(outs):
+                s.verify(y, [x[k] for x in X], algo_of(k), "sum", f"stream call {k} {algo_of(k)}")
+        comm.check()
+        s.log(f"{name}: {K} calls alternating between 2 streams checked")
+
+
+# ---- 10. LL tear stress -------------------------------------------------------------------------
+
+
+def tear_lines() -> int:
+    return int(env_float("SOLLAT_MP_TEAR_LINES", 1e9))
+
+
+@section("tear", 120)
+def tear(s: Suite) -> None:
+    """oneshot_ll fp32 with payloads that change every call (small integers: exact sums), >= 1e9 LL
+    lines, NCCL all_reduce traffic on a side stream meanwhile; a torn line gives a wrong sum."""
+    comm = s.main
+    if "oneshot_ll" not in comm.algorithms:
+        s.log("SKIP: oneshot_ll is not enabled")
+        return
+    target = tear_lines()
+    M, A, B, C = 2039, 769, 7, 331  # x = ((i*A + k*B + r*C) mod M) - M//2; M prime, so call k != k-d
+    H = M // 2
+    sizes = (1 << 20, 1 << 18, 1 << 16, 4096)
+    bufs = {}
+    for n in sizes:
+        base = ((torch.arange(n, dtype=torch.int64, device=s.dev) * A) % M).to(torch.int32)
+        bufs[n] = (base, torch.empty_like(base), torch.empty_like(base), torch.empty(n, device=s.dev),
+                   torch.empty(n, device=s.dev), torch.empty(n, device=s.dev))
+    big = torch.zeros(16 << 20, device=s.dev)  # 64 MiB of NCCL traffic per op
+    side = torch.cuda.Stream(s.dev)
+    side.wait_stream(torch.cuda.current_stream(s.dev))
+    torn = torch.zeros((), dtype=torch.int64, device=s.dev)
+    lines = calls = nccl_ops = 0
+    torch.cuda.synchronize(s.dev)
+    t0 = time.monotonic()
+    while lines < target:
+        n = sizes[calls % len(sizes)]
+        base, tmp, acc, x, y, e = bufs[n]
+        shift = [(calls * B + r * C) % M for r in range(s.world)]
+        torch.add(base, shift[s.rank], out=tmp)
+        torch.remainder(tmp, M, out=tmp)
+        x.copy_(tmp)
+        x.sub_(H)
+        acc.zero_()
+        for r in range(s.world):
+            torch.add(base, shift[r], out=tmp)
+            torch.remainder(tmp, M, out=tmp)
+            acc.add_(tmp)
+        e.copy_(acc)
+        e.sub_(s.world * H)
+        comm.all_reduce(x, "sum", "oneshot_ll", out=y)
+        torn += (y.view(-1, 2) != e.view(-1, 2)).any(1).sum()
+        if calls % 2 == 0:
+            with torch.cuda.stream(side):
+                dist.all_reduce(big)
+            nccl_ops += 1
+        lines += s.world * (s.world - 1) * math.ceil(n * 4 / 8)
+        calls += 1
+    torch.cuda.synchronize(s.dev)
+    secs = time.monotonic() - t0
+    tears = int(torn)
+    comm.check()
+    s.expect(tears == 0, f"{tears} torn LL lines (wrong sums) in {calls} calls")
+    s.log(f"{calls} oneshot_ll calls, {lines:.3e} LL lines delivered (all ranks), tears seen: {tears}, "
+          f"{nccl_ops} NCCL all_reduces of 64 MiB on a side stream, {secs:.1f} s")
+
+
+# ---- 9. compile skew (own launch) ---------------------------------------------------------------
+
+
+@section("skew", 120, default=False)
+def skew(s: Suite) -> None:
+    """With an empty kernel cache, one rank sleeps longer than timeout_s before its first call of
+    each new shape: the store agreement before the first launch means no false timeout."""
+    c = s.new_comm(timeout_s=SKEW_TIMEOUT_S)
+    shapes: list[Spec] = [("oneshot_ll", torch.float32, "sum", 777), ("twoshot_sentinel", torch.bfloat16, "sum", 5003),
+                          ("oneshot_sentinel", torch.float64, "max", 129), ("twoshot_ll", torch.float16, "min", 999),
+                          ("ll128", torch.float16, "sum", 3001)]
+    shapes = [sp for sp in shapes if sp[0] in c.algorithms]
+    for i, sp in enumerate(shapes):
+        algo, dt, op, n = sp
+        late = s.world - 1 if i % 2 == 0 else 0
+        xs = s.inputs("randn", n, dt, spec_str(sp))
+        s.barrier("skew")
+        if s.rank == late:
+            time.sleep(SKEW_SLEEP_S)
+        t0 = time.monotonic()
+        y = c.all_reduce(xs[s.rank], op, algo, out=torch.full_like(xs[s.rank], NAN))
+        c.check()
+        secs = time.monotonic() - t0
+        s.verify(y, xs, algo, op, f"first call {spec_str(sp)}")
+        y2 = c.all_reduce(xs[s.rank], op, algo)
+        c.check()
+        s.verify(y2, xs, algo, op, f"second call {spec_str(sp)}")
+        s.log(f"{spec_str(sp)}: rank {late} slept {SKEW_SLEEP_S:.0f} s (timeout_s {SKEW_TIMEOUT_S:.0f}); "
+              f"this rank's first call + check took {secs:.1f} s; no false timeout")
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+DEFAULT_SECTIONS = tuple(name for name, sec in SECTIONS.items() if sec.default)
+
+
+def selected(only: str | None) -> list[str]:
+    spec = only or os.environ.get("SOLLAT_MP_SECTIONS", "")
+    names = [x.strip() for x in spec.split(",") if x.strip()] or list(DEFAULT_SECTIONS)
+    skip = {x.strip() for x in os.environ.get("SOLLAT_MP_SKIP", "").split(",") if x.strip()}
+    unknown = [x for x in [*names, *skip] if x not in SECTIONS]
+    if unknown:
+        raise SystemExit(f"mp_suite: unknown sections {unknown}; known: {', '.join(SECTIONS)}")
+    return [x for x in names if x not in skip]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=None, help="comma list of sections (default: all but skew)")
+    args = p.parse_args(argv)
+    names = selected(args.only)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    for var, want in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        if os.environ.get(var) != want:
+            emit(f"RANK {rank} FAIL init: {var} must be {want} (NVLink multicast stays off)")
+            emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+            return 1
+    torch.cuda.set_device(local)
+    dev = torch.device("cuda", local)
+    dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=NCCL_TIMEOUT_S))
+    store = dist.PrefixStore("sollat-mp-suite", dist.distributed_c10d._get_default_store())
+    s = Suite(rank, world, dev, store)
+    emit(f"RANK {rank} PLAN {','.join(names)} (world {world}, {torch.cuda.get_device_name(dev)}, "
+          f"torch {torch.__version__})")
+    s.watchdog.start()
+    s.section = "init"
+    s.watchdog.arm("init", 600)
+    try:
+        s.comm = s.new_comm(timeout_s=MAIN_TIMEOUT_S)
+        s.log(f"communicator: rank {s.comm.rank} of {s.comm.world_size}, algorithms {', '.join(s.comm.algorithms)}")
+    except Exception as e:
+        emit(f"RANK {rank} FAIL init: {type(e).__name__}: {e}")
+        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+        os._exit(1)
+    s.watchdog.disarm()
+    t0 = time.monotonic()
+    for name in names:
+        s.run_section(SECTIONS[name])
+        if s.aborted:
+            emit(f"RANK {rank} FAIL remaining sections not run after {name}")
+            s.failed += 1
+            break
+    if not s.aborted:
+        s.section = "exit"
+        try:  # leave together: no rank tears down while a peer is still inside a collective
+            s.exchange("done", "1", 120.0)
+        except Exception as e:
+            emit(f"RANK {rank} WARN the ranks did not meet before exit: {type(e).__name__}: {e}")
+    emit(f"RANK {rank} SUMMARY passed={s.passed} failed={s.failed} ({time.monotonic() - t0:.0f} s)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no teardown of NCCL / symmetric memory: a peer that failed differently must not hang the exit
+    os._exit(0 if s.failed == 0 else 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
