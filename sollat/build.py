@@ -2,16 +2,29 @@
 
 Every kernel source lives in ``csrc/kernels/*.cu`` and includes headers from ``csrc/include``.
 Kernels are ``extern "C"`` with explicit names (see the ``SOLLAT_*_KERNEL`` macros), so a cached
-cubin needs no symbol mapping. The cache key covers the source, every header, the options and the
-NVRTC version, so editing a header recompiles what depends on it.
+cubin needs no symbol mapping.
+
+The cache lives in ``cache_root()/cubin`` (``$SOLLAT_CACHE_DIR/cubin``, default
+``~/.cache/sollat/cubin``). It is private: created with mode 0700, and a directory another user
+owns or others can write is not trusted (a fresh private temporary directory is used instead, with
+a warning). The key covers the source, every header, every NVRTC option as passed, the arch, the
+defines and the NVRTC and cuda.core versions. Each file starts with the sha256 of the cubin it
+holds; a file that fails that check (truncated, modified) is recompiled and replaced. Files are
+written to a temporary file and renamed, so a reader never sees half of one.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import hashlib
 import os
+import shutil
+import stat
+import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,17 +33,82 @@ CSRC = Path(__file__).parent / "csrc"
 INCLUDE_DIR = CSRC / "include"
 KERNEL_DIR = CSRC / "kernels"
 DEFAULT_ARCH = "sm_90"
+_KEY_VERSION = "sollat-cubin-key-2"
+_MAGIC = b"SOLLAT-CUBIN-1 "  # file = magic, sha256 hex of the cubin, newline, cubin
+_HEADER_LEN = len(_MAGIC) + 64 + 1
 
 _lock = threading.Lock()
+_dir_lock = threading.Lock()
 _modules: dict[tuple[str, str, tuple[tuple[str, str], ...]], Any] = {}
+_fallback_dirs: dict[Path, Path] = {}
+
+
+def cache_root() -> Path:
+    """Root of sollat's caches: ``$SOLLAT_CACHE_DIR``, else ``~/.cache/sollat``.
+    Cubins live in ``<root>/cubin``, user tuning tables in ``<root>/tuning``."""
+    root = os.environ.get("SOLLAT_CACHE_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "sollat"
 
 
 def cache_dir() -> Path:
-    """Directory of compiled cubins: ``$SOLLAT_CACHE_DIR`` or ``~/.cache/sollat/cubin``."""
-    root = os.environ.get("SOLLAT_CACHE_DIR")
-    path = Path(root) if root else Path.home() / ".cache" / "sollat" / "cubin"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Private directory of compiled cubins, ``cache_root()/cubin`` (see the module docstring)."""
+    path = cache_root() / "cubin"
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        problem = untrusted_reason(path)
+    except OSError as exc:
+        problem = f"it cannot be created ({exc})"
+    return path if problem is None else _fallback_dir(path, problem)
+
+
+def untrusted_reason(path: Path) -> str | None:
+    """Why ``path`` is not a private directory of this user, or None when it is."""
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"group or others can write to it (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _fallback_dir(path: Path, problem: str) -> Path:
+    """A fresh private temporary cubin directory for this process, used instead of ``path``."""
+    with _dir_lock:
+        tmp = _fallback_dirs.get(path)
+        if tmp is None:
+            tmp = Path(tempfile.mkdtemp(prefix="sollat-cubin-"))  # mode 0700
+            atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+            _fallback_dirs[path] = tmp
+            warnings.warn(f"sollat: not using the cubin cache {path}: {problem}. Compiling into the private "
+                          f"temporary directory {tmp} instead (removed at exit); make {path} private to this "
+                          "user (chmod 700) or set SOLLAT_CACHE_DIR", RuntimeWarning, stacklevel=3)
+    return tmp
+
+
+def atomic_write(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory, fsync'd, then
+    ``os.replace``: a concurrent or later reader sees the old file or the new one, never part of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,6 +129,16 @@ def _nvrtc_version() -> str:
         err, major, minor = nvrtc.nvrtcVersion()
         return f"{major}.{minor}"
     except Exception:  # pragma: no cover - only when cuda.bindings is broken
+        return "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda_core_version() -> str:
+    try:
+        import cuda.core
+
+        return str(cuda.core.__version__)
+    except Exception:  # pragma: no cover - only when cuda.core is broken
         return "unknown"
 
 
@@ -81,28 +169,81 @@ def _options(arch: str, defines: Mapping[str, str]) -> Any:
     )
 
 
+def options_text(options: Any) -> str:
+    """The NVRTC command-line options ``options`` (a cuda.core ProgramOptions) stands for."""
+    try:
+        return "\n".join(o.decode() for o in options.as_bytes("nvrtc", "cubin"))
+    except Exception:  # an older cuda.core: every field, by name
+        fields = getattr(options, "__dataclass_fields__", None)
+        return repr(sorted((f, repr(getattr(options, f))) for f in fields)) if fields else repr(options)
+
+
+def cache_key(source: str, *, name: str, arch: str, options: Any, defines: Mapping[str, str]) -> str:
+    """sha256 over everything that can change the cubin (see the module docstring)."""
+    h = hashlib.sha256()
+    parts = [_KEY_VERSION, name, arch, source, _headers_digest(), options_text(options),
+             repr(sorted(defines.items())), _nvrtc_version(), _cuda_core_version()]
+    for part in parts:
+        b = part.encode()
+        h.update(len(b).to_bytes(8, "little"))  # length-prefixed: no two part lists hash alike
+        h.update(b)
+    return h.hexdigest()
+
+
+def _pack(cubin: bytes) -> bytes:
+    return _MAGIC + hashlib.sha256(cubin).hexdigest().encode() + b"\n" + cubin
+
+
+def _unpack(blob: bytes) -> bytes | None:
+    """The cubin in a cache file, or None when the file fails its content check."""
+    if len(blob) <= _HEADER_LEN or not blob.startswith(_MAGIC) or blob[_HEADER_LEN - 1:_HEADER_LEN] != b"\n":
+        return None
+    cubin = blob[_HEADER_LEN:]
+    return cubin if hashlib.sha256(cubin).hexdigest().encode() == blob[len(_MAGIC):_HEADER_LEN - 1] else None
+
+
+def _read_cached(path: Path) -> bytes | None:
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        warnings.warn(f"sollat: cannot read cached cubin {path} ({exc}); recompiling", RuntimeWarning, stacklevel=3)
+        return None
+    cubin = _unpack(blob)
+    if cubin is None:
+        warnings.warn(f"sollat: cached cubin {path} failed its content check (truncated or modified); "
+                      "recompiling and replacing it", RuntimeWarning, stacklevel=3)
+    return cubin
+
+
+def _write_cached(path: Path, cubin: bytes) -> None:
+    try:
+        atomic_write(path, _pack(cubin))
+    except OSError as exc:  # a full or read-only disk costs a recompile next time, not this call
+        warnings.warn(f"sollat: cannot write cubin cache {path} ({exc})", RuntimeWarning, stacklevel=3)
+
+
 def compile_cubin(source: str, *, name: str, arch: str = DEFAULT_ARCH,
                   defines: Mapping[str, str] | None = None) -> bytes:
     """Compile ``source`` to a cubin for ``arch``, from the disk cache when possible."""
     defines = dict(defines or {})
-    key = hashlib.sha256(
-        "\0".join([source, _headers_digest(), arch, repr(sorted(defines.items())), _nvrtc_version(), name]).encode()
-    ).hexdigest()[:32]
-    path = cache_dir() / f"{name}-{arch}-{key}.cubin"
-    if path.exists():
-        return path.read_bytes()
+    options = _options(arch, defines)
+    key = cache_key(source, name=name, arch=arch, options=options, defines=defines)
+    path = cache_dir() / f"{name}-{arch}-{key[:32]}.cubin"
+    cubin = _read_cached(path)
+    if cubin is not None:
+        return cubin
     from cuda.core import Program
 
-    prog = Program(source, code_type="c++", options=_options(arch, defines))
+    prog = Program(source, code_type="c++", options=options)
     try:
         obj = prog.compile("cubin")
     except Exception as exc:  # NVRTC puts the compile log in the message
         raise RuntimeError(f"sollat: NVRTC failed to compile {name} for {arch}:\n{exc}") from exc
-    data = bytes(obj.code)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    tmp.replace(path)  # atomic: concurrent processes never read half a file
-    return data
+    cubin = bytes(obj.code)
+    _write_cached(path, cubin)
+    return cubin
 
 
 def kernel_source(filename: str) -> str:
