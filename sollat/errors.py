@@ -36,3 +36,7 @@ class CallMismatchError(SollatError):
 
 class CommunicatorFaultedError(SollatError):
     """The communicator saw a device-side error earlier and must be reset before reuse."""
+
+
+class TableMismatchError(SollatError):
+    """The ranks of one communicator chose different ``algo="auto"`` tuning tables."""

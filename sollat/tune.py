@@ -4,8 +4,10 @@ With one GPU it tunes virtual ranks (``--ranks``); under torchrun it tunes the r
 also measures NCCL, so the table falls back to NCCL wherever NCCL is faster. Timing is the
 benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls, median).
 The table is written to the user cache (``select.user_table_dir()``), keyed by GPU model, world
-size and driver, where ``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into
-``sollat/tuning/`` to ship it).
+size, mode (``"real"`` under torchrun, ``"virtual"`` otherwise) and interconnect, where
+``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into ``sollat/tuning/`` to ship
+it). Under torchrun only rank 0 writes, to its host: copy the file to every other host. The file is
+replaced atomically (``select.write_table``), never rewritten in place.
 """
 
 from __future__ import annotations
@@ -37,9 +39,19 @@ def rules_from_winners(winners: list[tuple[int, str]]) -> tuple[Rule, ...]:
     return tuple(rules)
 
 
-def table_path(gpu: str, world_size: int, driver: str, root: Path | None = None) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", gpu).strip("-").lower()
-    return (root or select.user_table_dir()) / f"{slug}-ws{world_size}-driver{driver}.json"
+def table_path(gpu: str, world_size: int, mode: str, interconnect: str, root: Path | None = None) -> Path:
+    """One file per selection key (``select`` module docstring): a re-tune replaces the old table."""
+    slug, ic = (re.sub(r"[^A-Za-z0-9]+", "-", x).strip("-").lower() for x in (gpu, interconnect))
+    return (root or select.user_table_dir()) / f"{slug}-ws{world_size}-{mode}-{ic or 'any'}.json"
+
+
+def write_result(gpu: str, ranks: int, rules: tuple[Rule, ...], *, distributed: bool, note: str,
+                 out: Path | None = None) -> Path:
+    """Write the measured table under its key: mode from ``distributed``, interconnect detected."""
+    mode = "real" if distributed else "virtual"
+    interconnect = select.detect_interconnect(torch.cuda.current_device()) if distributed else select.ANY
+    table = Table(gpu, ranks, rules, note=note, mode=mode, interconnect=interconnect)
+    return select.write_table(table, table_path(gpu, ranks, mode, interconnect, out))
 
 
 def driver_version() -> str:
@@ -135,16 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     driver = driver_version()
     how = (f"{ranks} GPUs under torchrun, NCCL included" if distributed else
            f"{ranks} virtual ranks on one GPU (they share its SMs and L2: this does not predict NVLink)")
-    table = Table(gpu, ranks, rules,
-                  note=f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}")
+    note = f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}"
     if distributed and int(os.environ["RANK"]) != 0:
         return 0
-    path = table_path(gpu, ranks, driver, Path(a.out) if a.out else None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(table.to_json() + "\n")
+    path = write_result(gpu, ranks, rules, distributed=distributed, note=note, out=Path(a.out) if a.out else None)
     print(f"sollat tune: wrote {path}")
     print(json.dumps([{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in rules]))
     return 0
 
 
-__all__ = ["NCCL", "main", "rules_from_winners", "table_path"]
+__all__ = ["NCCL", "main", "rules_from_winners", "table_path", "write_result"]

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+from dataclasses import replace
 
 import pytest
 import torch
 
 from sollat import algorithms, select, tune
-from sollat.errors import UnsupportedError
+from sollat.errors import SollatError, TableMismatchError, UnsupportedError
 from sollat.select import NCCL, Rule, Table
 
 ALL = tuple(algorithms.ALGORITHMS)
@@ -53,20 +56,141 @@ def test_no_algorithm_serves_is_an_error() -> None:
 
 def test_builtin_tables_load_and_generic_exists(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
-    t = select.find_table("Some Unknown GPU", 4)
-    assert t.gpu == "generic" and t.rules
-    for rule in t.rules:
-        assert rule.algorithm == NCCL or rule.algorithm in algorithms.ALGORITHMS
+    for mode in select.MODES:
+        t = select.find_table("Some Unknown GPU", 4, mode=mode)
+        assert t.gpu == "generic" and t.mode == select.ANY and t.rules
+        for rule in t.rules:
+            assert rule.algorithm == NCCL or rule.algorithm in algorithms.ALGORITHMS
+
+
+def test_shipped_h200_tables_are_virtual_only(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    for ws in (2, 4, 8):
+        v = select.find_table("NVIDIA H200", ws, mode="virtual", interconnect="nvlink")
+        assert (v.gpu, v.world_size, v.mode) == ("NVIDIA H200", ws, "virtual")
+        assert select.find_table("NVIDIA H200", ws, mode="real", interconnect="nvlink").gpu == "generic"
+
+
+def _put(root, table: Table, name: str | None = None):
+    path = tune.table_path(table.gpu, table.world_size, table.mode, table.interconnect) if name is None \
+        else root / "tuning" / name
+    return select.write_table(table, path)
 
 
 def test_user_table_wins(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
-    mine = Table("My GPU", 4, (Rule(64, "oneshot_sentinel"),), note="x")
-    path = tune.table_path("My GPU", 4, "1.0")
-    path.parent.mkdir(parents=True)
-    path.write_text(mine.to_json())
-    found = select.find_table("My GPU", 4)
-    assert found.rules == mine.rules and str(path) == found.source
+    mine = Table("My GPU", 4, (Rule(64, "oneshot_sentinel"),), note="x", mode="real", interconnect="nvlink")
+    path = _put(tmp_path, mine)
+    assert path.parent == tmp_path / "tuning"
+    found = select.find_table("My GPU", 4, mode="real", interconnect="nvlink")
+    assert found == mine and str(path) == found.source
+    # another interconnect, world size or mode does not take it
+    assert select.find_table("My GPU", 4, mode="real", interconnect="pcie").gpu == "generic"
+    assert select.find_table("My GPU", 2, mode="real", interconnect="nvlink").gpu == "generic"
+    assert select.find_table("My GPU", 4, mode="virtual", interconnect="nvlink").gpu == "generic"
+
+
+def test_virtual_table_never_serves_a_real_communicator(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    virt = Table("My GPU", 4, (Rule(64, "oneshot_ll"),), mode="virtual")
+    real = Table("My GPU", 4, (Rule(128, "oneshot_sentinel"), Rule(4096, NCCL)), mode="real")
+    _put(tmp_path, virt, "a-virtual.json")  # sorts first: file order must not matter
+    assert select.find_table("My GPU", 4, mode="real").gpu == "generic"
+    _put(tmp_path, real, "b-real.json")
+    assert select.find_table("My GPU", 4, mode="real") == real
+    assert select.find_table("My GPU", 4, mode="virtual") == virt
+    with pytest.raises(UnsupportedError, match="mode"):
+        select.find_table("My GPU", 4, mode="any")
+
+
+def test_precedence_specific_interconnect_and_user_over_builtin(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    anyic = Table("NVIDIA H200", 4, (Rule(64, "oneshot_ll"),), mode="virtual")
+    nvl = Table("NVIDIA H200", 4, (Rule(256, "oneshot_ll"),), mode="virtual", interconnect="nvlink")
+    _put(tmp_path, anyic)
+    assert select.find_table("NVIDIA H200", 4, mode="virtual") == anyic  # beats the built-in one
+    _put(tmp_path, nvl)
+    assert select.find_table("NVIDIA H200", 4, mode="virtual", interconnect="nvlink") == nvl
+    assert select.find_table("NVIDIA H200", 4, mode="virtual", interconnect="pcie") == anyic
+
+
+def test_legacy_table_without_mode_counts_as_virtual(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    (tmp_path / "tuning").mkdir()
+    legacy = {"gpu": "My GPU", "world_size": 2, "rules": [{"max_bytes": 64, "algorithm": "oneshot_ll"}]}
+    (tmp_path / "tuning" / "my-gpu-ws2-driver1.json").write_text(json.dumps(legacy))
+    with pytest.warns(RuntimeWarning, match="no 'mode'"):
+        assert select.find_table("My GPU", 2, mode="real").gpu == "generic"
+    with pytest.warns(RuntimeWarning, match="no 'mode'"):
+        assert select.find_table("My GPU", 2, mode="virtual").rules == (Rule(64, "oneshot_ll"),)
+
+
+def test_truncated_or_wrong_user_table_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    good = Table("My GPU", 4, (Rule(64, "oneshot_sentinel"),), mode="real")
+    path = _put(tmp_path, good)
+    path.write_text(path.read_text()[:40])  # truncated mid-write by an old in-place writer
+    with pytest.raises(UnsupportedError, match="not valid JSON") as e:
+        select.find_table("My GPU", 4, mode="real")
+    assert str(path) in str(e.value)
+    bad_fields = [
+        ({"gpu": "g", "rules": []}, "world_size"),
+        ({"gpu": "g", "world_size": 2, "mode": "fake", "rules": []}, "mode"),
+        ({"gpu": "g", "world_size": 2, "mode": "real", "rules": [{"algorithm": "oneshot_ll"}]}, "max_bytes"),
+        ({"gpu": "g", "world_size": 2, "mode": "real", "rules": {"max_bytes": 1}}, "rules"),
+        ([1, 2], "JSON object"),
+    ]
+    for doc, what in bad_fields:
+        path.write_text(json.dumps(doc))
+        with pytest.raises(UnsupportedError, match=what) as e:
+            select.find_table("My GPU", 4, mode="real")
+        assert str(path) in str(e.value)
+
+
+def test_write_table_is_atomic_and_leaves_no_temp_files(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    t1 = Table("My GPU", 2, (Rule(64, "oneshot_ll"),), mode="real")
+    path = _put(tmp_path, t1)
+    inode = path.stat().st_ino
+    t2 = Table("My GPU", 2, (Rule(128, "oneshot_ll"),), mode="real")
+    _put(tmp_path, t2)
+    assert path.stat().st_ino != inode  # replaced by rename, not rewritten in place
+    assert select.load_table(path) == t2
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(OSError, match="disk full"):
+        _put(tmp_path, t1)
+    assert select.load_table(path) == t2 and [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_digest_covers_key_and_rules_not_note_or_source() -> None:
+    t = Table("g", 4, (Rule(64, "oneshot_ll"),), note="a", source="x", mode="real", interconnect="nvlink")
+    d = select.table_digest(t)
+    assert len(d) == 64 and d == select.table_digest(Table.from_dict(json.loads(t.to_json()), "elsewhere"))
+    assert d == select.table_digest(replace(t, note="b", source="y"))
+    changed = [replace(t, rules=(Rule(65, "oneshot_ll"),)), replace(t, rules=(Rule(64, "oneshot_sentinel"),)),
+               replace(t, mode="virtual"), replace(t, interconnect="pcie"), replace(t, world_size=2),
+               replace(t, gpu="h")]
+    assert len({d, *(select.table_digest(c) for c in changed)}) == len(changed) + 1
+    # pinned: the canonical form must not drift between sollat versions on different hosts
+    assert select.table_digest(Table("generic", 0, ())) == hashlib.sha256(
+        b'{"gpu":"generic","interconnect":"any","mode":"any","rules":[],"world_size":0}').hexdigest()
+
+
+def test_agree_names_the_ranks_and_sources() -> None:
+    select.agree(["d1"] * 4, ["a.json"] * 4)
+    select.agree([], [])
+    with pytest.raises(TableMismatchError) as e:
+        select.agree(["d1", "d1", "d2", "d1"], ["/u/a.json", "/u/a.json", "builtin/generic.json", "/v/a.json"])
+    msg = str(e.value)
+    assert "ranks 0, 1, 3: /u/a.json, /v/a.json" in msg and "rank 2: builtin/generic.json" in msg
+    assert isinstance(e.value, SollatError)
+    with pytest.raises(ValueError):
+        select.agree(["d1"], [])
 
 
 def test_bad_tables_are_rejected(tmp_path) -> None:
