@@ -154,9 +154,10 @@ def _fits(t: Table, gpu: str, world_size: int, mode: str, interconnect: str) -> 
             and t.interconnect in (interconnect, ANY))
 
 
-def find_table(gpu: str, world_size: int, *, mode: str, interconnect: str = ANY) -> Table:
+def find_table(gpu: str, world_size: int, *, mode: str = "real", interconnect: str = ANY) -> Table:
     """The table for a communicator of ``world_size`` ranks on ``gpu``; ``mode`` is ``"real"``
-    (one process per GPU) or ``"virtual"``. Precedence: see the module docstring."""
+    (one process per GPU; the default, as it never takes a virtual-rank table) or ``"virtual"``.
+    Precedence: see the module docstring."""
     if mode not in MODES:
         raise UnsupportedError(f"sollat: find_table mode must be one of {MODES}, got {mode!r}")
     user, builtin = _load_dir(user_table_dir()), _load_dir(TUNING_DIR)

@@ -98,6 +98,7 @@ def test_virtual_table_never_serves_a_real_communicator(tmp_path, monkeypatch) -
     assert select.find_table("My GPU", 4, mode="real").gpu == "generic"
     _put(tmp_path, real, "b-real.json")
     assert select.find_table("My GPU", 4, mode="real") == real
+    assert select.find_table("My GPU", 4) == real  # the default mode is the safe one
     assert select.find_table("My GPU", 4, mode="virtual") == virt
     with pytest.raises(UnsupportedError, match="mode"):
         select.find_table("My GPU", 4, mode="any")
