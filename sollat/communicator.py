@@ -80,6 +80,8 @@ class _CommBase:
         self._last_stream = 0  # handle of the stream of the last launch (0: none yet)
         self._last_stream_obj: Any = None
         self._order_event: Any = None
+        self._peek_stream: Any = None  # check(sync=False): reads records without waiting for work
+        self._peek_host: torch.Tensor | None = None
         self._test_hooks = False
         self._defines: dict[str, str] = {}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -164,7 +166,10 @@ class _CommBase:
 
     def _selection_table(self) -> select.Table:
         if self._table is None:  # read once per communicator; a new `tune` table needs a new one
-            self._table = select.find_table(self.gpu_name, self.world_size)
+            real = self._entry == "pg"
+            self._table = select.find_table(self.gpu_name, self.world_size, mode="real" if real else "virtual",
+                                            interconnect=select.detect_interconnect(self._dev_index) if real
+                                            else select.ANY)
         return self._table
 
     def _nccl_available(self) -> bool:
@@ -175,21 +180,34 @@ class _CommBase:
 
         ``sync=True`` waits for this device's work first (every stream), so every fault of a
         call issued so far that reached this rank is seen. ``sync=False`` is the cheap check for
-        after a CUDA-graph replay: it reads a host-mapped flag that a kernel of this rank sets
-        when it meets a fault, and synchronises only when the flag is set.
+        after a CUDA-graph replay: it waits for nothing; it reads the host-mapped flag that this
+        rank's kernels set when they meet a fault, and this rank's fault records as they are now
+        (a 32-byte copy on a private stream, about as long as a small kernel launch), so a fault
+        that a peer wrote into this rank's record is seen even when no kernel of this rank has
+        run since.
         """
         if sync:
             torch.cuda.synchronize(self.device)
-        elif self._err_host[0] == 0:
-            return
-        self._raise_recorded()
+        self._raise_recorded(peek=not sync)
 
-    def _raise_recorded(self) -> None:
+    def _raise_recorded(self, peek: bool = False) -> None:
         for rank, view in self._record_views():
-            rec = faults.read_record(lambda v=view: v.cpu().numpy())
+            rec = faults.read_record(lambda v=view: self._read_now(v) if peek else v.cpu().numpy())
             if rec[0] != layout.FAULT_OK:
                 self._faulted = True
                 raise faults.to_exception(rec, timeout_s=self.timeout_s, where_seen=rank)
+
+    def _read_now(self, view: torch.Tensor) -> np.ndarray:
+        """The words of ``view`` as they are now, without waiting for the work queued on any
+        other stream (a relaxed snapshot: a record being written reads as claimed, and
+        faults.read_record reads it again)."""
+        if self._peek_stream is None:
+            self._peek_stream = torch.cuda.Stream(self.device)
+            self._peek_host = torch.empty(view.numel(), dtype=view.dtype).pin_memory()
+        with torch.cuda.stream(self._peek_stream):
+            self._peek_host.copy_(view, non_blocking=True)
+        self._peek_stream.synchronize()
+        return self._peek_host.numpy().copy()
 
     def _record_views(self) -> list[tuple[int, torch.Tensor]]:
         """(rank, its fault record as int32 words) for every rank this process runs."""
@@ -654,10 +672,13 @@ class Communicator(_CommBase):
     def _agree_on_setup(self) -> None:
         """Every rank must select from the same table and time out alike, or `auto` could send one
         rank to NCCL and another to a sollat kernel (both would hang)."""
+        if isinstance(self._agreement, agree.NoAgreement):
+            return
         table = self._selection_table()
-        self._agreement.agree(f"table {table.gpu}/ws{table.world_size}: {select.table_digest(table)}; "
-                              f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}",
-                              "the communicator's setup (tuning table, timeout, algorithms)")
+        posted = self._agreement.exchange(f"{select.table_digest(table)}\t{table.source}")
+        select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
+        self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}",
+                              "the communicator's timeout and algorithms")
 
     def _nccl_available(self) -> bool:
         return True

@@ -23,6 +23,7 @@ def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
     c._table = None
     c._calls = {}
     c._dev_index = 0
+    c._err_host = np.zeros(4, dtype=np.int32)  # the host-mapped fault flag, clear
     return c
 
 
@@ -74,17 +75,21 @@ def test_auto_uses_the_table() -> None:
 
 def test_device_fault_records_become_exceptions() -> None:
     c = fake_virtual()
-    c._raise_if_faulted(np.zeros(8, dtype=np.int32))
-    rec = np.array([1, 0, 2, 3, 4, 5, 6, 0], dtype=np.int32)
+    records = {0: np.zeros(8, dtype=np.int32), 1: np.zeros(8, dtype=np.int32)}
+    c._record_views = lambda: [(r, torch.from_numpy(v)) for r, v in records.items()]  # type: ignore[method-assign]
+    c._raise_recorded()
+    assert not c._faulted
+    records[1][:] = [1, 0, 2, 3, 4, 5, 6, 0]  # rank 0 timed out on peer 2; found in rank 1's record
     with pytest.raises(sollat.PeerTimeoutError, match="peer 2 did not deliver") as ei:
-        c._raise_if_faulted(rec)
+        c._raise_recorded()
     assert (ei.value.rank, ei.value.peer, ei.value.slot, ei.value.epoch) == (0, 2, 5, 6)
+    assert "reported to rank 1 by rank 0" in str(ei.value)
     assert c._faulted
     with pytest.raises(sollat.CommunicatorFaultedError, match="reset"):
         c._guard()
-    rec = np.array([2, 1, 3, 0, 0, 0, 0, 0x1235], dtype=np.int32)
+    records[0][:] = [2, 1, 3, 0, 0, 0, 0, 0x1235]
     with pytest.raises(sollat.CallMismatchError, match="peer 3 called all_reduce with different arguments"):
-        c._raise_if_faulted(rec)
+        c._raise_recorded()
 
 
 def test_signatures_are_odd_and_distinguish_calls() -> None:
