@@ -256,7 +256,7 @@ class _CommBase:
         while True:
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
-                                                split_counter=self._entry == "vr")
+                                                real_ranks=self._entry == "pg")
             defines.update(self._defines)
             kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
             config = self._launch_config(geo.blocks, geo.threads)
