@@ -724,7 +724,9 @@ def mismatch(s: Suite) -> None:
         testing.inject(f, mismatch=s.world - 1)
         err, where, secs = mismatched_call(s, f, base, base, f"hook {algo}")
         what = f"signature hook on rank {s.world - 1}, {algo}"
-        if not isinstance(err, sollat.CallMismatchError):
+        if err is None and not detects_mismatch(algo):
+            s.log(f"{what}: SKIP (documented): sentinel lines carry no signature; nothing raised")
+        elif not isinstance(err, sollat.CallMismatchError):
             s.fail(f"{what}: expected CallMismatchError on every rank, got "
                    f"{'nothing' if err is None else describe(err)}")
         else:

@@ -11,7 +11,7 @@ import sollat
 from sollat import testing
 from sollat.algorithms import ALGORITHMS
 
-from ._reference import assert_bitwise, random_inputs, rank_order_reduce
+from ._reference import assert_bitwise, assert_within_sum_bound, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
 
@@ -88,8 +88,12 @@ def test_a_fault_is_recorded_on_every_rank_and_outputs_are_nan_or_exact(algo: st
             assert bool(torch.isnan(outs[k]).any()), f"{algo}: rank {k} shows no sign of the fault"
     testing.clear(c)
     c.reset()
-    for y in c.all_reduce(xs, algo=algo):
-        assert_bitwise(y, ref, f"{algo} after reset")
+    ys = c.all_reduce(xs, algo=algo)
+    for y in ys:
+        if ALGORITHMS[algo].deterministic:
+            assert_bitwise(y, ref, f"{algo} after reset")
+        else:
+            assert_within_sum_bound(y, xs, f"{algo} after reset")
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
