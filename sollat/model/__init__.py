@@ -14,7 +14,7 @@ stale data, and that every run terminates. See ``docs/protocol-model.md``.
 
 from __future__ import annotations
 
-from .config import Config, Mutation
+from .config import Config, Fault, Mutation
 from .explore import Report, exhaustive, random_runs
 from .machine import Machine, Violation
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, Planted, SweepResult, soak, sweep
@@ -27,6 +27,7 @@ __all__ = [
     "RANDOM",
     "Config",
     "Counterexample",
+    "Fault",
     "Machine",
     "Mutation",
     "Planted",

@@ -56,11 +56,17 @@ class Instr(NamedTuple):
     srcs: tuple[int, ...] = ()  # COMBINE: snapshot registers
 
 
+EpochKey = tuple[str, int]  # (buffer, line-channel)
+Epochs = dict[EpochKey, int]
+
+
 @dataclass
 class ThreadProgram:
     label: str  # "r1 call2 b0.t1"
     code: list[Instr] = field(default_factory=list)
     nregs: int = 0
+    #: ``advanceEpoch``: (number of instructions before it, channel, new epoch); ``commit`` stores them
+    advances: list[tuple[int, EpochKey, int]] = field(default_factory=list)
 
 
 def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
@@ -102,6 +108,11 @@ class _Builder:
         self.emit(RESET, line=line)
         self.dirty[buffer] = True
 
+    def advance(self, epochs: Epochs, key: EpochKey) -> None:
+        """``advanceEpoch`` of one channel (the value reaches memory only at ``commit``)."""
+        epochs[key] = epochs.get(key, 0) + 1
+        self.prog.advances.append((len(self.prog.code), key, epochs[key]))
+
     def end(self) -> ThreadProgram:
         self.emit(END)
         return self.prog
@@ -109,12 +120,24 @@ class _Builder:
 
 @dataclass
 class Programs:
-    """All thread programs of a configuration: ``calls[rank][call]`` is the list of threads."""
+    """All thread programs of a configuration: ``calls[rank][call]`` is the list of threads, each
+    call built from the epochs ``starts[rank][call]`` that every earlier call committed in full."""
 
     cfg: Config
     scratch: Scratch
     calls: list[list[list[ThreadProgram]]]
     shared_steps: int  # shared instructions over all threads (a bound on a run's length)
+    starts: list[list[Epochs]]
+    gen: _Gen
+
+    def variant(self, rank: int, call: int, epochs: Epochs) -> list[ThreadProgram]:
+        """The threads of ``call`` on ``rank`` when it starts from ``epochs`` (fault path: a thread
+        that gave up did not commit). Uses only lines the configuration already has."""
+        n = len(self.scratch)
+        threads = self.gen.make(rank, call, self.cfg.calls[call], dict(epochs))
+        if len(self.scratch) != n:
+            raise AssertionError("a program variant touches a line no healthy run touches")
+        return threads
 
 
 class _Gen:
@@ -122,6 +145,24 @@ class _Gen:
         self.cfg = cfg
         self.scratch = Scratch(ll128_lanes=cfg.ll128_lanes, ll128_elems=cfg.ll128_lines)
         self.kind = cfg.proto
+
+    def make(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
+        """Threads of call ``k`` (``n`` lines) on rank ``r``; advances ``epochs`` as the call would."""
+        return {"oneshot": self.oneshot, "twoshot": self.twoshot, "ll128": self.ll128}[self.cfg.algorithm](
+            r, k, n, epochs)
+
+    def sig(self, r: int, k: int, n: int) -> int:
+        """The call signature; the mismatch test hook flips bit 1 (``call_signature``)."""
+        return rules.signature(self.cfg, n) ^ (2 if self.cfg.fault_at("mismatch", r, k) else 0)
+
+    def both_parities(self) -> None:
+        """Registers the other parity of every line, so that a call run from epochs that differ
+        from the healthy ones (fault path) finds every line it can touch."""
+        for info in list(self.scratch.infos):
+            if info.kind == "ll128":
+                self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
+            else:
+                self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot)
 
     def line(self, rank: int, buffer: str, epoch: int, src: int, slot: int) -> int:
         """``LLBuffer::peerLine`` / ``ownLine``: (parity, src, slot) in ``rank``'s region of ``buffer``."""
@@ -162,7 +203,7 @@ class _Gen:
     def oneshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
         geo = rules.model_geometry(cfg, n)
-        sig = rules.signature(cfg, n)
+        sig = self.sig(r, k, n)
         threads = []
         for b in range(geo.blocks):
             for t in range(geo.threads):
@@ -188,7 +229,7 @@ class _Gen:
                         B.at(it, i)
                         B.emit(ADDC, reg=acc[i], value=input_value(r, k, x))
                         B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
-                        epochs[("oneshot", s)] = epochs.get(("oneshot", s), 0) + 1  # buf.advanceEpoch
+                        B.advance(epochs, ("oneshot", s))  # buf.advanceEpoch
                 threads.append(B.end())  # buf.commit, kernel end
         return threads
 
@@ -197,7 +238,7 @@ class _Gen:
         cfg, R = self.cfg, self.cfg.nranks
         cl = rules.chunk_lines(cfg, n)
         geo = rules.model_geometry(cfg, cl)
-        sig = rules.signature(cfg, n)
+        sig = self.sig(r, k, n)
         unpadded = cfg.has(Mutation.UNPADDED_CHUNKS)
 
         def inp(q: int, m: int) -> int:
@@ -258,8 +299,8 @@ class _Gen:
                                 B.at(it, i)
                                 B.emit(OUT, reg=got[(c, i)], expect=sum(inp(q, m) for q in range(R)), value=m)
                     for _i, _x, s in chans:  # rs.advanceEpoch(); ag.advanceEpoch()
-                        epochs[("rs", s)] = epochs.get(("rs", s), 0) + 1
-                        epochs[("ag", s)] = epochs.get(("ag", s), 0) + 1
+                        B.advance(epochs, ("rs", s))
+                        B.advance(epochs, ("ag", s))
                 threads.append(B.end())
         return threads
 
@@ -269,7 +310,7 @@ class _Gen:
         cfg, R = self.cfg, self.cfg.nranks
         cl = rules.chunk_lines(cfg, n)
         geo = rules.model_geometry(cfg, cl)
-        sig = rules.signature(cfg, n)
+        sig = self.sig(r, k, n)
         W, L = cfg.ll128_lines, cfg.ll128_lanes
         P = protocols.ll128_payload(W, L)
         g = rules.bundle(cfg)
@@ -327,7 +368,7 @@ class _Gen:
                             B.emit(ZERO, line=self.acc_line(r, e, slot, sub))
                         if not cfg.has(Mutation.RESET_AFTER_SEND):
                             B.emit(FENCE)
-                    epochs[("acc", slot)] = e + 1
+                    B.advance(epochs, ("acc", slot))
                     # all-gather (LLBuffer<ProtoLL>): bcast own unit, write it, collect the others
                     ea = epochs.get(("ag", ch), 0)
                     for p in range(R):
@@ -345,7 +386,7 @@ class _Gen:
                                tag=(k, mc, ea), peer=c)
                         if mc < n:
                             B.emit(OUT, reg=gr, expect=total(mc), value=mc)
-                    epochs[("ag", ch)] = ea + 1
+                    B.advance(epochs, ("ag", ch))
                 threads.append(B.end())
         return threads
 
@@ -357,20 +398,24 @@ def build(cfg: Config) -> Programs:
     kernel end and read by the next call), as each device does with its own epoch array.
     """
     gen = _Gen(cfg)
-    make = {"oneshot": gen.oneshot, "twoshot": gen.twoshot, "ll128": gen.ll128}[cfg.algorithm]
     calls: list[list[list[ThreadProgram]]] = []
+    starts: list[list[Epochs]] = []
     for r in range(cfg.nranks):
-        epochs: dict[tuple[str, int], int] = {}
+        epochs: Epochs = {}
         per_rank = []
+        starts.append([])
         for k, n in enumerate(cfg.calls):
             start = dict(epochs)
-            per_rank.append(make(r, k, n, epochs))
+            starts[r].append(start)
+            per_rank.append(gen.make(r, k, n, epochs))
             if cfg.has(Mutation.SKIP_COMMIT):
-                epochs = start  # the kernel's advances never reach device memory
+                epochs = dict(start)  # the kernel's advances never reach device memory
         calls.append(per_rank)
     _check_outputs(cfg, calls)
+    if cfg.fault_path:
+        gen.both_parities()
     shared = sum(1 for rank in calls for call in rank for th in call for ins in th.code if ins.op in SHARED_OPS)
-    return Programs(cfg, gen.scratch, calls, shared)
+    return Programs(cfg, gen.scratch, calls, shared, starts, gen)
 
 
 def _check_outputs(cfg: Config, calls: list[list[list[ThreadProgram]]]) -> None:

@@ -2,8 +2,10 @@
 
 A :class:`Config` fully determines the programs every modelled thread runs (see
 :mod:`sollat.model.algorithms`); the scheduler only chooses the order in which their memory
-operations happen. Mutations (:class:`Mutation`) are planted protocol bugs; the checker must
-find a counterexample for each of them (``tests/cpu/test_model.py``).
+operations happen (and, on the fault path, which threads give up: then a rank's next call runs
+from the epochs its threads actually committed). Mutations (:class:`Mutation`) are planted
+protocol bugs; the checker must find a counterexample for each of them (``tests/cpu/test_model.py``,
+``tests/cpu/test_model_faults.py``). Faults (:class:`Fault`) are the device's test hooks.
 """
 
 from __future__ import annotations
@@ -44,6 +46,48 @@ class Mutation(enum.Enum):
     #: padding, while the channel's epoch still advances: a (sender, receiver) pair then skips
     #: epochs, and an LL line may hold e-4, e-6, ... (caught with few epoch bits).
     UNPADDED_CHUNKS = "unpadded-chunks"
+    #: Fault path: a thread that records a fault writes only its own rank's record
+    #: (``FaultSink::raise`` without the loop over ``peer_scratch``).
+    NO_PROPAGATION = "no-propagation"
+    #: Fault path: a kernel runs although its rank's record holds a fault (``refused()`` dropped).
+    NO_REFUSAL = "no-refusal"
+    #: Fault path: a thread that gives up or refuses leaves the outputs it has not written as they
+    #: were (``poison_from`` dropped).
+    NO_POISON = "no-poison"
+    #: Fault path: a thread that gives up still stores the epochs it advanced (``commit()`` on the
+    #: fault path).
+    COMMIT_AFTER_GIVE_UP = "commit-after-give-up"
+    #: Fault path: the record code is loaded before ``griddepcontrol.wait`` (PDL): a kernel reads
+    #: the record as it was when the previous kernel of its rank started.
+    EARLY_PRIOR = "early-prior"
+
+
+FAULT_KINDS = ("absent", "mismatch")
+REJOIN = ("launch", "ahead")
+TIMEOUTS = ("stuck", "any")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected by the device test hooks (``SOLLAT_TEST_HOOKS``, ``CommState``).
+
+    ``absent``: the rank's threads of call ``call`` end at once without sending (``prologue``
+    returns false), so its peers time out. ``mismatch``: the rank calls with another signature
+    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag.
+    """
+
+    kind: str  # "absent" | "mismatch"
+    rank: int
+    call: int
+    #: absent only: when the absent rank starts its next call. "launch": once every rank has ended
+    #: the faulted call (``VirtualCommunicator``: all ranks are one launch, the only way the tests
+    #: use the hook); "ahead": at once (a rank of a process group whose kernel returned early, i.e.
+    #: a rank that skipped a call: a different call sequence, not a fault the path can detect).
+    rejoin: str = "launch"
+
+    def label(self) -> str:
+        extra = "" if self.rejoin == "launch" or self.kind != "absent" else f",{self.rejoin}"
+        return f"{self.kind}(r{self.rank}@{self.call}{extra})"
 
 
 ALGORITHMS = ("oneshot", "twoshot", "ll128")
@@ -77,6 +121,13 @@ class Config:
     ll128_lanes: int = 2  # 16-byte lanes per line (device: 8)
     mutations: frozenset[Mutation] = field(default_factory=frozenset)
     name: str = ""
+    #: Injected faults (the fault path: ``fault.h``, ``refused()``, ``poison_from``).
+    faults: tuple[Fault, ...] = ()
+    #: Collective ``reset()`` before this call (every rank idle first), or None.
+    reset_at: int | None = None
+    #: When a blocked poll may time out: "stuck" (only when no other step is enabled anywhere: the
+    #: timeout is longer than any skew) or "any" (at any poll: spurious timeouts of slow peers).
+    timeouts: str = "stuck"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -91,6 +142,29 @@ class Config:
             raise ValueError("epoch_bits must be in 1..32")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
             raise ValueError("ll128_lines and ll128_lanes must be positive")
+        self._check_faults()
+
+    def _check_faults(self) -> None:
+        if self.timeouts not in TIMEOUTS:
+            raise ValueError(f"timeouts must be one of {TIMEOUTS}, got {self.timeouts!r}")
+        last = len(self.calls) if self.reset_at is None else self.reset_at
+        if self.reset_at is not None and not 1 <= self.reset_at < len(self.calls):
+            raise ValueError("reset_at must name a call after the first")
+        for f in self.faults:
+            if f.kind not in FAULT_KINDS or f.rejoin not in REJOIN:
+                raise ValueError(f"bad fault {f}")
+            if not (0 <= f.rank < self.nranks and 0 <= f.call < last):
+                raise ValueError(f"fault {f.label()} must name a rank and a call before the reset")
+            if f.kind == "mismatch" and self.proto != "ll":
+                raise ValueError("a call mismatch is detected by LL flags only (sentinel lines carry no signature)")
+
+    @property
+    def fault_path(self) -> bool:
+        """Whether threads may give up (injected faults, spurious timeouts or a reset)."""
+        return bool(self.faults) or self.timeouts == "any" or self.reset_at is not None
+
+    def fault_at(self, kind: str, rank: int, call: int) -> Fault | None:
+        return next((f for f in self.faults if (f.kind, f.rank, f.call) == (kind, rank, call)), None)
 
     @property
     def proto(self) -> str:
@@ -120,6 +194,11 @@ class Config:
             extra.append("torn")
         if self.algorithm == "ll128" and self.ll128_split:
             extra.append("split")
+        extra += [f.label() for f in self.faults]
+        if self.reset_at is not None:
+            extra.append(f"reset@{self.reset_at}")
+        if self.timeouts != "stuck":
+            extra.append(f"timeouts={self.timeouts}")
         extra += sorted(m.value for m in self.mutations)
         calls = ",".join(map(str, self.calls))
         return f"{base}[{calls}]" + (" " + " ".join(extra) if extra else "")

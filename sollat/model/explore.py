@@ -80,6 +80,8 @@ class _Adversary:
         elif mode == "frozen":
             self.frozen = (rng.randrange(R), rng.randrange(4))
             self.frozen_left = rng.randrange(5, 200)
+        # Fault path: how eagerly a waiting thread gives up (a spurious timeout, or its record check).
+        self.give_up_w = rng.choice((0.003, 0.05, 1.0)) if machine.fault else 1.0
 
     def choose(self, acts: list[Action]) -> Action:
         rng = self.rng
@@ -99,8 +101,8 @@ class _Adversary:
                 acts = rest
         if len(acts) == 1:
             return acts[0]
-        speed, fw = self.speed, self.flush_w
-        weights = [speed[a[1]] * (fw if a[0] else 1.0) for a in acts]
+        speed, w = self.speed, (1.0, self.flush_w, self.give_up_w, 1.0, 1.0)
+        weights = [speed[a[1]] * w[a[0]] for a in acts]
         return rng.choices(acts, weights)[0]
 
 

@@ -22,12 +22,21 @@ a line holding unconsumed data, nor on a line whose reset/zeroing is still pendi
 accepts the data it waits for (call, message line and epoch, from the right sender); an LL128
 counter of R implies every lane holds all R contributions; every output equals the exact sum;
 every run ends with every thread finished.
+
+Fault path (``Config.faults``, ``timeouts``, ``reset_at``; ``docs/protocol-model.md``): a thread
+at a poll may *give up* (a timeout, or its rank's fault record is set), raising the record on
+its rank and, as delayed stores, on every peer; it writes NaN into the outputs it has not written
+and commits nothing. A kernel that starts with its rank's record set refuses. Every call must end
+with each output exact or NaN, every rank's record must hold the fault, and ``reset()``
+re-initialises scratch, epochs and records before healthy calls.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from sollat import layout
 
 from . import protocols
 from .algorithms import (
@@ -45,23 +54,32 @@ from .algorithms import (
     RESET,
     SEND,
     ZERO,
+    Epochs,
     Instr,
     Programs,
+    ThreadProgram,
     build,
 )
 from .config import Config, Mutation
 from .scratch import CONSUMED, FREE, FULL, RESET_PENDING, STATUS_NAMES, Ghost
 
-# delayed store kinds
-P_RESET, P_ZERO, P_LANE = 0, 1, 2
+# delayed store kinds (P_REC: a fault record written into a peer's scratch; its "line" is -1 - peer)
+P_RESET, P_ZERO, P_LANE, P_REC = 0, 1, 2, 3
 #: (owner thread index or -1, kind, line, payload, ghost tag, writer rank, issuing instruction)
 Pending = tuple[int, int, int, Any, Any, int, Instr]
-Action = tuple[int, int, int]  # (0, rank, thread): step; (1, rank, i): perform delayed store i
+#: (0, rank, thread): step; (1, rank, i): perform delayed store i. Fault path: (2, rank, thread): the
+#: thread gives up at its poll; (3, rank, 0): the rank starts its next call after an absent one;
+#: (4, 0, 0): the collective reset().
+Action = tuple[int, int, int]
+GIVE_UP, REJOIN, RESET_ALL = 2, 3, 4
+FAULT_NAMES = {layout.FAULT_TIMEOUT: "timeout", layout.FAULT_MISMATCH: "call mismatch"}
 
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # overwrite reset-race stale torn overshoot wrong-sum mismatch deadlock duplicate no-progress
+    #: overwrite reset-race stale torn overshoot wrong-sum mismatch deadlock duplicate no-progress;
+    #: fault path: unwritten unnoticed refused-after-reset
+    kind: str
     message: str
     line: int = -1  # dense scratch line involved, if any
 
@@ -69,27 +87,54 @@ class Violation:
         return f"VIOLATION [{self.kind}] {self.message}"
 
 
+class FaultState:
+    """What the fault path adds to a state, per rank (absent in healthy configurations)."""
+
+    __slots__ = ("rec", "ep", "outs", "abort", "early", "phase")
+
+    def __init__(self, nranks: int) -> None:
+        self.rec = [layout.FAULT_OK] * nranks  # code word of the rank's fault record
+        self.ep = [0] * nranks  # committed epochs (interned table), read by the rank's next call
+        self.outs = [0] * nranks  # output lines of the current call written (exact or NaN), a bit mask
+        self.abort = [0] * nranks  # threads of the current call that gave up or refused, a bit mask
+        self.early = [0] * nranks  # Mutation.EARLY_PRIOR: the record when the current call started
+        self.phase = 0  # reset() calls performed
+
+    def copy(self) -> FaultState:
+        c = FaultState.__new__(FaultState)
+        c.rec, c.ep, c.outs, c.abort, c.early = self.rec[:], self.ep[:], self.outs[:], self.abort[:], self.early[:]
+        c.phase = self.phase
+        return c
+
+    def key(self) -> tuple[Any, ...]:
+        return (tuple(self.rec), tuple(self.ep), tuple(self.outs), tuple(self.abort), tuple(self.early), self.phase)
+
+
 class State:
     """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
 
-    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost")
+    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx")
 
     def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
-                 pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost]) -> None:
+                 pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost], var: list[int],
+                 fx: FaultState | None = None) -> None:
         self.call = call
         self.pc = pc
         self.regs = regs
         self.pend = pend
         self.mem = mem
         self.ghost = ghost
+        self.var = var  # per rank: the program variant of its current call (-1: waiting to start it)
+        self.fx = fx
 
     def copy(self) -> State:
         return State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
-                     self.mem[:], self.ghost[:])
+                     self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy())
 
     def key(self) -> tuple[Any, ...]:
         return (tuple(self.call), tuple(map(tuple, self.pc)), tuple(map(tuple, self.regs)),
-                tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost))
+                tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost),
+                tuple(self.var), None if self.fx is None else self.fx.key())
 
 
 def _fmt_tag(tag: Any) -> str:
@@ -125,8 +170,16 @@ class Machine:
         self.ncalls = len(cfg.calls)
         self.code: list[list[list[tuple[Instr, ...]]]] = [
             [[tuple(th.code) for th in call] for call in rank] for rank in self.programs.calls]
-        self.nregs = [[[th.nregs for th in call] for call in rank] for rank in self.programs.calls]
-        self.labels = [[[th.label for th in call] for call in rank] for rank in self.programs.calls]
+        # Program variants: variant r * ncalls + k is call k of rank r as built (every earlier call
+        # committed); on the fault path further variants are built when a call starts from other
+        # epochs. vcode[v] is the same list object as code[r][k] for the built ones.
+        self.vcode: list[list[tuple[Instr, ...]]] = [c for rank in self.code for c in rank]
+        self.vnregs: list[list[int]] = []
+        self.vadv: list[list[tuple[tuple[int, tuple[str, int], int], ...]]] = []
+        self.vouts: list[list[tuple[tuple[int, int], ...]]] = []
+        for rank in self.programs.calls:
+            for call in rank:
+                self._describe(call)
         self.scratch = self.programs.scratch
         self.names = [info.name() for info in self.scratch.infos]
         self.kinds = [info.kind for info in self.scratch.infos]
@@ -138,11 +191,47 @@ class Machine:
         self.max_steps = self.programs.shared_steps + sum(
             1 for rank in self.code for call in rank for th in call for ins in th
             if ins.op in (RESET, ZERO, ISSUE_ADD)) + 1
+        self.fault = cfg.fault_path
+        self._tables: dict[tuple[tuple[tuple[str, int], int], ...], int] = {(): 0}
+        self._table_list: list[tuple[tuple[tuple[str, int], int], ...]] = [()]
+        self._variants: dict[tuple[int, int, int], int] = {}
+        if self.fault:  # give-ups, record writes to peers, rejoins, the reset
+            self.max_steps += sum(len(call) * self.R for rank in self.code for call in rank) + self.R * self.ncalls + 1
+            for r, starts in enumerate(self.programs.starts):
+                for k, start in enumerate(starts):
+                    self._variants[(r, k, self._intern(start))] = r * self.ncalls + k
+
+    def _describe(self, threads: list[ThreadProgram]) -> None:
+        self.vnregs.append([th.nregs for th in threads])
+        self.vadv.append([tuple(th.advances) for th in threads])
+        self.vouts.append([tuple((i, ins.value) for i, ins in enumerate(th.code) if ins.op == OUT) for th in threads])
+
+    def _intern(self, epochs: Epochs) -> int:
+        key = tuple(sorted(epochs.items()))
+        tid = self._tables.get(key)
+        if tid is None:
+            tid = self._tables[key] = len(self._table_list)
+            self._table_list.append(key)
+        return tid
+
+    def _variant(self, st: State, r: int, k: int) -> int:
+        """Program variant of call k on rank r, from the epochs its threads committed so far."""
+        if st.fx is None:
+            return r * self.ncalls + k
+        key = (r, k, st.fx.ep[r])
+        v = self._variants.get(key)
+        if v is None:
+            threads = self.programs.variant(r, k, dict(self._table_list[st.fx.ep[r]]))
+            v = self._variants[key] = len(self.vcode)
+            self.vcode.append([tuple(th.code) for th in threads])
+            self._describe(threads)
+        return v
 
     # ---- state ---------------------------------------------------------------------------------
     def initial(self) -> State:
         st = State([0] * self.R, [[] for _ in range(self.R)], [[] for _ in range(self.R)],
-                   [() for _ in range(self.R)], self.scratch.initial_memory(), self.scratch.initial_ghost())
+                   [() for _ in range(self.R)], self.scratch.initial_memory(), self.scratch.initial_ghost(),
+                   [-1] * self.R, FaultState(self.R) if self.fault else None)
         for r in range(self.R):
             v = self._start_call(st, r, None)
             if v is not None:
@@ -155,22 +244,36 @@ class Machine:
     def _start_call(self, st: State, r: int, log: list[str] | None) -> Violation | None:
         while st.call[r] < self.ncalls:
             k = st.call[r]
-            n = len(self.code[r][k])
+            if st.fx is not None and self._gate(st, r, k):
+                st.var[r], st.pc[r], st.regs[r] = -1, [], []
+                if log is not None:
+                    log.append(f"    r{r} waits before call {k} ({self._gate(st, r, k)})")
+                return None
+            var = st.var[r] = self._variant(st, r, k)
+            code = self.vcode[var]
+            n = len(code)
             st.pc[r] = [0] * n
-            st.regs[r] = [(0,) * self.nregs[r][k][j] for j in range(n)]
+            st.regs[r] = [(0,) * m for m in self.vnregs[var]]
             if log is not None:
                 log.append(f"    r{r} starts call {k} ({n} thread{'s' if n != 1 else ''})")
+            if st.fx is not None:
+                v = self._kernel_start(st, r, k, log)
+                if v is not None:
+                    return v
             for j in range(n):
                 v = self._settle(st, r, j, log, advance=False)
                 if v is not None:
                     return v
-            if any(pc < len(c) for pc, c in zip(st.pc[r], self.code[r][k], strict=True)):
+            if any(pc < len(c) for pc, c in zip(st.pc[r], code, strict=True)):
                 return None
+            if st.fx is not None:
+                v = self._end_call(st, r, k)
+                if v is not None:
+                    return v
             st.call[r] += 1  # every thread of the call already finished (no data for this rank)
             if log is not None:
                 log.append(f"    r{r} ends call {k} (kernel boundary)")
-        st.pc[r] = []
-        st.regs[r] = []
+        st.var[r], st.pc[r], st.regs[r] = -1, [], []
         return None
 
     # ---- enabled steps -------------------------------------------------------------------------
@@ -184,8 +287,9 @@ class Machine:
         for r in range(self.R):
             k = st.call[r]
             pend = st.pend[r]
-            if k < ncalls:
-                code = self.code[r][k]
+            var = st.var[r]
+            if k < ncalls and var >= 0:
+                code = self.vcode[var]
                 pcs = st.pc[r]
                 for j, c in enumerate(code):
                     pc = pcs[j]
@@ -212,6 +316,8 @@ class Machine:
                 if i and self._ordered_after(pend, i, e):
                     continue
                 acts.append((1, r, i))
+        if st.fx is not None:
+            self._fault_actions(st, acts)
         return acts
 
     @staticmethod
@@ -226,6 +332,12 @@ class Machine:
 
     # ---- steps ---------------------------------------------------------------------------------
     def apply(self, st: State, act: Action, log: list[str] | None = None) -> Violation | None:
+        """Performs one step on ``st`` in place; returns the first violation it shows, if any."""
+        if st.fx is not None:
+            return self._apply_fault(st, act, log)
+        return self._step(st, act, log)
+
+    def _step(self, st: State, act: Action, log: list[str] | None) -> Violation | None:
         kind, r, j = act
         if kind == 1:
             pend = st.pend[r]
@@ -238,8 +350,7 @@ class Machine:
             if owner >= 0 and st.call[r] < self.ncalls:
                 return self._settle(st, r, owner, log)
             return None
-        k = st.call[r]
-        ins = self.code[r][k][j][st.pc[r][j]]
+        ins = self.vcode[st.var[r]][j][st.pc[r][j]]
         v = self._shared(st, r, j, ins, log)
         if v is not None:
             return v
@@ -348,6 +459,9 @@ class Machine:
 
     def _perform(self, st: State, r: int, e: Pending, log: list[str] | None) -> Violation | None:
         owner, kind, ln, payload, tag, writer, ins = e
+        if kind == P_REC:
+            self._perform_record(st, e, log)
+            return None
         g = st.ghost[ln]
         if kind == P_LANE:
             lane, vals = payload
@@ -378,7 +492,8 @@ class Machine:
     def _settle(self, st: State, r: int, j: int, log: list[str] | None, advance: bool = True) -> Violation | None:
         """Run thread (r, j)'s local instructions up to its next shared one (or a blocking fence/end)."""
         k = st.call[r]
-        code = self.code[r][k][j]
+        var = st.var[r]
+        code = self.vcode[var][j]
         pc = st.pc[r][j]
         n = len(code)
         while pc < n:
@@ -397,6 +512,8 @@ class Machine:
                         break
                     st.pend[r] = tuple((-1, *e[1:]) if e[0] == j else e for e in st.pend[r])
                 st.regs[r][j] = ()
+                if st.fx is not None and not st.fx.abort[r] >> j & 1:
+                    self._commit(st, r, j)  # buf.commit()
                 if log is not None:
                     log.append(f"    {ins.where}: END")
             elif op in (RESET, ZERO):
@@ -419,17 +536,215 @@ class Machine:
                 got = st.regs[r][j][ins.reg]
                 if log is not None:
                     log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
+                if st.fx is not None:
+                    st.fx.outs[r] |= 1 << ins.value
                 if got != ins.expect:
                     return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
                                      f"the exact sum is {ins.expect}")
             pc += 1
         st.pc[r][j] = pc
-        if advance and pc == n and all(p == len(c) for p, c in zip(st.pc[r], self.code[r][k], strict=True)):
+        if advance and pc == n and all(p == len(c) for p, c in zip(st.pc[r], self.vcode[var], strict=True)):
+            if st.fx is not None:
+                v = self._end_call(st, r, k)
+                if v is not None:
+                    return v
             if log is not None:
                 log.append(f"    r{r} ends call {k} (kernel boundary: all its threads finished)")
             st.call[r] = k + 1
             return self._start_call(st, r, log)
         return None
+
+    # ---- the fault path (fault.h, refused(), poison_from; Config.faults) ------------------------
+    def _gate(self, st: State, r: int, k: int) -> str:
+        """Why rank r may not start call k yet ("" if it may)."""
+        assert st.fx is not None
+        if k == self.cfg.reset_at and st.fx.phase == 0:
+            return "reset(): waits until every rank is idle"
+        f = self.cfg.fault_at("absent", r, k - 1) if k else None
+        if f is not None and f.rejoin == "launch" and min(st.call) < k:
+            return f"absent in call {k - 1}: its next launch follows every rank's call {k - 1}"
+        return ""
+
+    def _kernel_start(self, st: State, r: int, k: int, log: list[str] | None) -> Violation | None:
+        """Kernel entry: the absent hook (``prologue``), then the record code (``prior``, ``refused()``)."""
+        fx = st.fx
+        assert fx is not None
+        cfg = self.cfg
+        prior = fx.early[r] if cfg.has(Mutation.EARLY_PRIOR) else fx.rec[r]
+        fx.early[r] = fx.rec[r]
+        fx.outs[r] = fx.abort[r] = 0
+        code = self.vcode[st.var[r]]
+        absent = cfg.fault_at("absent", r, k) is not None
+        if not absent and (not prior or cfg.has(Mutation.NO_REFUSAL)):
+            return None
+        if not absent and fx.phase:
+            return Violation("refused-after-reset", f"r{r} refuses call {k} after reset(): its record holds "
+                             f"{FAULT_NAMES.get(prior, prior)}")
+        if not absent and not cfg.has(Mutation.NO_POISON):
+            fx.outs[r] = (1 << cfg.calls[k]) - 1
+        st.pc[r] = [len(c) for c in code]
+        fx.abort[r] = (1 << len(code)) - 1
+        if log is not None:
+            log.append(f"    r{r} is absent in call {k}: its blocks return at once (test hook)" if absent else
+                       f"    r{r} REFUSES call {k}: its record holds {FAULT_NAMES.get(prior, prior)}; NaN into "
+                       "every output it owns, nothing sent, nothing committed")
+        return None
+
+    def _end_call(self, st: State, r: int, k: int) -> Violation | None:
+        """Kernel end: every output line of the call holds the exact sum or NaN (absent: untouched)."""
+        assert st.fx is not None
+        n = self.cfg.calls[k]
+        missing = [x for x in range(n) if not st.fx.outs[r] >> x & 1]
+        if missing and self.cfg.fault_at("absent", r, k) is None:
+            return Violation("unwritten", f"r{r} ends call {k} without writing output line(s) {missing}: neither "
+                             "the exact sum nor NaN, the caller reads whatever the buffer held")
+        return None
+
+    def _fault_actions(self, st: State, acts: list[Action]) -> None:
+        """Give-ups at polls, rejoins after an absent call, the reset; timeouts per ``Config.timeouts``."""
+        fx = st.fx
+        assert fx is not None
+        live = fx.phase == 0  # calls after reset() are healthy: no timeout fires in them
+        anytime = live and self.cfg.timeouts == "any"
+        stuck: list[Action] = []
+        for r in range(self.R):
+            k = st.call[r]
+            if k >= self.ncalls:
+                continue
+            if st.var[r] < 0:
+                if not self._gate(st, r, k):
+                    acts.append((REJOIN, r, 0))
+                continue
+            for j, c in enumerate(self.vcode[st.var[r]]):
+                pc = st.pc[r][j]
+                if pc < len(c) and c[pc].op in (POLL, POLL128):
+                    if fx.rec[r] or anytime:  # Spin::again: the record check, or a timeout
+                        acts.append((GIVE_UP, r, j))
+                    elif live:
+                        stuck.append((GIVE_UP, r, j))
+        ra = self.cfg.reset_at
+        if ra is not None and fx.phase == 0 and all(c == ra for c in st.call) and not any(st.pend):
+            acts.append((RESET_ALL, 0, 0))
+        if not acts:  # "stuck": a timeout fires only when nothing else can happen
+            acts.extend(stuck)
+
+    def _apply_fault(self, st: State, act: Action, log: list[str] | None) -> Violation | None:
+        kind, r, j = act
+        if kind == GIVE_UP:
+            v = self._give_up(st, r, j, layout.FAULT_TIMEOUT, log)
+        elif kind == REJOIN:
+            if log is not None:
+                log.append(f"r{r}: the launch of call {st.call[r] - 1} ended on every rank")
+            v = self._start_call(st, r, log)
+        elif kind == RESET_ALL:
+            v = self._reset(st, log)
+        elif kind == 0 and self._foreign_flag(st, r, j):
+            v = self._give_up(st, r, j, layout.FAULT_MISMATCH, log)
+        else:
+            v = self._step(st, act, log)
+        if v is None and self.finished(st):
+            v = self._record_check(st, "the end of the run")
+        return v
+
+    def _foreign_flag(self, st: State, r: int, j: int) -> bool:
+        """An LL poll sees its epoch with another signature, and an injected mismatch explains it
+        (``checkPolls`` raises kMismatch). Unexplained ones stay violations (``_shared``)."""
+        ins = self.vcode[st.var[r]][j][st.pc[r][j]]
+        if ins.op != POLL or ins.flag is None or protocols.ll_try_load(st.mem[ins.line], ins.flag) >= 0:
+            return False
+        held = st.ghost[ins.line][1]
+        return (self.cfg.fault_at("mismatch", r, st.call[r]) is not None
+                or (held is not None and self.cfg.fault_at("mismatch", held[1], held[0][0]) is not None))
+
+    def _give_up(self, st: State, r: int, j: int, code: int, log: list[str] | None) -> Violation | None:
+        """The thread stops waiting: ``FaultSink::raise`` if its record is still clear (own record at
+        once, every peer's as a delayed store), NaN into the outputs it has not written
+        (``poison_from``), no further send, no commit; then it ends."""
+        fx = st.fx
+        assert fx is not None
+        var = st.var[r]
+        c = self.vcode[var][j]
+        pc = st.pc[r][j]
+        ins = c[pc]
+        raised = not fx.rec[r]
+        if raised:
+            fx.rec[r] = code
+            if not self.cfg.has(Mutation.NO_PROPAGATION):
+                st.pend[r] = (*st.pend[r], *((j, P_REC, -1 - q, code, None, r, ins) for q in range(self.R) if q != r))
+        nan = [x for i, x in self.vouts[var][j] if i >= pc]
+        if not self.cfg.has(Mutation.NO_POISON):
+            for x in nan:
+                fx.outs[r] |= 1 << x
+        if self.cfg.has(Mutation.COMMIT_AFTER_GIVE_UP):
+            self._commit(st, r, j, upto=pc)
+        fx.abort[r] |= 1 << j
+        if log is not None:
+            why = f"records a {FAULT_NAMES[code]} in r{r}'s record and every peer's" if raised else \
+                f"its record holds a {FAULT_NAMES.get(fx.rec[r], fx.rec[r])}"
+            log.append(f"{ins.where}: GIVES UP at {OP_NAMES[ins.op]} {self.names[ins.line]} ({why}); "
+                       f"NaN into output line(s) {nan}")
+        st.pc[r][j] = len(c) - 1  # END: its delayed stores (record writes too) land before the kernel ends
+        return self._settle(st, r, j, log)
+
+    def _perform_record(self, st: State, e: Pending, log: list[str] | None) -> None:
+        """``write_fault_record`` on a peer: CAS 0 -> claimed, details, release the code (first writer wins)."""
+        assert st.fx is not None
+        q, code, writer, ins = -1 - e[2], e[3], e[5], e[6]
+        first = not st.fx.rec[q]
+        if first:
+            st.fx.rec[q] = code
+        if log is not None:
+            log.append(f"    performed: fault record of r{q} := {FAULT_NAMES[code]} (written by r{writer} "
+                       f"{ins.where}){'' if first else ': it already held one'}")
+
+    def _commit(self, st: State, r: int, j: int, upto: int | None = None) -> None:
+        """``LLBuffer::commit`` of thread j: its channels' advanced epochs (those before ``upto``)."""
+        assert st.fx is not None
+        if self.cfg.has(Mutation.SKIP_COMMIT):
+            return
+        items = [(key, e) for i, key, e in self.vadv[st.var[r]][j] if upto is None or i <= upto]
+        if items:
+            table = dict(self._table_list[st.fx.ep[r]])
+            table.update(items)
+            st.fx.ep[r] = self._intern(table)
+
+    def _reset(self, st: State, log: list[str] | None) -> Violation | None:
+        """Collective ``reset()``: every rank idle; scratch, epochs and records re-initialised."""
+        fx = st.fx
+        assert fx is not None
+        if log is not None:
+            log.append(f"reset(): every rank idle, records {[FAULT_NAMES.get(c, 'clear') for c in fx.rec]}; "
+                       "scratch, epochs and records re-initialised")
+        v = self._record_check(st, "reset()")
+        if v is not None:
+            return v
+        st.mem = self.scratch.initial_memory()
+        st.ghost = self.scratch.initial_ghost()
+        fx.rec, fx.ep, fx.early = [layout.FAULT_OK] * self.R, [0] * self.R, [0] * self.R
+        fx.phase += 1
+        for r in range(self.R):
+            v = self._start_call(st, r, log)
+            if v is not None:
+                return v
+        return None
+
+    def _record_check(self, st: State, when: str) -> Violation | None:
+        """Every rank sees the fault: all records hold one, or none does (and one does if a fault
+        was injected since the last reset); one injected fault, timeouts only when stuck: the same code."""
+        assert st.fx is not None
+        rec = st.fx.rec
+        injected = st.fx.phase == 0 and bool(self.cfg.faults)
+        if all(rec) and len(set(rec)) > 1 and len(self.cfg.faults) == 1 and self.cfg.timeouts == "stuck":
+            return Violation("unnoticed", f"at {when}, the ranks' fault records hold different faults "
+                             f"{[FAULT_NAMES.get(c, c) for c in rec]} for one injected fault: their hosts "
+                             "would raise different errors")
+        if all(rec) or not (any(rec) or injected):
+            return None
+        clear = [q for q in range(self.R) if not rec[q]]
+        why = "a fault was injected" if not any(rec) else \
+            f"rank(s) {[q for q in range(self.R) if rec[q]]} recorded a fault"
+        return Violation("unnoticed", f"at {when}, the fault record of rank(s) {clear} is clear although {why}: "
+                         "those hosts would not raise")
 
     # ---- diagnostics ---------------------------------------------------------------------------
     def deadlock(self, st: State) -> Violation:
@@ -438,7 +753,10 @@ class Machine:
             k = st.call[r]
             if k >= self.ncalls:
                 continue
-            for j, c in enumerate(self.code[r][k]):
+            if st.var[r] < 0:
+                lines.append(f"r{r} waits before call {k} ({self._gate(st, r, k)})")
+                continue
+            for j, c in enumerate(self.vcode[st.var[r]]):
                 pc = st.pc[r][j]
                 if pc >= len(c):
                     continue
