@@ -8,6 +8,11 @@ was captured with them (``inject`` first with no hook, capture, then ``inject`` 
   arrived); its peers time out, name r, and every rank raises.
 * ``mismatch=r``: rank r flips a bit of its call signature (a peer that called with other
   arguments); LL-flagged algorithms detect it on the device.
+
+On real ranks the absent rank's call returns at once without committing its epochs, so that rank
+must make no further call until the fault has been raised (``check()``) and ``reset()`` ran: a
+further call would send the next call's lines under the faulted call's epochs (a real dead peer
+makes no further calls; the protocol model, docs/protocol-model.md, shows the difference).
 """
 
 from __future__ import annotations
