@@ -2,11 +2,44 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 from . import algorithms, build
 from .dtypes import DTYPES
+
+DEFAULT_ARCH = build.DEFAULT_ARCH
+MIN_ARCH = 90  # the kernels use griddepcontrol (PDL), which needs sm_90
+
+
+class PrecompileError(RuntimeError):
+    """A precompile that cannot run or a kernel that does not compile; the message is one line."""
+
+
+def nvrtc_archs() -> list[int]:
+    """The sm_XY numbers this NVRTC compiles for ([] when NVRTC cannot be asked)."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        return [int(a) for a in archs] if int(err) == 0 else []
+    except Exception:
+        return []
+
+
+def check_arch(arch: str) -> str:
+    """``arch`` if sollat can be compiled for it (``sm_90``, ``sm_90a``, ``sm_100`` ...), else ValueError."""
+    m = re.fullmatch(r"sm_(\d{2,3})([af]?)", arch)
+    if m is None:
+        raise ValueError(f"an arch looks like sm_90, got {arch!r}")
+    number = int(m.group(1))
+    if number < MIN_ARCH:
+        raise ValueError(f"sollat's kernels need sm_{MIN_ARCH} or newer, got {arch!r}")
+    known = nvrtc_archs()
+    if known and number not in known:
+        raise ValueError(f"this NVRTC does not compile for {arch!r}; it knows sm_{', sm_'.join(map(str, known))}")
+    return arch
 
 
 def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
@@ -31,14 +64,31 @@ def _compile_one(args: tuple[str, dict[str, str], str]) -> str:
     return filename
 
 
+def _first_error(log: str) -> str:
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower() and "NVRTC_ERROR" not in ln]
+    return (errors or lines or ["no compile log"])[0]
+
+
 def precompile(arch: str | None = None, jobs: int = 8) -> int:
-    """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count."""
-    arch = arch or build.device_arch()
+    """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count.
+
+    Raises ValueError for an arch sollat cannot use and PrecompileError when compiling fails."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    arch = check_arch(arch or build.device_arch())
+    try:
+        import cuda.core  # noqa: F401
+    except ImportError as exc:
+        raise PrecompileError(f"cuda.core is missing ({exc}); install the nvrtc extra") from exc
     work = [(f, d, arch) for f, d in all_instantiations()]
-    if jobs <= 1:
-        for w in work:
-            _compile_one(w)
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(_compile_one, work))
+    try:
+        if jobs == 1:
+            for w in work:
+                _compile_one(w)
+        else:
+            with ProcessPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(_compile_one, work))
+    except RuntimeError as exc:
+        raise PrecompileError(f"NVRTC failed for {arch}: {_first_error(str(exc))}") from exc
     return len(work)

@@ -126,19 +126,37 @@ def _distributed_runner() -> tuple[Callable[[str, int, torch.dtype], float], lis
     return run, [*comm.algorithms, NCCL], comm.gpu_name
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sollat tune", description=__doc__)
-    p.add_argument("--ranks", type=int, default=4, help="virtual ranks when not under torchrun (default 4)")
+def _sizes(text: str) -> list[int]:
+    from .bench.sizes import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .cli import PROG, Parser, int_range
+    from .layout import MAX_RANKS
+
+    p = Parser(prog=f"{PROG} tune", description=__doc__)
+    p.add_argument("--ranks", type=int_range(2, MAX_RANKS), default=4,
+                   help=f"virtual ranks when not under torchrun, 2..{MAX_RANKS} (default 4)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--sizes", default=None, help="comma-separated byte sizes (default 128 B .. 16 MiB, x2)")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help="byte sizes: a comma list and/or LO:HI[:FACTOR], units K/M (default 128 B .. 16 MiB, x2)")
     p.add_argument("--out", default=None, help="directory to write the table to (default: user cache)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("sollat tune: no CUDA GPU is visible; nothing to measure. The built-in tables are in "
               f"{select.TUNING_DIR}.")
         return 0
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else DEFAULT_SIZES
+    sizes = a.sizes or DEFAULT_SIZES
     dtype = getattr(torch, a.dtype)
     run, algos, gpu = _distributed_runner() if distributed else _virtual_runner(a.ranks)
     ranks = int(os.environ["WORLD_SIZE"]) if distributed else a.ranks

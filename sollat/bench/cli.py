@@ -1,70 +1,91 @@
-"""``python -m sollat {sol,barrier,bench}`` and ``python -m sollat.bench plot DIR``.
+"""The measurement verbs of ``python -m sollat``: ``bench``, ``sol``, ``barrier`` and ``plot DIR``.
 
 One command per measurement; each works with virtual ranks on one GPU in a single process and,
 unchanged, under ``torchrun --nproc-per-node N`` (one GPU per process). Results land in a
 timestamped folder under ``--out`` (default ``results/``), or exactly in ``--into DIR``.
-See docs/measurement.md for the method and for how to reproduce every figure.
+``python -m sollat.bench`` is the same command line as ``python -m sollat`` (one list of verbs:
+``sollat.cli.VERBS``). See docs/measurement.md for the method and for how to reproduce every figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import cli as top
+from ..cli import nonneg_int, positive_float, positive_int
+from ..layout import MAX_RANKS
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, parse_int_list, parse_sizes
 
-SUBCOMMANDS = ("bench", "sol", "barrier", "plot")
+SUBCOMMANDS = top.BENCH_VERBS
 DEFAULT_RANKS = "2,4,8"
+
+
+def _ranks(lo: int, hi: int | None) -> Callable[[str], str]:
+    """Argument type: a rank list (``2,4,8`` or ``2:8``) within lo..hi, kept as text."""
+    def parse(text: str) -> str:
+        try:
+            ranks = parse_int_list(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if any(r < lo or (hi is not None and r > hi) for r in ranks):
+            bounds = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
+            raise argparse.ArgumentTypeError(f"rank counts must be {bounds}, got {text!r}")
+        return text
+    return parse
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results", help="parent folder of the timestamped result folder (default: results)")
     p.add_argument("--into", default=None, help="write into exactly this folder instead of a new timestamped one")
-    p.add_argument("--device", type=int, default=0, help="GPU index in virtual mode (default 0)")
+    p.add_argument("--device", type=nonneg_int, default=0, help="GPU index in virtual mode (default 0)")
     p.add_argument("--commit", default=None, help="commit to name in titles (default: git, else $SOLLAT_COMMIT)")
     p.add_argument("--quick", action="store_true", help="fewer sizes/repeats: about a minute")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds before any device spin gives up (default 5)")
+    p.add_argument("--timeout", type=positive_float, default=5.0, help="seconds before any device spin gives up (default 5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sollat", description="sollat measurement suite")
+    parser = top.Parser(prog=top.PROG, description="sollat measurement verbs (all verbs: python -m sollat --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("sol", help="speed-of-light probe: L2 round trip, remote store, SoL")
+    p = sub.add_parser("sol", help=top.VERBS["sol"])
     _common(p)
-    p.add_argument("--repeats", type=int, default=None, help="launches per figure (default 9, quick 5)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="launches per figure (default 9, quick 5)")
     p.add_argument("--single-gpu", action="store_true", help="SM-to-SM ping-pong even when two GPUs are visible")
-    p.add_argument("--peer", type=int, default=None, help="GPU for the GPU-to-GPU ping-pong (default: next one)")
+    p.add_argument("--peer", type=nonneg_int, default=None, help="GPU for the GPU-to-GPU ping-pong (default: next one)")
 
-    p = sub.add_parser("barrier", help="all-to-all flag barrier latency vs rank count")
+    p = sub.add_parser("barrier", help=top.VERBS["barrier"])
     _common(p)
-    p.add_argument("--ranks", default=None, help="rank counts (default 2,4,8,16,32,64; quick 2..32; torchrun: 2,4..N)")
-    p.add_argument("--iters", type=int, default=None, help="barriers per launch (default 1000, quick 500)")
-    p.add_argument("--repeats", type=int, default=None, help="launches per figure (default 7, quick 5)")
+    p.add_argument("--ranks", type=_ranks(2, None), default=None,
+                   help="rank counts (default 2,4,8,16,32,64; quick 2..32; torchrun: 2,4..N)")
+    p.add_argument("--iters", type=positive_int, default=None, help="barriers per launch (default 1000, quick 500)")
+    p.add_argument("--repeats", type=positive_int, default=None, help="launches per figure (default 7, quick 5)")
 
-    p = sub.add_parser("bench", help="AllReduce latency sweep: every sollat algorithm and the peers")
+    p = sub.add_parser("bench", help=top.VERBS["bench"])
     _common(p)
     p.add_argument("--sizes", default=None,
                    help=f"message sizes per rank: LO:HI[:FACTOR] and/or a comma list (default {DEFAULT_SIZES}, "
                         f"quick {QUICK_SIZES})")
-    p.add_argument("--ranks", default=DEFAULT_RANKS, help="virtual rank counts (default 2,4,8; ignored under torchrun)")
+    p.add_argument("--ranks", type=_ranks(2, MAX_RANKS), default=DEFAULT_RANKS,
+                   help="virtual rank counts (default 2,4,8; ignored under torchrun)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="element types (default float32,bfloat16)")
     p.add_argument("--algos", default="all", help="sollat algorithms, comma list, 'auto' included (default all)")
     p.add_argument("--peers", default="all",
                    help="peers: all, none, or a comma list (nccl, nccl-ring-ll, ..., nccl-window, torch-symm)")
-    p.add_argument("--replays", type=int, default=None, help="timed graph replays per row (default 30, quick 7)")
-    p.add_argument("--calls", type=int, default=None, help="calls per graph up to 256 KiB (default 100, quick 50)")
+    p.add_argument("--replays", type=positive_int, default=None, help="timed graph replays per row (default 30, quick 7)")
+    p.add_argument("--calls", type=positive_int, default=None, help="calls per graph up to 256 KiB (default 100, quick 50)")
     p.add_argument("--barrier", action="store_true", help="also run the barrier sweep into the same folder")
     p.add_argument("--no-sol", action="store_true", help="skip the SoL probe (the table then has no SoL)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check of the timed outputs")
     p.add_argument("--no-plots", action="store_true", help="write no figures")
-    p.add_argument("--child-timeout", type=float, default=None, help="seconds per peer child (default 600, quick 150)")
+    p.add_argument("--child-timeout", type=positive_float, default=None, help="seconds per peer child (default 600, quick 150)")
 
-    p = sub.add_parser("plot", help="re-draw the figures of a result folder (no GPU needed)")
+    p = sub.add_parser("plot", help=top.VERBS["plot"])
     p.add_argument("dir", help="a result folder with bench.json and/or barrier.json")
     return parser
 
@@ -402,7 +423,7 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
     paths = plot_dir(a.dir)
     if not paths:
-        print(f"no bench.json or barrier.json in {a.dir}", file=sys.stderr)
+        print(f"{top.PROG} plot: error: no bench.json or barrier.json in {a.dir}", file=sys.stderr)
         return 1
     for p in paths:
         print(p)
@@ -411,14 +432,17 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``main(["bench", "--quick"])``; returns the exit status."""
-    a = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in SUBCOMMANDS:  # the other verbs, --help, errors: one command line
+        return top.main(argv)
+    a = build_parser().parse_args(argv)
     if a.cmd == "plot":
         return cmd_plot(a)
     if a.cmd == "bench":
         try:
             plan_bench(a)  # argument errors first, with or without a GPU
         except ValueError as exc:
-            print(f"sollat bench: {exc}", file=sys.stderr)
+            print(f"{top.PROG} bench: error: {exc}", file=sys.stderr)
             return 2
     from .env import NO_GPU_MESSAGE, gpu_available
 

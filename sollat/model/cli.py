@@ -8,6 +8,8 @@
   --mutation NAME    print the counterexample for one planted bug (see --list)
   --config NAME      check only these configurations (repeatable; see --list)
   --list             list configurations and planted bugs
+
+--sweep and --soak print a progress line on stderr every 10 seconds.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ import sys
 import time
 from collections.abc import Callable
 
+from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
 from .explore import Report, exhaustive, random_runs
-from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep
+from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep, sweep_tasks
+
+TICK_SECONDS = 10.0
 
 
 def _progress(verbose: bool) -> Callable[[Report], None]:
@@ -28,6 +33,33 @@ def _progress(verbose: bool) -> Callable[[Report], None]:
         if rep.counterexample is not None:
             print(rep.counterexample.format(), flush=True)
     return show
+
+
+class Ticker:
+    """Progress of long work: prints each report as ``show`` wants, and a line on stderr at most
+    every ``every`` seconds and when the last of ``total`` tasks is done."""
+
+    def __init__(self, what: str, show: Callable[[Report], None], *, total: int | None = None,
+                 deadline: float | None = None, every: float) -> None:
+        self.what, self.show, self.total, self.deadline, self.every = what, show, total, deadline, every
+        self.t0 = self.last = time.perf_counter()
+        self.done = self.states = self.schedules = 0
+
+    def __call__(self, rep: Report) -> None:
+        self.show(rep)
+        self.done += 1
+        self.states += rep.states
+        self.schedules += rep.interleavings if rep.method == "random" else 0
+        now = time.perf_counter()
+        if now - self.last >= self.every or self.done == self.total:
+            self.last = now
+            print(self.line(now - self.t0), file=sys.stderr, flush=True)
+
+    def line(self, elapsed: float) -> str:
+        done = f"{self.done}/{self.total}" if self.total else f"{self.done}"
+        of = f" of {self.deadline:.0f} s" if self.deadline else ""
+        return (f"{self.what}: {done} tasks done, {self.states:,} exhaustive states, "
+                f"{self.schedules:,} random schedules, {elapsed:.0f} s{of}")
 
 
 def _list() -> int:
@@ -68,9 +100,6 @@ def _planted(seed: int, show: str | None = None) -> int:
             bad += not ok
             print(f"{'proved' if ok else 'FAILED'}  {p.name:40s} harmless: {p.rule} "
                   f"({ex.states:,} states, every schedule)")
-    elif not any(p.name == show for p in PLANTED):
-        print(f"unknown planted bug {show!r}; see --list")
-        return 2
     return 1 if bad else 0
 
 
@@ -103,24 +132,80 @@ def _demo(seed: int, workers: int) -> int:
     return 1 if fails else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="sollat model", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--demo", action="store_true", help="short demo (default)")
-    ap.add_argument("--sweep", action="store_true", help="bounded CI sweep")
-    ap.add_argument("--scale", type=float, default=1.0, help="sweep: multiply the random run counts")
-    ap.add_argument("--soak", type=float, metavar="SECONDS", help="long random soak")
-    ap.add_argument("--planted", action="store_true", help="check that every planted bug is caught")
-    ap.add_argument("--mutation", metavar="NAME", help="counterexample of one planted bug")
-    ap.add_argument("--config", action="append", metavar="NAME", help="check these configurations only")
-    ap.add_argument("--runs", type=int, default=2000, help="--config: random schedules per configuration")
+def _parser() -> Parser:
+    ap = Parser(prog=f"{PROG} model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--demo", action="store_true", help="short demo (default)")
+    mode.add_argument("--sweep", action="store_true", help="bounded CI sweep")
+    mode.add_argument("--soak", type=positive_float, metavar="SECONDS", help="long random soak")
+    mode.add_argument("--planted", action="store_true", help="check that every planted bug is caught")
+    mode.add_argument("--mutation", metavar="NAME", help="counterexample of one planted bug")
+    mode.add_argument("--config", action="append", metavar="NAME", help="check these configurations only")
+    mode.add_argument("--list", action="store_true", help="list configurations and planted bugs")
+    ap.add_argument("--scale", type=positive_float, default=None, help="--sweep: multiply the random run counts")
+    ap.add_argument("--runs", type=positive_int, default=None,
+                    help="--config: random schedules per configuration (default 2000)")
     ap.add_argument("--exhaustive", action="store_true", help="--config: exhaustive search instead of random")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=default_workers())
+    ap.add_argument("--seed", type=nonneg_int, default=0)
+    ap.add_argument("--workers", type=positive_int, default=default_workers())
     ap.add_argument("-v", "--verbose", action="store_true", help="print every configuration's report")
-    ap.add_argument("--list", action="store_true", help="list configurations and planted bugs")
-    a = ap.parse_args(argv)
+    return ap
 
+
+def _check(ap: Parser, a: argparse.Namespace) -> None:
+    """Options that belong to another mode are errors, not silently ignored."""
+    if (a.runs is not None or a.exhaustive) and not a.config:
+        ap.error("--runs and --exhaustive go with --config NAME")
+    if a.runs is not None and a.exhaustive:
+        ap.error("--runs counts random schedules; --exhaustive checks every schedule: give one")
+    if a.scale is not None and not a.sweep:
+        ap.error("--scale goes with --sweep")
+    for name in a.config or []:
+        try:
+            find_config(name)
+        except KeyError:
+            ap.error(f"unknown configuration {name!r}; --list names them")
+    if a.mutation is not None and a.mutation not in {p.name for p in PLANTED}:
+        ap.error(f"unknown planted bug {a.mutation!r}; --list names them")
+
+
+def _configs(a: argparse.Namespace) -> int:
+    fails = 0
+    for name in a.config:
+        cfg = find_config(name)
+        rep = exhaustive(cfg) if a.exhaustive else random_runs(cfg, a.runs or 2000, a.seed)
+        print(rep.summary())
+        if rep.counterexample is not None:
+            print(rep.counterexample.format())
+        fails += not rep.ok
+    return 1 if fails else 0
+
+
+def _sweep(a: argparse.Namespace) -> int:
+    scale = 1.0 if a.scale is None else a.scale
+    tasks = sweep_tasks(scale, a.seed)
+    runs = sum(t[2] for t in tasks if t[0] == "random")
+    print(f"sweep: {len(EXHAUSTIVE)} exhaustive configurations and {runs:,} random schedules on {len(RANDOM)} "
+          f"configurations, {len(tasks)} tasks on {a.workers} worker(s); progress on stderr", flush=True)
+    tick = Ticker("sweep", _progress(a.verbose), total=len(tasks), every=TICK_SECONDS)
+    res = sweep(scale, a.seed, workers=a.workers, progress=tick)
+    print(res.summary())
+    return 0 if res.ok else 1
+
+
+def _soak(a: argparse.Namespace) -> int:
+    print(f"soak: random schedules on {len(RANDOM)} configurations for {a.soak:.0f} s on {a.workers} worker(s); "
+          "progress on stderr", flush=True)
+    tick = Ticker("soak", _progress(a.verbose), deadline=a.soak, every=TICK_SECONDS)
+    res = soak(a.soak, a.seed or int(time.time()), workers=a.workers, progress=tick)
+    print(res.summary())
+    return 0 if res.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    a = ap.parse_args(argv)
+    _check(ap, a)
     if a.list:
         return _list()
     if a.mutation:
@@ -128,28 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.planted:
         return _planted(a.seed)
     if a.config:
-        fails = 0
-        for name in a.config:
-            try:
-                cfg = find_config(name)
-            except KeyError:
-                print(f"unknown configuration {name!r}; see --list")
-                return 2
-            rep = exhaustive(cfg) if a.exhaustive else random_runs(cfg, a.runs, a.seed)
-            print(rep.summary())
-            if rep.counterexample is not None:
-                print(rep.counterexample.format())
-            fails += not rep.ok
-        return 1 if fails else 0
+        return _configs(a)
     if a.sweep:
-        res = sweep(a.scale, a.seed, workers=a.workers, progress=_progress(a.verbose))
-        print(res.summary())
-        return 0 if res.ok else 1
+        return _sweep(a)
     if a.soak is not None:
-        print(f"soak: random schedules on {len(RANDOM)} configurations for {a.soak:.0f} s on {a.workers} worker(s)")
-        res = soak(a.soak, a.seed or int(time.time()), workers=a.workers, progress=_progress(a.verbose))
-        print(res.summary())
-        return 0 if res.ok else 1
+        return _soak(a)
     return _demo(a.seed, a.workers)
 
 

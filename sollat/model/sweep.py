@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -187,12 +187,10 @@ def _map(fn: Callable[[T], Report], tasks: Sequence[T], workers: int,
     ctx = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as ex:
         futs: list[Future[Report]] = [ex.submit(fn, t) for t in tasks]
-        for f in futs:
-            rep = f.result()
-            out.append(rep)
+        for f in as_completed(futs):  # progress as tasks finish; the result keeps the task order
             if progress:
-                progress(rep)
-    return out
+                progress(f.result())
+        return [f.result() for f in futs]
 
 
 @dataclass
@@ -263,11 +261,9 @@ def _merge_random(reports: list[Report]) -> list[Report]:
     return out
 
 
-def sweep(scale: float = 1.0, seed: int = 0, *, workers: int | None = None, exhaustive_configs: bool = True,
-          max_states: int = 500_000, progress: Callable[[Report], None] | None = None,
-          chunk: int = 2000) -> SweepResult:
-    """The bounded sweep: every EXHAUSTIVE config completely, ``scale`` x the RANDOM run counts."""
-    t0 = time.perf_counter()
+def sweep_tasks(scale: float = 1.0, seed: int = 0, *, exhaustive_configs: bool = True, max_states: int = 500_000,
+                chunk: int = 2000) -> list[_Task]:
+    """The work of :func:`sweep`: one task per exhaustive config, random runs in chunks of ``chunk``."""
     tasks: list[_Task] = []
     if exhaustive_configs:
         tasks += [("exhaustive", c, max_states, seed) for c in EXHAUSTIVE]
@@ -275,6 +271,16 @@ def sweep(scale: float = 1.0, seed: int = 0, *, workers: int | None = None, exha
         n = max(1, int(runs * scale))
         for part, start in enumerate(range(0, n, chunk)):
             tasks.append(("random", cfg, min(chunk, n - start), seed * 1_000_003 + i * 1009 + part))
+    return tasks
+
+
+def sweep(scale: float = 1.0, seed: int = 0, *, workers: int | None = None, exhaustive_configs: bool = True,
+          max_states: int = 500_000, progress: Callable[[Report], None] | None = None,
+          chunk: int = 2000) -> SweepResult:
+    """The bounded sweep: every EXHAUSTIVE config completely, ``scale`` x the RANDOM run counts.
+    ``progress`` gets each task's report as the task finishes (len(sweep_tasks(...)) of them)."""
+    t0 = time.perf_counter()
+    tasks = sweep_tasks(scale, seed, exhaustive_configs=exhaustive_configs, max_states=max_states, chunk=chunk)
     reports = _map(_run_task, tasks, workers if workers is not None else default_workers(), progress)
     return SweepResult(_merge_random(reports), time.perf_counter() - t0)
 

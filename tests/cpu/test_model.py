@@ -7,6 +7,7 @@ SOLLAT_MODEL_SOAK=<seconds> to also run the long random soak.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
@@ -26,6 +27,7 @@ from sollat.model import (
     rules,
 )
 from sollat.model.algorithms import SEND
+from sollat.model.explore import Report
 from sollat.model.fault_sweep import FAULT_MUTATIONS
 from sollat.model.machine import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
@@ -223,7 +225,50 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--mutation", "torn-ll128"]) == 0
     out = capsys.readouterr().out
     assert "planted bugs" in out and "VIOLATION [torn]" in out and "caught" in out
-    assert cli.main(["--config", "no-such-config"]) == 2
+    assert "6.441e+76 interleavings" in out  # as documented for ll128-3r1t
+
+
+@pytest.mark.parametrize("argv", [
+    ["--config", "no-such-config"], ["--mutation", "no-such-bug"], ["--soak", "-5"], ["--soak", "0"],
+    ["--runs", "5"], ["--exhaustive"], ["--scale", "2"], ["--sweep", "--scale", "0"], ["--sweep", "--soak", "3"],
+    ["--config", "ll128-3r1t", "--runs", "0"], ["--config", "ll128-3r1t", "--runs", "5", "--exhaustive"],
+    ["--workers", "0"], ["--seed", "-1"], ["--bogus"],
+])
+def test_cli_refuses_bad_arguments(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1, captured.err
+    assert captured.err.startswith("python -m sollat model: error: ")
+
+
+def test_sweep_shows_progress(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "TICK_SECONDS", 0.0)  # a line per task
+    monkeypatch.setattr(cli, "sweep_tasks", lambda scale, seed: [("random", RANDOM[0][0], 3, 0)] * 4)
+    monkeypatch.setattr(cli, "sweep", lambda scale, seed, workers, progress: _fake_sweep(progress))
+    assert cli.main(["--sweep"]) == 0
+    captured = capsys.readouterr()
+    assert "12 random schedules" in captured.out  # the start line names the work
+    lines = captured.err.strip().splitlines()
+    assert lines[-1].startswith("sweep: 4/4 tasks done") and "12 random schedules" in lines[-1]
+    assert len(lines) == 4
+
+
+def _fake_sweep(progress: Callable[[Report], None]) -> SweepResult:
+    reports = [random_runs(RANDOM[0][0], 3, seed=i) for i in range(4)]
+    for r in reports:
+        progress(r)
+    return SweepResult(reports, 0.1)
+
+
+def test_ticker_is_quiet_between_ticks(capsys: pytest.CaptureFixture[str]) -> None:
+    tick = cli.Ticker("soak", lambda r: None, deadline=60.0, every=3600.0)
+    rep = random_runs(RANDOM[0][0], 2, seed=0)
+    tick(rep)
+    tick(rep)
+    assert capsys.readouterr().err == ""  # no total: no last-task line; nothing before `every`
+    assert tick.line(12.0) == "soak: 2 tasks done, 0 exhaustive states, 4 random schedules, 12 s of 60 s"
 
 
 def test_cli_demo(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,125 @@
+"""The front door: README's two commands, the one command line and its verbs, argument errors."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sollat import cli, instantiations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``python -m sollat ARGV`` in this process: (exit status, stdout, stderr)."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    got = capsys.readouterr()
+    return rc, got.out, got.err
+
+
+# ---- one command line, one list of verbs ---------------------------------------------------------
+def test_help_lists_every_verb_in_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["--help"], capsys)
+    assert rc == 0 and "``" not in out
+    for verb in cli.VERBS:
+        assert re.search(rf"^  {verb} +\S", out, re.M), verb
+    assert run([], capsys)[1] == out
+
+
+@pytest.mark.parametrize("verb", list(cli.VERBS))
+def test_every_verb_answers_help(verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run([verb, "--help"], capsys)
+    assert rc == 0 and err == ""
+    assert out.startswith("usage: python -m sollat ")
+
+
+def test_bench_module_is_the_same_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from sollat.bench import cli as bench_cli
+
+    assert set(bench_cli.SUBCOMMANDS) <= set(cli.VERBS)
+    assert bench_cli.main(["--help"]) == 0
+    assert capsys.readouterr().out == cli.usage()
+
+
+def test_plot_is_a_verb_of_python_m_sollat(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from sollat.bench import synthetic
+    from sollat.bench.results import write_json
+
+    write_json(tmp_path / "bench.json", synthetic.bench_results())
+    done = subprocess.run([sys.executable, "-m", "sollat", "plot", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "latency.png").stat().st_size > 1000 and "latency.png" in done.stdout
+
+
+# ---- every bad argument: one line on stderr, exit status 2 ---------------------------------------
+BAD = [
+    ["frobnicate"], ["info", "--bogus"], ["info", "extra"],
+    ["precompile", "-j", "0"], ["precompile", "-j", "x"], ["precompile", "--arch", "banana"],
+    ["precompile", "--arch", "sm_80"], ["precompile", "--arch", "sm_95"],
+    ["model", "--soak", "-5"], ["model", "--runs", "5"], ["model", "--exhaustive"], ["model", "--demo", "--sweep"],
+    ["tune", "--ranks", "-1"], ["tune", "--ranks", "1"], ["tune", "--ranks", "9"], ["tune", "--sizes", "0"],
+    ["tune", "--sizes", "x"],
+    ["bench", "--replays", "0"], ["bench", "--calls", "-3"], ["bench", "--ranks", "0"], ["bench", "--ranks", "16"],
+    ["bench", "--sizes", "3x"], ["bench", "--timeout", "-1"], ["bench", "--child-timeout", "nan"],
+    ["bench", "--device", "-1"], ["bench", "--bogus"],
+    ["sol", "--repeats", "0"], ["barrier", "--ranks", "1,2"], ["barrier", "--iters", "0"], ["plot"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD, ids=" ".join)
+def test_bad_argument_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(argv, capsys)
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and err.startswith("python -m sollat"), err
+    assert "error" in err and "Traceback" not in err
+
+
+def test_bad_argument_from_the_shell() -> None:
+    done = subprocess.run([sys.executable, "-m", "sollat", "precompile", "--arch", "banana"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == ("python -m sollat precompile: error: argument --arch: an arch looks like sm_90, "
+                                   "got 'banana' (see python -m sollat precompile --help)")
+
+
+# ---- info and precompile -------------------------------------------------------------------------
+def test_info_without_a_gpu_names_no_arch(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc, out, err = run(["info"], capsys)
+    assert rc == 0 and err == ""
+    assert "GPU: none visible, so no arch" in out and "sm_9" not in out.split("GPU:")[0]
+
+
+def test_precompile_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="looks like sm_90"):
+        instantiations.precompile("banana")
+    with pytest.raises(ValueError, match="jobs"):
+        instantiations.precompile("sm_90", jobs=0)
+    assert instantiations.check_arch("sm_90a") == "sm_90a"
+
+
+def test_precompile_compile_failure_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cuda.core")
+    log = ("sollat: NVRTC failed to compile allreduce_oneshot for sm_90:\n6: NVRTC_ERROR_COMPILATION, compilation log:"
+           "\n\nptxas line 82; error   : Instruction 'griddepcontrol' requires .target sm_90\n")
+
+    def fail(args: object) -> str:
+        raise RuntimeError(log)
+
+    monkeypatch.setattr(instantiations, "_compile_one", fail)
+    rc, out, err = run(["precompile", "-j", "1", "--arch", "sm_90"], capsys)
+    assert rc == 1 and out == ""
+    assert err == ("python -m sollat precompile: error: NVRTC failed for sm_90: "
+                   "ptxas line 82; error   : Instruction 'griddepcontrol' requires .target sm_90\n")
