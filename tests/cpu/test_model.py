@@ -1,13 +1,18 @@
 """The protocol model checker (sollat.model): clean protocols pass, planted bugs are caught.
 
-The bounded sweep runs once per session (module fixture) on up to 2 worker processes; set
-SOLLAT_MODEL_SOAK=<seconds> to also run the long random soak.
+The default run checks the small exhaustive configurations (against the figures documented in
+docs/protocol-model.md) and a few random schedules on every random configuration. The full bounded
+sweep runs once per session (module fixture) on up to 2 worker processes in the tests marked
+``slow`` (``python3 -m pytest tests -m ''`` runs them, as CI does); set SOLLAT_MODEL_SOAK=<seconds>
+with ``-m slow`` to also run the long random soak.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +38,22 @@ from sollat.model.machine import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
 
 MIN_INTERLEAVINGS = 100_000
+DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol-model.md"
+QUICK_STATES = 10_000  # exhaustive configurations up to this many states run in the default test run
+
+
+def documented_configs() -> dict[str, tuple[int, int, str]]:
+    """docs/protocol-model.md's table of exhaustive configurations: name -> (states, transitions, interleavings)."""
+    rows = re.findall(r"^\| `([\w.-]+)` \| ([\d,]+) \| ([\d,]+) \| ([\d,.e+]+) \|$", DOC.read_text(), re.M)
+    return {name: (int(st.replace(",", "")), int(tr.replace(",", "")), il) for name, st, tr, il in rows}
+
+
+def interleavings_text(n: int) -> str:
+    """As the doc and ``--exhaustive`` print it: exact below 10^10, else 3 decimals of an exponent."""
+    return f"{n:,}" if n < 10**10 else f"{n:.3e}"
+
+
+DOCUMENTED = documented_configs()
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +62,7 @@ def swept() -> SweepResult:
 
 
 # ---- the bounded sweep ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sweep_explores_enough_interleavings(swept: SweepResult) -> None:
     print("\n" + "\n".join(r.summary() for r in swept.reports))
     print(swept.summary())
@@ -52,14 +74,50 @@ def test_sweep_explores_enough_interleavings(swept: SweepResult) -> None:
     assert swept.random_interleavings + swept.exhaustive_interleavings >= MIN_INTERLEAVINGS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c in EXHAUSTIVE])
 def test_exhaustive_config_is_clean_and_complete(swept: SweepResult, name: str) -> None:
     cfg = next(c for c in EXHAUSTIVE if c.name == name)
     rep = next(r for r in swept.reports if r.method == "exhaustive" and r.config == cfg.label())
     assert rep.counterexample is None, str(rep.counterexample)
     assert rep.complete and rep.interleavings > 0
+    documented = (rep.states, rep.steps, interleavings_text(rep.interleavings))
+    assert DOCUMENTED.get(name) == documented, f"docs/protocol-model.md: | `{name}` | {documented} |"
 
 
+@pytest.mark.slow
+def test_sweep_totals_are_the_documented_ones(swept: SweepResult) -> None:
+    n_ex = sum(1 for r in swept.reports if r.method == "exhaustive")
+    text = (f"{swept.random_interleavings:,} random schedules executed on {len(RANDOM)} configurations "
+            f"({swept.steps - sum(r.steps for r in swept.reports if r.method == 'exhaustive'):,} steps) + "
+            f"{n_ex} exhaustive configurations ({swept.states:,} states, "
+            f"{sum(r.steps for r in swept.reports if r.method == 'exhaustive'):,} transitions, covering "
+            f"{swept.exhaustive_interleavings:.3e} interleavings)")
+    assert text in DOC.read_text(), f"docs/protocol-model.md should say: {text}"
+
+
+def test_every_exhaustive_config_is_documented() -> None:
+    assert sorted(DOCUMENTED) == sorted(c.name for c in EXHAUSTIVE)
+    assert sum(1 for st, _, _ in DOCUMENTED.values() if st <= QUICK_STATES) >= 10
+
+
+@pytest.mark.parametrize("name", [n for n, (st, _, _) in DOCUMENTED.items() if st <= QUICK_STATES])
+def test_small_exhaustive_config_is_clean_and_as_documented(name: str) -> None:
+    rep = exhaustive(next(c for c in EXHAUSTIVE if c.name == name))
+    assert rep.counterexample is None, str(rep.counterexample)
+    assert rep.complete
+    assert (rep.states, rep.steps, interleavings_text(rep.interleavings)) == DOCUMENTED[name]
+
+
+@pytest.mark.parametrize("name", [c.name for c, _ in RANDOM])
+def test_random_config_is_clean_in_brief(name: str) -> None:
+    cfg = next(c for c, _ in RANDOM if c.name == name)
+    rep = random_runs(cfg, 16, seed=3)
+    assert rep.counterexample is None, str(rep.counterexample)
+    assert rep.interleavings == 16 and len(rep.adversaries) == 8  # every adversary took part
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c, _ in RANDOM])
 def test_random_config_is_clean(swept: SweepResult, name: str) -> None:
     cfg, runs = next((c, n) for c, n in RANDOM if c.name == name)
