@@ -11,6 +11,7 @@ from sollat import build, instantiations
 cuda_core = pytest.importorskip("cuda.core")
 
 
+@pytest.mark.slow  # minutes: NVRTC compiles every instantiation (the default run still compiles two)
 def test_every_instantiation_compiles_for_sm90(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     work = list(instantiations.all_instantiations())
