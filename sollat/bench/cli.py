@@ -172,6 +172,7 @@ class _Session:
                                  world_size=1 if self.info is None else self.info.world_size, commit=a.commit,
                                  args=vars(a), device_index=self.device_index)
         self.meta["quick"] = bool(getattr(a, "quick", False))
+        self._record_commit()
         self.show_progress = not a.no_progress and self.root
         self.run_dir: Path | None = None
         if self.root:
@@ -182,6 +183,14 @@ class _Session:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
             else:
                 self.run_dir = make_run_dir(a.out, card=self.meta["card"], tag=tool)
+
+    def _record_commit(self) -> None:
+        from .results import commit_fields
+
+        self.meta.update(commit_fields(self.meta.get("commit")))
+        if self.meta["dirty"] and self.root:
+            print(f"sollat: the checkout has uncommitted changes: the results record commit {self.meta['commit']} "
+                  "with dirty: true, and their titles say +dirty", file=sys.stderr)
 
     def barrier(self) -> None:
         if self.info is not None:

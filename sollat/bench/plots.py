@@ -7,7 +7,8 @@ re-drawn on a machine without a GPU: ``python -m sollat.bench plot RESULTS_DIR``
   (virtual ranks on one GPU) the baseline is the best available peer and the title says so.
 * ``barrier``: barrier latency vs rank count.
 
-Titles name the card, the rank count, the date and the commit.
+Titles name the card, the rank count, the date and the commit (``unknown`` when the result names
+none, ``+dirty`` when the checkout had uncommitted changes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .results import BarrierRow, Row
+from .results import BarrierRow, Row, commit_label
 from .sizes import format_bytes
 from .table import column_order, panel_rows, panels
 
@@ -43,8 +44,7 @@ def title(meta: dict[str, Any], what: str, ranks: str | None = None) -> str:
         elif meta.get("mode") == "distributed":
             ranks = f"{meta.get('world_size', '?')} GPUs"
     date = str(meta.get("date", ""))[:16].replace("T", " ")
-    commit = meta.get("commit", "unknown")
-    return f"{what}\n{card} | {ranks} | {date} | commit {commit}"
+    return f"{what}\n{card} | {ranks} | {date} | commit {commit_label(meta)}"
 
 
 # Line colours: tab10 and tab20b without red (red is the SoL line) and without black (auto).

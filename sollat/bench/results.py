@@ -8,6 +8,9 @@ one implementation that could not run at all (``nbytes`` is None and ``reason`` 
 ``bench.csv``    one line per row, with the meta columns repeated (for spreadsheets)
 ``bench.txt``    the terminal table
 ``sol.json``     {"meta", "sol"}            ``barrier.json`` / ``barrier.csv``: {"meta", "floor", "rows"}
+
+Every meta names the ``commit`` the code was at and whether the checkout had uncommitted changes
+(``dirty``); titles then say ``+dirty``.
 """
 
 from __future__ import annotations
@@ -129,6 +132,23 @@ class BarrierRow:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+# ---- the commit ----------------------------------------------------------------------------
+
+DIRTY = "+dirty"
+
+
+def commit_fields(commit: str | None) -> dict[str, Any]:
+    """``{"commit", "dirty"}`` from a commit text such as ``env.git_commit()``'s ``abc1234+dirty``."""
+    text = (commit or "").strip()
+    return {"commit": text.removesuffix(DIRTY) or "unknown", "dirty": text.endswith(DIRTY)}
+
+
+def commit_label(meta: dict[str, Any]) -> str:
+    """The commit as titles name it: never empty, ``+dirty`` when the checkout had changes."""
+    fields = commit_fields(str(meta.get("commit") or ""))
+    return fields["commit"] + (DIRTY if fields["dirty"] or meta.get("dirty") else "")
+
+
 # ---- run folders ---------------------------------------------------------------------------
 
 def _slug(text: str) -> str:
@@ -190,7 +210,7 @@ def load_barrier(path: str | Path) -> tuple[dict[str, Any], list[BarrierRow]]:
 
 # ---- CSV -----------------------------------------------------------------------------------
 
-BENCH_META_COLUMNS = ("card", "mode", "date", "commit")
+BENCH_META_COLUMNS = ("card", "mode", "date", "commit", "dirty")
 BENCH_CSV_COLUMNS = (
     "impl", "algo", "label", "ranks", "dtype", "bytes", "status", "reason", "median_us", "p10_us", "p90_us",
     "min_us", "max_us", "spread_pct", "calls_per_graph", "replays", "check", "selected", "env",

@@ -123,3 +123,47 @@ def test_precompile_compile_failure_is_one_line(capsys: pytest.CaptureFixture[st
     assert rc == 1 and out == ""
     assert err == ("python -m sollat precompile: error: NVRTC failed for sm_90: "
                    "ptxas line 82; error   : Instruction 'griddepcontrol' requires .target sm_90\n")
+
+
+# ---- results name their commit, and say when the tree was dirty ----------------------------------
+def test_titles_never_show_an_empty_commit() -> None:
+    from sollat.bench.plots import title
+
+    meta = {"card": "H200", "ranks": [2], "date": "2026-11-29T10:00:00"}
+    assert title({**meta, "commit": ""}, "X").endswith("| commit unknown")
+    assert title(meta, "X").endswith("| commit unknown")
+    assert title({**meta, "commit": "358481b", "dirty": True}, "X").endswith("| commit 358481b+dirty")
+    assert title({**meta, "commit": "a840a18+dirty"}, "X").endswith("| commit a840a18+dirty")  # older files
+    assert title({**meta, "commit": "358481b", "dirty": False}, "X").endswith("| commit 358481b")
+
+
+def test_a_dirty_checkout_is_recorded_and_said(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from sollat.bench import cli as bench_cli
+    from sollat.bench.results import read_csv, read_json, write_bench_csv, write_json
+
+    monkeypatch.setattr("sollat.bench.env.git_commit", lambda override=None: "1234567+dirty")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    a = bench_cli.build_parser().parse_args(["sol", "--into", str(tmp_path)])
+    session = bench_cli._Session(a, "sol", [])
+    assert session.meta["commit"] == "1234567" and session.meta["dirty"] is True
+    assert "uncommitted changes" in capsys.readouterr().err
+    write_json(tmp_path / "sol.json", {"meta": session.meta})
+    assert read_json(tmp_path / "sol.json")["meta"]["dirty"] is True
+    write_bench_csv(tmp_path / "bench.csv", [], meta=session.meta, floor_us=None, sol_us=None)
+    assert read_csv(tmp_path / "bench.csv") == []
+    assert (tmp_path / "bench.csv").read_text().strip().endswith(",commit,dirty")
+
+
+def test_a_clean_checkout_is_recorded_clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from sollat.bench import cli as bench_cli
+
+    monkeypatch.setattr("sollat.bench.env.git_commit", lambda override=None: "89abcde")
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    a = bench_cli.build_parser().parse_args(["barrier", "--into", str(tmp_path)])
+    meta = bench_cli._Session(a, "barrier", [2]).meta
+    assert (meta["commit"], meta["dirty"]) == ("89abcde", False)
