@@ -19,7 +19,7 @@ python3 -m sollat precompile -j 16 2>&1 | tee -a "$OUT/env.txt"
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
   set -o pipefail
-  python3 -m pytest ${SOLLAT_GPU_TESTS:-tests/gpu} -q -ra --timeout=900 -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
+  python3 -m pytest ${SOLLAT_GPU_TESTS:-tests/gpu} -q -ra $(python3 -c 'import pytest_timeout' 2>/dev/null && echo --timeout=900) -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.txt"
   rc=$?
   set +o pipefail
 fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -167,3 +168,24 @@ def test_a_clean_checkout_is_recorded_clean(tmp_path: Path, monkeypatch: pytest.
     a = bench_cli.build_parser().parse_args(["barrier", "--into", str(tmp_path)])
     meta = bench_cli._Session(a, "barrier", [2]).meta
     assert (meta["commit"], meta["dirty"]) == ("89abcde", False)
+
+
+# ---- the GPU suite runs on a machine set up from README ----------------------------------------
+def test_test_extra_provides_the_pytest_plugins_the_gpu_suite_uses() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    suite = (ROOT / "scripts" / "gpu_suite.sh").read_text()
+    if "--timeout" in suite:
+        assert "pytest-timeout" in extra
+
+
+def test_gpu_suite_pytest_line_runs_with_what_is_installed(tmp_path: Path) -> None:
+    """The suite's pytest invocation, as is, on a one-test file: with or without pytest-timeout."""
+    line = next(ln.strip() for ln in (ROOT / "scripts" / "gpu_suite.sh").read_text().splitlines()
+                if "-m pytest" in ln)
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert True\n")
+    env = {**os.environ, "SOLLAT_GPU_TESTS": str(tmp_path / "test_one.py"), "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in (tmp_path / "gpu-tests.txt").read_text()
