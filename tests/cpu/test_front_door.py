@@ -189,3 +189,29 @@ def test_gpu_suite_pytest_line_runs_with_what_is_installed(tmp_path: Path) -> No
                           text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in (tmp_path / "gpu-tests.txt").read_text()
+
+
+# ---- README's two commands, and CI runs the second ----------------------------------------------
+def readme_commands() -> list[str]:
+    """The bash blocks before README's first section heading."""
+    head = (ROOT / "README.md").read_text().split("\n## ")[0]
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", head, re.S)]
+
+
+def test_readme_starts_with_setup_and_test_commands() -> None:
+    text = (ROOT / "README.md").read_text()
+    assert text.startswith("# sollat\n")
+    setup, tests = readme_commands()[:2]
+    assert "\n" not in setup and "\n" not in tests  # one copy-pasteable line each
+    # torch is pinned (or kept) before the extras are resolved: no newest torch + CUDA wheels on a CPU machine
+    assert setup.index("torch==2.13.0") < setup.index("pip install -e '.[bench,nvrtc,test]'")
+    assert "import torch" in setup and setup.endswith("python3 -m sollat bench --quick")
+    assert tests == "python3 -m pytest -q tests"
+    intro = text.split("```bash")[1].split("```")[1]  # the words before the test command: how long it takes
+    assert re.search(r"\d+ s\b", intro) and "2 cores" in intro
+
+
+def test_ci_runs_readme_test_command_with_the_slow_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    line = next(ln for ln in ci.splitlines() if "pytest" in ln and not ln.startswith("#"))
+    assert line.endswith(readme_commands()[1]) and "PYTEST_ADDOPTS=\"-m ''\"" in line
