@@ -10,6 +10,7 @@ timestamped folder under ``--out`` (default ``results/``), or exactly in ``--int
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"quick {QUICK_SIZES})")
     p.add_argument("--ranks", type=_ranks(2, MAX_RANKS), default=DEFAULT_RANKS,
                    help="virtual rank counts (default 2,4,8; ignored under torchrun)")
+    p.add_argument("--virtual", action="store_true",
+                   help="virtual ranks on one GPU even when several GPUs are visible (default: one process per GPU)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="element types (default float32,bfloat16)")
     p.add_argument("--algos", default="all", help="sollat algorithms, comma list, 'auto' included (default all)")
     p.add_argument("--peers", default="all",
@@ -439,6 +442,37 @@ def cmd_plot(a: argparse.Namespace) -> int:
     return 0
 
 
+def _gpus_to_spread_over(a: argparse.Namespace) -> int:
+    """The main job on a machine with several GPUs measures them (one process each), unless it
+    already runs under torchrun or ``--virtual`` asks for virtual ranks on one GPU."""
+    import torch
+
+    from .env import dist_info
+
+    if a.virtual or dist_info() is not None:
+        return 0
+    n = torch.cuda.device_count()
+    return n if n >= 2 else 0
+
+
+def _spawn(cmd: list[str], env: dict[str, str]) -> int:
+    import subprocess
+
+    return subprocess.call(cmd, env=env)
+
+
+def relaunch_under_torchrun(argv: list[str], n: int) -> int:
+    """Runs ``python -m sollat <argv>`` once per GPU under torchrun (the safety variables set)
+    and returns its exit status; the first line printed says exactly what runs."""
+    from .env import SAFETY_ENV
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+           "-m", "sollat", *argv]
+    print(f"sollat bench: {n} GPUs visible, so the main job runs one process per GPU: "
+          f"{' '.join(cmd[1:])}   (--virtual: virtual ranks on GPU 0 instead)", flush=True)
+    return int(_spawn(cmd, {**os.environ, **SAFETY_ENV}))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``main(["bench", "--quick"])``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -464,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             return model_cli.main(["--demo"])
         return 0
     if a.cmd == "bench":
+        n = _gpus_to_spread_over(a)
+        if n:
+            return relaunch_under_torchrun(argv, n)
         return cmd_bench(a)
     if a.cmd == "sol":
         return cmd_sol(a)

@@ -215,3 +215,32 @@ def test_ci_runs_readme_test_command_with_the_slow_tests() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     line = next(ln for ln in ci.splitlines() if "pytest" in ln and not ln.startswith("#"))
     assert line.endswith(readme_commands()[1]) and "PYTEST_ADDOPTS=\"-m ''\"" in line
+
+
+def test_main_job_on_several_gpus_runs_one_process_per_gpu(monkeypatch, capsys) -> None:
+    """Issue 16, item 9: on a machine with 2+ GPUs `sollat bench` measures them (torchrun, one
+    process per GPU, the safety variables set) and says so in its first line; --virtual and a run
+    already under torchrun keep the old behaviour."""
+    import torch
+
+    from sollat.bench import cli as bench_cli
+    from sollat.bench import env as bench_env
+
+    monkeypatch.setattr(bench_env, "gpu_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    calls: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(bench_cli, "_spawn", lambda cmd, env: calls.append((cmd, env)) or 0)
+    ran_virtual: list[bool] = []
+    monkeypatch.setattr(bench_cli, "cmd_bench", lambda a: ran_virtual.append(True) or 0)
+    assert bench_cli.main(["bench", "--quick"]) == 0
+    cmd, env = calls[0]
+    assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "sollat",
+                       "bench", "--quick"]
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
+    assert "one process per GPU" in capsys.readouterr().out.splitlines()[0]
+    assert not ran_virtual
+    assert bench_cli.main(["bench", "--quick", "--virtual"]) == 0 and ran_virtual == [True]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert bench_cli.main(["bench", "--quick"]) == 0 and ran_virtual == [True, True] and len(calls) == 1
