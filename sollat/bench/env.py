@@ -79,9 +79,13 @@ def dist_info(environ: MutableMapping[str, str] | None = None) -> DistInfo | Non
 
 
 def git_commit(override: str | None = None) -> str:
-    """Short commit of the checkout (``+dirty`` when it has changes), ``$SOLLAT_COMMIT``, or 'unknown'."""
+    """``override`` (``--commit``), else ``$SOLLAT_COMMIT``, else the checkout's short commit
+    (``+dirty`` when it has changes), else 'unknown'. An explicit commit wins over git: a copied
+    work tree (a device machine's) can carry git metadata older than its files."""
     if override:
         return override
+    if os.environ.get("SOLLAT_COMMIT"):
+        return os.environ["SOLLAT_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10)
@@ -91,7 +95,7 @@ def git_commit(override: str | None = None) -> str:
             return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except Exception:
         pass
-    return os.environ.get("SOLLAT_COMMIT", "unknown")
+    return "unknown"
 
 
 def versions() -> dict[str, str]:

@@ -244,3 +244,11 @@ def test_main_job_on_several_gpus_runs_one_process_per_gpu(monkeypatch, capsys) 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     assert bench_cli.main(["bench", "--quick"]) == 0 and ran_virtual == [True, True] and len(calls) == 1
+
+
+def test_an_explicit_commit_wins_over_git(monkeypatch) -> None:
+    from sollat.bench import env as bench_env
+
+    monkeypatch.setenv("SOLLAT_COMMIT", "abc1234")
+    assert bench_env.git_commit() == "abc1234"
+    assert bench_env.git_commit("def5678") == "def5678"

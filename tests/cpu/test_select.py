@@ -63,12 +63,19 @@ def test_builtin_tables_load_and_generic_exists(tmp_path, monkeypatch) -> None:
             assert rule.algorithm == NCCL or rule.algorithm in algorithms.ALGORITHMS
 
 
-def test_shipped_h200_tables_are_virtual_only(tmp_path, monkeypatch) -> None:
+def test_shipped_h200_tables_keep_real_and_virtual_apart(tmp_path, monkeypatch) -> None:
+    """Virtual-rank tables for 2/4/8 ranks; one real-rank table (2 ranks over NVLink, measured
+    under torchrun). A real communicator never gets a virtual table, nor the NVLink table when the
+    interconnect is unknown; it falls back to the generic one."""
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     for ws in (2, 4, 8):
         v = select.find_table("NVIDIA H200", ws, mode="virtual", interconnect="nvlink")
         assert (v.gpu, v.world_size, v.mode) == ("NVIDIA H200", ws, "virtual")
-        assert select.find_table("NVIDIA H200", ws, mode="real", interconnect="nvlink").gpu == "generic"
+    real2 = select.find_table("NVIDIA H200", 2, mode="real", interconnect="nvlink")
+    assert (real2.gpu, real2.world_size, real2.mode, real2.interconnect) == ("NVIDIA H200", 2, "real", "nvlink")
+    assert all(r.algorithm != "ll128" for r in real2.rules)  # rests on an unverified hardware property
+    for ws, ic in ((4, "nvlink"), (8, "nvlink"), (2, "any"), (2, "pcie")):
+        assert select.find_table("NVIDIA H200", ws, mode="real", interconnect=ic).gpu == "generic"
 
 
 def _put(root, table: Table, name: str | None = None):
