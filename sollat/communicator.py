@@ -674,8 +674,16 @@ class Communicator(_CommBase):
         rank to NCCL and another to a sollat kernel (both would hang)."""
         if isinstance(self._agreement, agree.NoAgreement):
             return
-        table = self._selection_table()
-        posted = self._agreement.exchange(f"{select.table_digest(table)}\t{table.source}")
+        try:
+            table = self._selection_table()
+            mine = f"{select.table_digest(table)}\t{table.source}"
+        except SollatError as exc:  # posted, so that every rank raises instead of waiting
+            mine = f"error\t{exc}"
+        posted = self._agreement.exchange(mine)
+        broken = [(r, p.split("\t", 1)[1]) for r, p in enumerate(posted) if p.startswith("error\t")]
+        if broken:
+            raise UnsupportedError("sollat: rank(s) could not read their tuning table: " +
+                                   "; ".join(f"rank {r}: {why}" for r, why in broken))
         select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}",
                               "the communicator's timeout and algorithms")

@@ -135,3 +135,40 @@ def test_agreement_names_a_rank_that_never_arrives() -> None:
     with pytest.raises(sollat.PeerTimeoutError, match=r"rank\(s\) \[1\]") as ei:
         ag.agree("x", "call")
     assert ei.value.peer == 1
+
+
+def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkeypatch) -> None:
+    """Construction: a rank whose table file is corrupt, or that picked another table, makes every
+    rank raise (nobody waits for the setup timeout)."""
+    from torch.distributed import HashStore
+
+    from sollat import select
+    from sollat.communicator import Communicator
+
+    store = HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    good = select.find_table("generic", 2, mode="real")
+    other = select.Table("NVIDIA H200", 2, good.rules[:1], mode="real", interconnect="nvlink", source="x.json")
+
+    def make(rank: int, table_or_error: object, seq: int) -> Communicator:
+        c = Communicator.__new__(Communicator)
+        c.timeout_s, c._algos = 30.0, ("oneshot_ll",)
+        c._agreement = agree.Agreement(store, "setup", rank, 2, 5.0, seq=seq)
+
+        def table() -> select.Table:
+            if isinstance(table_or_error, Exception):
+                raise table_or_error
+            return table_or_error  # type: ignore[return-value]
+
+        c._selection_table = table  # type: ignore[method-assign]
+        return c
+
+    comms = [make(0, good, 0), make(1, sollat.UnsupportedError("sollat: /x/t.json: truncated"), 0)]
+    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    assert all(isinstance(e, sollat.UnsupportedError) and "rank 1: sollat: /x/t.json: truncated" in str(e)
+               for e in res), res
+    comms = [make(0, good, 1), make(1, other, 1)]
+    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    assert all(isinstance(e, sollat.SollatError) and "x.json" in str(e) for e in res), res
+    comms = [make(0, good, 2), make(1, good, 2)]
+    assert _run_ranks(2, lambda r: comms[r]._agree_on_setup()) == [None, None]
