@@ -513,6 +513,25 @@ class GCall:
     out: torch.Tensor
 
 
+def warm_and_capture(comm: sollat.Communicator, calls: list[GCall], dev: torch.device) -> torch.cuda.CUDAGraph:
+    """Every call once eagerly on a side stream (compile, first-use agreement), as torch.cuda.graph
+    captures on one, then all of them captured into one graph."""
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for c in calls:
+            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    comm.check()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
+    torch.cuda.synchronize(dev)
+    return g
+
+
 @section("graphs", 120)
 def graphs(s: Suite) -> None:
     """One CUDA graph of 100 mixed calls, replayed >= 100 times with fresh inputs: >= 10,000 calls."""
@@ -529,20 +548,7 @@ def graphs(s: Suite) -> None:
         n = sizes[(k * 3 + k // 7) % len(sizes)]
         calls.append(GCall(algo, dt, op, n, torch.zeros(n, dtype=dt, device=s.dev),
                            torch.full((n,), NAN, dtype=dt, device=s.dev)))
-    # warm-up (compile, first-use agreement) eagerly on a side stream, as torch.cuda.graph captures
-    side = torch.cuda.Stream(s.dev)
-    side.wait_stream(torch.cuda.current_stream(s.dev))
-    with torch.cuda.stream(side):
-        for c in calls:
-            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
-    torch.cuda.current_stream(s.dev).wait_stream(side)
-    torch.cuda.synchronize(s.dev)
-    comm.check()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            comm.all_reduce(c.x, c.op, c.algo, out=c.out)
-    torch.cuda.synchronize(s.dev)
+    g = warm_and_capture(comm, calls, s.dev)
     by_dtype: dict[torch.dtype, list[int]] = {}
     for i, c in enumerate(calls):
         by_dtype.setdefault(c.dt, []).append(i)
@@ -855,19 +861,7 @@ def graph_fault(s: Suite) -> None:
     testing.inject(f)  # no fault yet: the kernels that read the hooks, so the captured graph can fault later
     calls = [GCall(a, torch.float32, "sum", n, torch.zeros(n, device=s.dev), torch.full((n,), NAN, device=s.dev))
              for a in f.algorithms]
-    side = torch.cuda.Stream(s.dev)
-    side.wait_stream(torch.cuda.current_stream(s.dev))
-    with torch.cuda.stream(side):
-        for c in calls:
-            f.all_reduce(c.x, c.op, c.algo, out=c.out)
-    torch.cuda.current_stream(s.dev).wait_stream(side)
-    torch.cuda.synchronize(s.dev)
-    f.check()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            f.all_reduce(c.x, c.op, c.algo, out=c.out)
-    torch.cuda.synchronize(s.dev)
+    g = warm_and_capture(f, calls, s.dev)
 
     def fill(tag: str, poison: float) -> list[list[torch.Tensor]]:
         xs_of = []
