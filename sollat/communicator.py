@@ -67,9 +67,7 @@ class _CommBase:
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
                timeout_s: float, debug: bool, algos: Sequence[str]) -> None:
-        if not 2 <= world_size <= layout.MAX_RANKS:
-            raise UnsupportedError(f"sollat: world size must be 2..{layout.MAX_RANKS}, got {world_size}")
-        self.world_size = world_size
+        self.world_size = world_size  # validated by the constructors (_check_world_size)
         self.device = device
         self.debug = debug
         self.timeout_s = timeout_s
