@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
 from .explore import Report, exhaustive, random_runs
+from .fault_sweep import FAULT_BENIGN, FAULT_PLANTED
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep, sweep_tasks
 
 TICK_SECONDS = 10.0
@@ -70,17 +71,17 @@ def _list() -> int:
     for c, n in RANDOM:
         print(f"  {c.name:36s} {n:>6d}  {c.label()}")
     print("planted bugs (must be caught):")
-    for p in PLANTED:
+    for p in PLANTED + FAULT_PLANTED:
         print(f"  {p.name:36s} breaks: {p.rule}")
     print("mutations proved harmless where they are listed:")
-    for p in BENIGN:
+    for p in BENIGN + FAULT_BENIGN:
         print(f"  {p.name:36s} because: {p.rule}")
     return 0
 
 
 def _planted(seed: int, show: str | None = None) -> int:
     bad = 0
-    for p in PLANTED:
+    for p in PLANTED + FAULT_PLANTED:
         if show is not None and p.name != show:
             continue
         ex = exhaustive(p.config)
@@ -94,7 +95,7 @@ def _planted(seed: int, show: str | None = None) -> int:
         if show is not None and ex.counterexample is not None:
             print(ex.counterexample.format())
     if show is None:
-        for p in BENIGN:
+        for p in BENIGN + FAULT_BENIGN:
             ex = exhaustive(p.config)
             ok = ex.ok and ex.complete
             bad += not ok
@@ -165,7 +166,7 @@ def _check(ap: Parser, a: argparse.Namespace) -> None:
             find_config(name)
         except KeyError:
             ap.error(f"unknown configuration {name!r}; --list names them")
-    if a.mutation is not None and a.mutation not in {p.name for p in PLANTED}:
+    if a.mutation is not None and a.mutation not in {p.name for p in PLANTED + FAULT_PLANTED}:
         ap.error(f"unknown planted bug {a.mutation!r}; --list names them")
 
 
