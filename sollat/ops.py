@@ -1,6 +1,6 @@
 """``torch.library`` custom ops, so ``torch.compile`` keeps sollat calls in its graph.
 
-The communicator is referenced by its integer id (communicator.py's registry). Eager calls skip
+The communicator is referenced by its integer id (sollat/registry.py). Eager calls skip
 this layer (the public methods call the implementation directly, which keeps the eager overhead
 low); ``torch.compile`` traces through these ops, whose fake implementations only describe the
 outputs.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .communicator import lookup_comm
+from .registry import lookup_comm
 
 
 @torch.library.custom_op("sollat::all_reduce", mutates_args=())

@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"quick {QUICK_SIZES})")
     p.add_argument("--ranks", type=_ranks(2, MAX_RANKS), default=DEFAULT_RANKS,
                    help="virtual rank counts (default 2,4,8; ignored under torchrun)")
-    p.add_argument("--virtual", action="store_true",
+    p.add_argument("--one-gpu", action="store_true",
                    help="virtual ranks on one GPU even when several GPUs are visible (default: one process per GPU)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="element types (default float32,bfloat16)")
     p.add_argument("--algos", default="all", help="sollat algorithms, comma list, 'auto' included (default all)")
@@ -444,12 +444,12 @@ def cmd_plot(a: argparse.Namespace) -> int:
 
 def _gpus_to_spread_over(a: argparse.Namespace) -> int:
     """The main job on a machine with several GPUs measures them (one process each), unless it
-    already runs under torchrun or ``--virtual`` asks for virtual ranks on one GPU."""
+    already runs under torchrun or ``--one-gpu`` asks for virtual ranks on one GPU."""
     import torch
 
     from .env import dist_info
 
-    if a.virtual or dist_info() is not None:
+    if a.one_gpu or dist_info() is not None:
         return 0
     n = torch.cuda.device_count()
     return n if n >= 2 else 0
@@ -469,7 +469,7 @@ def relaunch_under_torchrun(argv: list[str], n: int) -> int:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
            "-m", "sollat", *argv]
     print(f"sollat bench: {n} GPUs visible, so the main job runs one process per GPU: "
-          f"{' '.join(cmd[1:])}   (--virtual: virtual ranks on GPU 0 instead)", flush=True)
+          f"{' '.join(cmd[1:])}   (--one-gpu: virtual ranks on GPU 0 instead)", flush=True)
     return int(_spawn(cmd, {**os.environ, **SAFETY_ENV}))
 
 

@@ -219,7 +219,7 @@ def test_ci_runs_readme_test_command_with_the_slow_tests() -> None:
 
 def test_main_job_on_several_gpus_runs_one_process_per_gpu(monkeypatch, capsys) -> None:
     """Issue 16, item 9: on a machine with 2+ GPUs `sollat bench` measures them (torchrun, one
-    process per GPU, the safety variables set) and says so in its first line; --virtual and a run
+    process per GPU, the safety variables set) and says so in its first line; --one-gpu and a run
     already under torchrun keep the old behaviour."""
     import torch
 
@@ -240,7 +240,7 @@ def test_main_job_on_several_gpus_runs_one_process_per_gpu(monkeypatch, capsys) 
     assert env["NCCL_NVLS_ENABLE"] == "0" and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     assert "one process per GPU" in capsys.readouterr().out.splitlines()[0]
     assert not ran_virtual
-    assert bench_cli.main(["bench", "--quick", "--virtual"]) == 0 and ran_virtual == [True]
+    assert bench_cli.main(["bench", "--quick", "--one-gpu"]) == 0 and ran_virtual == [True]
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     assert bench_cli.main(["bench", "--quick"]) == 0 and ran_virtual == [True, True] and len(calls) == 1

@@ -15,7 +15,7 @@ namespace sollat {
 
 constexpr int kMaxWorld = 8;
 
-// Written once by the host (sollat/communicator.py, CommState), read by every kernel.
+// Written once by the host (sollat/comm_state.py, _STATE_FMT), read by every kernel.
 struct CommState {
   u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process;
                            // each starts with that rank's fault record (fault.h)

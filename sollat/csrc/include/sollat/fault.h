@@ -11,7 +11,7 @@
 // record check, every later kernel refuses to run (it writes NaN outputs and sends nothing), and
 // every rank's host raises the same error. Only reset() (collective) clears the records.
 //
-// Record words (u32, sollat/layout.py FAULT_WORDS; the host decodes them in communicator.py):
+// Record words (u32, sollat/layout.py FAULT_WORDS; the host decodes them in faults.py):
 //   [0] code    0 = ok, 1 = timeout, 2 = call mismatch, kClaimed = a writer is filling [1..7]
 //   [1] rank    the rank that detected it     [2] peer   the rank it waited for / disagreed with
 //   [3] block   [4] thread                    [5] slot   the line index it polled

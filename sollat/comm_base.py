@@ -1,0 +1,292 @@
+"""What both communicators share: setup, planning (algorithm, geometry, compiled kernel, packed
+launch), the launch itself with its stream ordering, and argument checks common to both.
+
+Device memory and faults are the ``DeviceState`` mixin (``comm_state.py``); the two public
+communicators are ``communicator.py`` (one process per GPU) and ``virtual.py`` (R ranks on one GPU).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import agree, algorithms, build, driver_launch, launch, layout, registry, select
+from .algorithms import ALGORITHMS, Algorithm
+from .comm_state import _STATE_FMT, DeviceState, _host_device_pointer
+from .dtypes import OPS, DType, lookup
+from .errors import CommunicatorFaultedError, UnsupportedError
+
+MAX_ELEMENTS = 1 << 34
+CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)
+
+
+@dataclass
+class _Plan:
+    """Everything one call needs that depends only on (algorithm, dtype, op, n): cached."""
+
+    alg: Algorithm
+    kernel: Any
+    config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
+    tail: tuple[Any, ...]  # arguments after the tensor pointers
+    bound: driver_launch.BoundLaunch | None  # the same launch prepacked for one driver call (None: through cuda.core)
+
+
+
+class _CommBase(DeviceState):
+    """State and launch logic shared by both communicators (not public)."""
+
+    world_size: int
+    device: torch.device
+    _entry = "pg"
+
+    def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
+               timeout_s: float, debug: bool, algos: Sequence[str]) -> None:
+        self.world_size = world_size  # validated by the constructors (validate.check_world_size)
+        self.device = device
+        self.debug = debug
+        self.timeout_s = timeout_s
+        self._algos = tuple(algos)
+        self._launch_ranks = launch_ranks
+        self._faulted = False
+        self._agreement: agree.Agreement | agree.NoAgreement = agree.NoAgreement()
+        self._last_stream = 0  # handle of the stream of the last launch (0: none yet)
+        self._last_stream_obj: Any = None
+        self._order_event: Any = None
+        self._peek_stream: Any = None  # check(sync=False): reads records without waiting for work
+        self._peek_host: torch.Tensor | None = None
+        self._test_hooks = False
+        self._defines: dict[str, str] = {}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # (n, dtype, op, algo, deterministic) -> plan | "nccl"
+        self._choices: dict[tuple[Any, ...], str] = {}
+        self._table: select.Table | None = None
+        self._dev_index: int = device.index
+        self._pad = (0,) * (8 - world_size)
+        self._cluster_ranks = False  # set by VirtualCommunicator
+        self._occupancy: dict[tuple[Any, ...], int] = {}
+        launch.ensure_device(device.index)
+        props = torch.cuda.get_device_properties(device)
+        self.gpu_name: str = props.name
+        self._num_sms: int = props.multi_processor_count
+
+        # Region offsets inside every rank's scratch: the control block (fault record), then one
+        # region per algorithm.
+        self._region_off: dict[str, int] = {}
+        off = layout.CONTROL_BYTES
+        for name in self._algos:
+            self._region_off[name] = off
+            off += ALGORITHMS[name].scratch_bytes(world_size)
+        self.scratch_bytes_per_rank = off
+        self._scratch_ptrs = scratch_ptrs
+        # Epoch counters, one set per algorithm, per launch-rank (device memory, starts at 0).
+        self._epochs = {
+            name: torch.zeros(launch_ranks * ALGORITHMS[name].epoch_words(), dtype=torch.int32, device=device)
+            for name in self._algos
+        }
+        # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
+        # thread of this process that meets a fault, so the host can look without a sync.
+        self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
+        self._err_host = self._err_host_t.numpy()
+        self._err_host_dev = _host_device_pointer(self._err_host_t)
+        self._state = torch.zeros(struct.calcsize(_STATE_FMT), dtype=torch.uint8, device=device)
+        self._write_state(absent_rank=-1)
+        self.comm_id = registry.register(self)
+
+    @property
+    def _extra_defines(self) -> dict[str, str]:
+        """Extra NVRTC defines for every kernel of this communicator (test and diagnostic builds)."""
+        return self._defines
+
+    @_extra_defines.setter
+    def _extra_defines(self, value: dict[str, str]) -> None:
+        self._defines = dict(value)
+        self._calls.clear()
+
+    # ---- public helpers ----------------------------------------------------------------------
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """Names of the sollat algorithms this communicator can run."""
+        return self._algos
+
+    def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
+                           deterministic: bool = False) -> str:
+        """What ``algo="auto"`` picks for a message of ``nbytes`` (may be ``"nccl"``)."""
+        key = (nbytes, dtype, op, deterministic)
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
+                                   nccl_available=self._nccl_available(), available=self._algos)
+            self._choices[key] = choice
+        return choice
+
+    def _selection_table(self) -> select.Table:
+        if self._table is None:  # read once per communicator; a new `tune` table needs a new one
+            real = self._entry == "pg"
+            self._table = select.find_table(self.gpu_name, self.world_size, mode="real" if real else "virtual",
+                                            interconnect=select.detect_interconnect(self._dev_index) if real
+                                            else select.ANY)
+        return self._table
+
+    def _nccl_available(self) -> bool:
+        return False
+
+    # ---- one call --------------------------------------------------------------------------
+    def _resolve(self, algo: str, nbytes: int, dtype: torch.dtype, op: str, deterministic: bool) -> str:
+        if algo == "auto":
+            return self.selected_algorithm(nbytes, dtype, op, deterministic=deterministic)
+        if algo == select.NCCL:
+            if not self._nccl_available():
+                raise UnsupportedError("all_reduce: algo='nccl' needs a process group (Communicator), "
+                                       "not a VirtualCommunicator")
+            return algo
+        alg = algorithms.get(algo)
+        if algo not in self._algos:
+            raise UnsupportedError(f"all_reduce: algorithm {algo!r} was not enabled for this communicator "
+                                   f"(enabled: {', '.join(self._algos)})")
+        if deterministic and not alg.deterministic:
+            raise UnsupportedError(f"all_reduce: algorithm {algo!r} is not deterministic but deterministic=True")
+        return algo
+
+    def _plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
+        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        alg = ALGORITHMS[name]
+        alg.check(dt.torch_dtype, op)
+        rmax = algorithms.max_ranks_template(self.world_size)
+        lines = alg.lines_per_rank(n, dt, self.world_size)
+        max_blocks = alg.max_blocks
+        while True:
+            geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
+            defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
+                                                real_ranks=self._entry == "pg")
+            defines.update(self._defines)
+            kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+            config = self._launch_config(geo.blocks, geo.threads)
+            if self._co_resident(kernel, config, geo.blocks, geo.threads):
+                break
+            if self._entry == "pg":
+                # Real ranks must cut every call identically (epochs agree only then), so the
+                # grid may not depend on this GPU's occupancy: refuse instead of re-planning.
+                raise UnsupportedError(f"all_reduce: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
+                                       f"on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
+            if max_blocks == 1:
+                raise UnsupportedError(f"all_reduce: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
+                                       f"cannot be co-resident on {self.gpu_name}")
+            per_sm = self._blocks_per_sm(kernel, geo.threads)
+            max_blocks = max(1, (per_sm * self._num_sms) // self._launch_ranks)
+            max_blocks = min(max_blocks, geo.blocks - 1)
+        sig = algorithms.signature(alg, dt, op, n)
+        rec0, rank_stride = self._record_args()
+        tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
+                np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
+                np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size),
+                np.uint64(rec0), np.uint64(rank_stride))
+        n_ptrs = 2 * (layout.MAX_RANKS if self._entry == "vr" else 1)  # inputs, outputs
+        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+        plan = _Plan(alg, kernel, config, tail, bound)
+        self._plans[key] = plan
+        return plan
+
+    def _blocks_per_sm(self, kernel: Any, threads: int) -> int:
+        key = (id(kernel), threads)
+        v = self._occupancy.get(key)
+        if v is None:
+            v = kernel.occupancy.max_active_blocks_per_multiprocessor(threads, 0)
+            self._occupancy[key] = v
+        return v
+
+    def _clustered(self, blocks: int) -> bool:
+        """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
+        block b of every rank forms one thread-block cluster, which the hardware starts together
+        on one GPC. Measured faster at small sizes; at 16 blocks per rank (1 MiB) it was slower
+        for R >= 4, probably because whole clusters then pack onto fewer SMs (docs/benchmarks.md, run 12)."""
+        return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
+
+    def _launch_config(self, blocks: int, threads: int) -> Any:
+        """Grid (blocks, launch ranks) with PDL on; a rank cluster where ``_clustered``."""
+        if self._clustered(blocks):
+            return launch.launch_config((blocks, 1), threads, pdl=True, cluster=(1, self._launch_ranks))
+        return launch.launch_config((blocks, self._launch_ranks), threads, pdl=True)
+
+    def _co_resident(self, kernel: Any, config: Any, blocks: int, threads: int) -> bool:
+        """Whether every block of the launch can run at once (each waits for its peers' blocks)."""
+        if self._clustered(blocks):
+            key = (id(kernel), threads, blocks, "clusters")
+            v = self._occupancy.get(key)
+            if v is None:
+                v = kernel.occupancy.max_active_clusters(config, stream=launch.current_stream(self.device))
+                self._occupancy[key] = v
+            return blocks <= v
+        return blocks * self._launch_ranks <= self._blocks_per_sm(kernel, threads) * self._num_sms
+
+    def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
+        stream = launch.stream_handle(self._dev_index)
+        if stream != self._last_stream:
+            self._order_streams(stream)
+        if plan.bound is not None:
+            plan.bound(stream, ptr_args)
+        else:
+            launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
+
+    def _order_streams(self, stream: int) -> None:
+        """Calls of one communicator share its epochs and scratch, so they must run in the order
+        they were issued, whatever the stream (as NCCL orders a communicator's calls). When the
+        stream changes, the new stream waits for everything issued so far on the previous one.
+        Inside a CUDA-graph capture no outside event can be waited for: there, every call must
+        stay on the capture stream (a second stream is refused)."""
+        new = torch.cuda.current_stream(self.device)
+        if launch.is_capturing():
+            if self._last_stream and launch.stream_is_capturing(self._last_stream):
+                raise UnsupportedError("sollat: inside one CUDA graph capture every call of a communicator must be "
+                                       "issued on the same stream (its calls share buffers and must run in order)")
+        elif self._last_stream_obj is not None:
+            if self._order_event is None:
+                self._order_event = torch.cuda.Event()
+            self._order_event.record(self._last_stream_obj)
+            new.wait_event(self._order_event)
+        self._last_stream = stream
+        self._last_stream_obj = new
+
+    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
+        """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup). A new
+        call shape is compiled here and then agreed on by every rank (agree.py) before its first
+        launch: no peer's first-use compile can look like a hang, and a call that differs between
+        ranks is an error on every rank before anything runs."""
+        key = (n, dt.torch_dtype, op, algo, deterministic)
+        entry = self._calls.get(key)
+        if entry is None:
+            name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
+            entry = name if name == select.NCCL else self._plan(name, dt, op, n)
+            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
+            self._calls[key] = entry
+        return entry
+
+    def _check_common(self, x: torch.Tensor, op: str, what: str) -> DType:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"all_reduce: {what} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device.type != "cuda":
+            raise UnsupportedError(f"all_reduce: {what} is on {x.device}; sollat needs CUDA tensors on {self.device}")
+        if x.device != self.device:
+            raise UnsupportedError(f"all_reduce: {what} is on {x.device} but the communicator is on {self.device}")
+        if op not in OPS:
+            raise UnsupportedError(f"all_reduce: op {op!r} is not supported; supported ops: {', '.join(OPS)}")
+        dt = lookup(x.dtype)
+        if x.numel() > MAX_ELEMENTS:
+            raise UnsupportedError(f"all_reduce: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
+        return dt
+
+    def _guard(self) -> None:
+        if self._faulted:
+            raise CommunicatorFaultedError("all_reduce: this communicator saw a device error earlier; "
+                                           "call reset() (on every rank) before using it again")
+
+    def _rank_arg(self) -> int:
+        raise NotImplementedError
+

@@ -1,0 +1,66 @@
+"""Argument checks shared by both communicators: each says what was wrong and what is
+supported, and every one runs before the GPU is looked for (so a bad argument is reported as such
+on any machine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import algorithms, faults, layout
+from .algorithms import ALGORITHMS, Algorithm
+from .errors import UnsupportedError
+
+
+def default_timeout_s() -> float:
+    """``$SOLLAT_TIMEOUT_S`` or 30 s (see faults.DEFAULT_TIMEOUT_S for why)."""
+    return faults.validated_timeout(None, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
+
+
+def timeout(value: object) -> float:
+    """``timeout_s=`` as given, else ``$SOLLAT_TIMEOUT_S``, else 30 s; validated."""
+    return faults.validated_timeout(value, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
+
+
+def get_alg(name: str) -> Algorithm:
+    return algorithms.get(name)
+
+
+def check_world_size(world_size: object, who: str) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise UnsupportedError(f"{who}: world_size must be an int, got {world_size!r}")
+    if not 2 <= world_size <= layout.MAX_RANKS:
+        raise UnsupportedError(f"{who}: world_size must be 2..{layout.MAX_RANKS}, got {world_size}")
+
+
+def algorithm_names(names: Sequence[str] | None) -> tuple[str, ...]:
+    if isinstance(names, str):
+        raise UnsupportedError(f"algorithms must be a list of names, got the string {names!r}")
+    out = tuple(names) if names is not None else tuple(ALGORITHMS)
+    if not out:
+        raise UnsupportedError(f"algorithms must name at least one of {', '.join(ALGORITHMS)}")
+    for a in out:
+        get_alg(a)
+    return out
+
+
+def cuda_device(device: object, who: str) -> torch.device:
+    """The CUDA device to use; argument errors are reported before a missing GPU is."""
+    if device is not None and not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):
+        raise UnsupportedError(f"{who}: device must be a torch.device, 'cuda[:N]' or an index, got {device!r}")
+    try:
+        dev = None if device is None else torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError) as exc:
+        raise UnsupportedError(f"{who}: device {device!r} is not a device ({exc})") from None
+    if dev is not None and dev.type != "cuda":
+        raise UnsupportedError(f"{who}: device must be a CUDA device, got {dev}")
+    if not torch.cuda.is_available():
+        raise UnsupportedError(f"{who}: no CUDA device is available (torch {torch.__version__}, "
+                               f"CUDA {'built in' if torch.backends.cuda.is_built() else 'not built in'})")
+    if dev is None or dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise UnsupportedError(f"{who}: {dev} does not exist; {torch.cuda.device_count()} CUDA device(s) visible")
+    return dev
+

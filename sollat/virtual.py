@@ -1,0 +1,164 @@
+"""``VirtualCommunicator``: R ranks in one process on one GPU, one launch for every rank
+(rank = blockIdx.y). The same kernels as real ranks; how everything is tested on one GPU."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from . import layout
+from .comm_base import MAX_ELEMENTS, _CommBase
+from .comm_state import _record_view, scratch_bytes_per_rank
+from .dtypes import DTYPES, OPS, DType
+from .errors import UnsupportedError
+from .validate import algorithm_names, check_world_size, cuda_device, timeout
+
+
+class VirtualCommunicator(_CommBase):
+    """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
+
+    ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
+    cluster_ranks=None)``
+
+    Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
+    (checked with the occupancy API), since block b of each rank waits for block b of the others.
+    With ``cluster_ranks`` (default on; ``SOLLAT_CLUSTER_RANKS=0`` turns it off) small grids launch
+    block b of every rank as one thread-block cluster, which the hardware co-schedules on one GPC
+    (see ``_clustered``). The kernels are the same either way.
+    """
+
+    _entry = "vr"
+
+    def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
+                 timeout_s: float | None = None, debug: bool = False,
+                 algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None) -> None:
+        check_world_size(world_size, "VirtualCommunicator")
+        timeout_value = timeout(timeout_s)
+        names = algorithm_names(algorithms)
+        dev = cuda_device(device, "VirtualCommunicator")
+        per_rank = scratch_bytes_per_rank(world_size, names)
+        self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
+        base = self._scratch.data_ptr()
+        ptrs = [base + r * per_rank for r in range(world_size)]
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names)
+        if cluster_ranks is None:
+            cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
+        self._cluster_ranks = bool(cluster_ranks)
+        self._init_scratch(self._rank_views())
+        torch.cuda.synchronize(dev)
+
+    def _rank_views(self) -> list[torch.Tensor]:
+        per = self.scratch_bytes_per_rank
+        return [self._scratch[r * per:(r + 1) * per] for r in range(self.world_size)]
+
+    def _rank_arg(self) -> int:
+        return 0  # rank_base; rank = blockIdx.y
+
+    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
+        return [(r, _record_view(v)) for r, v in enumerate(self._rank_views())]
+
+    def _record_args(self) -> tuple[int, int]:
+        return self._scratch.data_ptr() + layout.FAULT_RECORD_OFFSET, self.scratch_bytes_per_rank
+
+    def all_reduce(self, tensors: Sequence[torch.Tensor], op: str = "sum", algo: str = "auto", *,
+                   out: Sequence[torch.Tensor] | None = None, deterministic: bool = False) -> list[torch.Tensor]:
+        """``all_reduce(tensors, op="sum", algo="auto", *, out=None, deterministic=False) -> list[Tensor]``
+
+        ``tensors[r]`` is rank r's input; every returned tensor holds the reduction (rank order
+        0..R-1). ``out`` may name the outputs (an input may be its own output).
+        """
+        if torch.compiler.is_compiling():
+            from . import ops
+
+            return ops.all_reduce_virtual(list(tensors), self.comm_id, op, algo, deterministic)
+        return self._all_reduce_impl(tensors, op, algo, out, deterministic)
+
+    def _all_reduce_impl(self, tensors: Sequence[torch.Tensor], op: str, algo: str,
+                         out: Sequence[torch.Tensor] | None, deterministic: bool) -> list[torch.Tensor]:
+        self._before_call()
+        fast = self._fast_check(tensors, op, out)
+        if fast is not None:
+            n, dt, outs, ptrs = fast
+        else:
+            ins, outs, dt = self._checked(tensors, op, out)
+            n = ins[0].numel()
+            ptrs = (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad)
+        if n == 0:
+            return outs
+        plan = self._call_plan(n, dt, op, algo, deterministic)
+        assert not isinstance(plan, str)  # a VirtualCommunicator never resolves to NCCL
+        self._launch(plan, ptrs)
+        self._after_call()
+        return outs
+
+    def _fast_check(self, tensors: Sequence[torch.Tensor], op: str, out: Sequence[torch.Tensor] | None
+                    ) -> tuple[int, DType, list[torch.Tensor], tuple[int, ...]] | None:
+        """The common, valid call in one pass over the tensors: (n, dtype, outputs, the kernel's
+        pointer arguments), or None, which sends the call to the detailed checks."""
+        try:
+            if op not in OPS or isinstance(tensors, torch.Tensor) or len(tensors) != self.world_size:
+                return None
+            t0 = tensors[0]
+            dtype = t0.dtype
+            dt = DTYPES.get(dtype)
+            n = t0.numel()
+            if dt is None or n > MAX_ELEMENTS:
+                return None
+            idx, shape = self._dev_index, t0.shape
+            ptrs = []
+            for t in tensors:
+                if t.get_device() != idx or t.dtype is not dtype or t.shape != shape or not t.is_contiguous():
+                    return None
+                ptrs.append(t.data_ptr())
+            ptrs.extend(self._pad)
+            if out is None:
+                outs = [torch.empty_like(t) for t in tensors]
+                ptrs.extend(o.data_ptr() for o in outs)
+            else:
+                if isinstance(out, torch.Tensor) or len(out) != self.world_size:
+                    return None
+                for o in out:
+                    if o.get_device() != idx or o.dtype is not dtype or o.shape != shape or not o.is_contiguous():
+                        return None
+                    ptrs.append(o.data_ptr())
+                outs = list(out)
+            ptrs.extend(self._pad)
+            return n, dt, outs, tuple(ptrs)
+        except (AttributeError, TypeError):
+            return None
+
+    def _checked(self, tensors: Sequence[torch.Tensor], op: str, out: Sequence[torch.Tensor] | None
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], DType]:
+        """Every check with a clear error; non-contiguous inputs are copied."""
+        if isinstance(tensors, torch.Tensor) or len(tensors) != self.world_size:
+            got = "a single tensor" if isinstance(tensors, torch.Tensor) else f"{len(tensors)} tensors"
+            raise UnsupportedError(f"all_reduce: a VirtualCommunicator of {self.world_size} ranks needs a list of "
+                                   f"{self.world_size} tensors, got {got}")
+        dt = self._check_common(tensors[0], op, "tensors[0]")
+        shape, dtype = tensors[0].shape, tensors[0].dtype
+        ins = []
+        for r, t in enumerate(tensors):
+            self._check_common(t, op, f"tensors[{r}]")
+            if t.shape != shape or t.dtype != dtype:
+                raise UnsupportedError(f"all_reduce: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
+                                       f"{tuple(shape)} {dtype}; every rank must pass the same shape and dtype")
+            ins.append(t if t.is_contiguous() else t.contiguous())
+        if out is None:
+            return ins, [torch.empty_like(t, memory_format=torch.contiguous_format) for t in ins], dt
+        if len(out) != self.world_size:
+            raise UnsupportedError(f"all_reduce: out must hold {self.world_size} tensors, got {len(out)}")
+        for r, o in enumerate(out):
+            self._check_common(o, op, f"out[{r}]")
+            if o.shape != shape or o.dtype != dtype:
+                raise UnsupportedError(f"all_reduce: out[{r}] is {tuple(o.shape)} {o.dtype}, expected "
+                                       f"{tuple(shape)} {dtype}")
+            if not o.is_contiguous():
+                raise UnsupportedError(f"all_reduce: out[{r}] must be contiguous")
+        return ins, list(out), dt
+
+    def reset(self) -> None:
+        """Clear a recorded fault and return every buffer and epoch to its initial state."""
+        self._reset_local(self._rank_views())
+
