@@ -205,8 +205,8 @@ class _CommBase(DeviceState):
     def _clustered(self, blocks: int) -> bool:
         """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
         block b of every rank forms one thread-block cluster, which the hardware starts together
-        on one GPC. Measured faster at small sizes; at 16 blocks per rank (1 MiB) it was slower
-        for R >= 4, probably because whole clusters then pack onto fewer SMs (docs/benchmarks.md, run 12)."""
+        on one GPC. Measured faster at small sizes and slower at 16 blocks per rank (1 MiB) for
+        R >= 4 (docs/benchmarks.md, run 12; the cause of the slowdown was not measured)."""
         return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
 
     def _launch_config(self, blocks: int, threads: int) -> Any:

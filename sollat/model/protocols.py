@@ -11,7 +11,7 @@ from typing import Any
 from .rules import DEVICE_LL, DEVICE_LL128, DEVICE_SENTINEL
 
 #: Sentinel "empty": all ones, a NaN in every float dtype (``Bits<T>::kSentinel``). Data never
-#: equals it because the sender canonicalises NaN (``ProtoSentinel::store``); model data are ints.
+#: equals it because the sender canonicalises NaN (``ProtoSentinel::encode``); model data are ints.
 EMPTY = None
 
 #: LL line at rest: payload 0, flag 0 (``Communicator._init_scratch`` fills LL regions with 0).
@@ -21,7 +21,7 @@ Flag = tuple[int, int]  # (signature, epoch & mask) == the 64-bit word sig << 32
 
 
 def ll_try_load(content: tuple[Any, Flag], want: Flag) -> int:
-    """``ProtoLL::try_load`` (``protocol_ll.h``): 1 data of this epoch and call, 0 not yet,
+    """``ProtoLL::check`` (``protocol_ll.h``): 1 data of this epoch and call, 0 not yet,
     -1 this epoch from a call with another signature (a call mismatch, reported)."""
     flag = content[1]
     if flag == want:
@@ -32,7 +32,7 @@ def ll_try_load(content: tuple[Any, Flag], want: Flag) -> int:
 
 
 def sentinel_full(content: Any) -> bool:
-    """``ProtoSentinel::try_load`` (``protocol_sentinel.h``): full when no element is the sentinel."""
+    """``ProtoSentinel::check`` (``protocol_sentinel.h``): full when no element is the sentinel."""
     return content is not EMPTY
 
 
