@@ -1,9 +1,10 @@
 """Where the one-shot's time goes at small sizes (development tool; kernels built with
-SOLLAT_BREAKDOWN give wrong results on purpose and are never used by the library).
+SOLLAT_BREAKDOWN give wrong results on purpose and are never used by the library: they come from
+csrc/kernels/diag_oneshot_breakdown.cu, selected through sollat.testing.set_defines).
 
 Rows: full kernel; send without waiting; no communication (copy); prologue only; the empty-kernel
 floor with and without PDL; for LL also "+resets": LL clearing every consumed line the way the
-sentinel protocol must (SOLLAT_LL_DIAG_RESET, results still right), i.e. what the resets cost. Same timing as the benchmark (CUDA-graph replay, median).
+sentinel protocol must (ProtoLLReset, results still right), i.e. what the resets cost. Same timing as the benchmark (CUDA-graph replay, median).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 import torch
 
 import sollat
-from sollat import build, launch
+from sollat import build, launch, testing
 from sollat.bench.timing import time_calls
 
 
@@ -36,10 +37,11 @@ def main() -> int:
                 modes.append((-1, "+resets"))
             for mode, label in modes:
                 c = sollat.VirtualCommunicator(r, dev, algorithms=[algo])
+                diag = {algo: testing.DIAG_ONESHOT_BREAKDOWN}
                 if mode > 0:
-                    c._extra_defines = {"SOLLAT_BREAKDOWN": str(mode)}
+                    testing.set_defines(c, {"SOLLAT_BREAKDOWN": str(mode)}, kernel_files=diag)
                 elif mode < 0:
-                    c._extra_defines = {"SOLLAT_LL_DIAG_RESET": "1"}
+                    testing.set_defines(c, {"SOLLAT_PROTO": "ProtoLLReset"}, kernel_files=diag)
                 sets = [[torch.randn(32, device=dev) for _ in range(r)] for _ in range(4)]
                 outs = [[torch.empty_like(x) for x in s] for s in sets]
                 t = time_calls(lambda i, c=c, sets=sets, outs=outs, algo=algo: c.all_reduce(

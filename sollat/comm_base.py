@@ -61,6 +61,7 @@ class _CommBase(DeviceState):
         self._peek_host: torch.Tensor | None = None
         self._test_hooks = False
         self._defines: dict[str, str] = {}
+        self._kernel_files: dict[str, str] = {}  # algorithm -> diagnostic kernel file (sollat.testing)
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # (n, dtype, op, algo, deterministic) -> plan | "nccl"
         self._choices: dict[tuple[Any, ...], str] = {}
@@ -105,6 +106,11 @@ class _CommBase(DeviceState):
     @_extra_defines.setter
     def _extra_defines(self, value: dict[str, str]) -> None:
         self._defines = dict(value)
+        self._calls.clear()
+
+    def _set_kernel_files(self, files: dict[str, str]) -> None:
+        """Build these algorithms from other files of csrc/kernels (sollat.testing.set_defines)."""
+        self._kernel_files = dict(files)
         self._calls.clear()
 
     # ---- public helpers ----------------------------------------------------------------------
@@ -153,7 +159,8 @@ class _CommBase(DeviceState):
         return algo
 
     def _plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
-        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())))
+        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())),
+               self._kernel_files.get(name))
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -167,7 +174,8 @@ class _CommBase(DeviceState):
             defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
                                                 real_ranks=self._entry == "pg")
             defines.update(self._defines)
-            kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+            kernel_file = self._kernel_files.get(name, alg.kernel_file)
+            kernel = build.get_kernel(kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
             config = self._launch_config(geo.blocks, geo.threads)
             if self._co_resident(kernel, config, geo.blocks, geo.threads):
                 break

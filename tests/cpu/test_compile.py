@@ -52,3 +52,43 @@ def test_no_multicast_anywhere() -> None:
         text = f.read_text().lower()
         code = "\n".join(line.split("//")[0] for line in text.splitlines())
         assert "multimem" not in code and "cumulticast" not in code, f
+
+
+def test_production_oneshot_has_no_diagnostic_branches() -> None:
+    src = build.kernel_source("allreduce_oneshot.cu")
+    assert "SOLLAT_BREAKDOWN" not in src
+    assert "SOLLAT_LL_DIAG_RESET" not in (build.INCLUDE_DIR / "sollat" / "protocol_ll.h").read_text()
+
+
+def test_diagnostic_kernel_is_not_a_production_instantiation() -> None:
+    from sollat import testing
+
+    assert testing.DIAG_ONESHOT_BREAKDOWN in set(build.kernel_files())
+    assert all(f != testing.DIAG_ONESHOT_BREAKDOWN for f, _ in instantiations.all_instantiations())
+
+
+@pytest.mark.parametrize("proto,mode", [("ProtoLL", m) for m in range(5)] + [("ProtoSentinel", 4), ("ProtoLLReset", 0)])
+def test_diagnostic_breakdown_kernel_compiles(tmp_path, monkeypatch, proto: str, mode: int) -> None:
+    from sollat import testing
+
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    build.compile_cubin(build.kernel_source(testing.DIAG_ONESHOT_BREAKDOWN), name="diag", arch="sm_90", defines={
+        "SOLLAT_T": "float", "SOLLAT_OP": "OpSum", "SOLLAT_PROTO": proto, "SOLLAT_MAX_RANKS": "4",
+        "SOLLAT_SLOTS": "2", "SOLLAT_BREAKDOWN": str(mode)})
+
+
+def test_set_defines_selects_the_diagnostic_kernel_file() -> None:
+    from sollat import testing
+
+    class Stub:
+        _extra_defines: dict[str, str] = {}
+        files: dict[str, str] = {}
+
+        def _set_kernel_files(self, files: dict[str, str]) -> None:
+            self.files = files
+
+    c = Stub()
+    testing.set_defines(c, {"SOLLAT_BREAKDOWN": "2"}, kernel_files={"oneshot_ll": testing.DIAG_ONESHOT_BREAKDOWN})
+    assert c._extra_defines == {"SOLLAT_BREAKDOWN": "2"} and c.files == {"oneshot_ll": testing.DIAG_ONESHOT_BREAKDOWN}
+    testing.set_defines(c, {})
+    assert c._extra_defines == {} and c.files == {}

@@ -16,14 +16,6 @@ using namespace sollat;
 
 constexpr int kBuffers = 1;
 
-// Latency breakdown switch (scripts/latency_breakdown.py only; results are then WRONG on purpose):
-// 1 = send but do not wait (output = own data), 2 = no communication (copy input to output),
-// 3 = return right after the prologue, 4 = send to and wait for the own rank only (the store ->
-// poll trip without any peer's skew). 0 (default) is the real kernel.
-#ifndef SOLLAT_BREAKDOWN
-#define SOLLAT_BREAKDOWN 0
-#endif
-
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) {
   typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
@@ -31,7 +23,6 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
 
-  if (SOLLAT_BREAKDOWN == 3) return;
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
   const u64 lines = (a.n + kElems - 1) / kElems;
@@ -74,12 +65,10 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
 
   for (u64 base = 0;;) {
-    if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
-      // Own lines as the peers receive them, so that every rank reduces the same bits.
+    // Own lines as the peers receive them, so that every rank reduces the same bits.
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
-    }
+    for (int i = 0; i < kSlots; ++i)
+      if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
     // Next iteration's input, loaded now so that it is in flight while this one waits for its
     // peers (polls are volatile asm, which later loads could not be hoisted over). Safe in
     // place: this thread writes only its own lines, and these are other lines.
@@ -87,22 +76,7 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
     P ahead[kSlots];
     const int ahead_active = next < lines ? load_own(next, ahead) : 0;
     A acc[kSlots];
-    if (SOLLAT_BREAKDOWN == 4) {
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) buf.template send<T>(a.rank, i, own[i]);
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) {
-        P v = own[i];
-        if (i < active && !buf.template recv<T>(a.rank, i, v)) return;
-        pack_to_acc(v, acc[i]);
-      }
-    } else if (SOLLAT_BREAKDOWN == 0) {
-      if (!buf.template recvReduce<T, Op>(active, own, acc)) return poison_from(base);  // fault recorded
-    } else {
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i) pack_to_acc(own[i], acc[i]);
-    }
+    if (!buf.template recvReduce<T, Op>(active, own, acc)) return poison_from(base);  // fault recorded
 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {

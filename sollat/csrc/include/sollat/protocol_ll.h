@@ -31,16 +31,9 @@ namespace sollat {
 
 constexpr u32 kEpochMask = (SOLLAT_EPOCH_BITS >= 32) ? 0xFFFFFFFFu : ((1u << SOLLAT_EPOCH_BITS) - 1u);
 
-// SOLLAT_LL_DIAG_RESET=1 (scripts/latency_breakdown.py only) makes LL clear every consumed line
-// the way the sentinel protocol must (flag 0 is never valid, so results stay right): it measures
-// what the sentinel's resets cost, everything else being LL.
-#ifndef SOLLAT_LL_DIAG_RESET
-#define SOLLAT_LL_DIAG_RESET 0
-#endif
-
 struct ProtoLL {
   static constexpr int kPayloadBytes = 8;
-  static constexpr bool kNeedsReset = SOLLAT_LL_DIAG_RESET != 0;
+  static constexpr bool kNeedsReset = false;
   static constexpr const char* kName = "ll";
 
   __device__ __forceinline__ static u64 flag(u32 sig, u32 epoch) {
@@ -65,9 +58,8 @@ struct ProtoLL {
   template <typename T>
   __device__ __forceinline__ static Pack<T, 8> payload(const Line& l) { return bit_cast<Pack<T, 8>>(l.lo); }
 
-  __device__ __forceinline__ static void reset(Line* own) {
-    if (SOLLAT_LL_DIAG_RESET) st_volatile_line(own, 0ull, 0ull);
-  }
+  // Nothing to clear (see above); csrc/kernels/diag_oneshot_breakdown.cu's ProtoLLReset clears.
+  __device__ __forceinline__ static void reset(Line*) {}
 };
 
 }  // namespace sollat
