@@ -95,9 +95,11 @@ def test_bench_pipeline_with_fakes(tmp_path, monkeypatch: pytest.MonkeyPatch, ca
     pytest.importorskip("matplotlib")
     import torch
 
-    from sollat.bench import barrier, peers, sol, sweep, synthetic, timing
+    from sollat.bench import barrier, peers, sol, sweep, timing
     from sollat.bench.peers import ChildOutcome
     from sollat.bench.results import Row
+
+    from . import _synthetic as synthetic
 
     class Target:
         def __init__(self, ranks: int, device: object) -> None:

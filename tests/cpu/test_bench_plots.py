@@ -6,8 +6,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from sollat.bench import cli, plots, synthetic  # noqa: E402
+from sollat.bench import cli, plots  # noqa: E402
 from sollat.bench.results import write_json  # noqa: E402
+
+from . import _synthetic as synthetic  # noqa: E402
 
 
 def _nonempty(paths, names) -> None:

@@ -6,7 +6,6 @@ import datetime as dt
 
 import pytest
 
-from sollat.bench import synthetic
 from sollat.bench.results import (
     BENCH_CSV_COLUMNS,
     BarrierRow,
@@ -22,6 +21,8 @@ from sollat.bench.results import (
 )
 from sollat.bench.stats import Stats, percentile
 from sollat.bench.table import format_barrier, format_bench, format_sol
+
+from . import _synthetic as synthetic
 
 
 def test_stats() -> None:

@@ -51,8 +51,9 @@ def test_bench_module_is_the_same_command_line(capsys: pytest.CaptureFixture[str
 
 def test_plot_is_a_verb_of_python_m_sollat(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from sollat.bench import synthetic
     from sollat.bench.results import write_json
+
+    from . import _synthetic as synthetic
 
     write_json(tmp_path / "bench.json", synthetic.bench_results())
     done = subprocess.run([sys.executable, "-m", "sollat", "plot", str(tmp_path)], cwd=ROOT, capture_output=True,

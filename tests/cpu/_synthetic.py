@@ -1,4 +1,5 @@
-"""Made-up results in the real schema, for the CPU tests of the writers and plots.
+"""Made-up results in the real schema, for the CPU tests of the writers and plots (test data, not
+part of the library).
 
 The numbers follow the shape of the H200 reference figures (a ~1 us floor at small sizes,
 linear growth at large ones) but are not measurements; everything built from them says so
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .results import OK, SKIPPED, UNSUPPORTED, BarrierRow, Row
-from .stats import Stats
+from sollat.bench.results import OK, SKIPPED, UNSUPPORTED, BarrierRow, Row
+from sollat.bench.stats import Stats
 
 SOLLAT_ALGOS = ("oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel")
 
