@@ -13,8 +13,7 @@ import time
 import torch
 
 import sollat
-from sollat import launch
-from sollat.dtypes import DTYPES
+from sollat import testing
 
 
 def per_call_us(fn, n: int = 2000, runs: int = 5) -> float:
@@ -45,13 +44,7 @@ def main() -> int:
             b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
             d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
             # The same kernel launched directly with prepacked arguments: the launch's own cost.
-            plan = c._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
-            ptrs = (*[t.data_ptr() for t in xs], *c._pad, *[o.data_ptr() for o in outs], *c._pad)
-            if plan.bound is not None:
-                e = per_call_us(lambda plan=plan, ptrs=ptrs: plan.bound(launch.stream_handle(0), ptrs))
-            else:
-                e = per_call_us(lambda plan=plan, args=ptrs + plan.tail:
-                                launch.launch(plan.kernel, plan.config, args, device=dev))
+            e = per_call_us(testing.bare_launch(c, xs, outs, algo="oneshot_ll"))
             print(f"R={r} virtual, {launcher} launcher: out given {a:.2f} us; new outputs {b:.2f} us; "
                   f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
                   flush=True)
@@ -69,13 +62,7 @@ def communicator_path(dev: torch.device) -> None:
     vc = sollat.VirtualCommunicator(2, dev)
     xs = [torch.randn(32, device=dev) for _ in range(2)]
     outs = [torch.empty_like(v) for v in xs]
-    plan = vc._call_plan(32, DTYPES[torch.float32], "sum", "oneshot_ll", False)
-    assert not isinstance(plan, str) and plan.bound is not None
-    ptrs = (*[t.data_ptr() for t in xs], *vc._pad, *[o.data_ptr() for o in outs], *vc._pad)
-    comm = object.__new__(sollat.Communicator)
-    comm.__dict__.update(vc.__dict__)
-    bound = plan.bound
-    comm._launch = lambda _plan, _ptrs: bound(launch.stream_handle(0), ptrs)  # type: ignore[method-assign]
+    comm = testing.borrowed_communicator(vc, testing.bare_launch(vc, xs, outs, algo="oneshot_ll"))
     a = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll", out=outs[0]))
     b = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll"))
     print(f"Communicator hot path (one tensor), driver launcher: out given {a:.2f} us; new output {b:.2f} us",

@@ -9,13 +9,12 @@ checked bitwise against the rank-order sum afterwards.
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 
 import torch
 from _virtual_timing import timed_checked_us
 
-from sollat import algorithms, layout
+from sollat import algorithms, layout, testing
 from sollat.dtypes import DTYPES
 
 ALGOS = ("oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel")
@@ -30,25 +29,21 @@ def main() -> int:
     ap.add_argument("--algos", default=",".join(ALGOS))
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
-    default_plan = layout.plan
-    try:
-        for r in (int(x) for x in args.ranks.split(",")):
-            for item in args.sizes.split(","):
-                short, nbytes = item.split(":")
-                dtype = SHORT[short]
-                n = int(nbytes) // torch.tensor([], dtype=dtype).element_size()
-                cells = []
-                for algo in args.algos.split(","):
-                    alg = algorithms.ALGORITHMS[algo]
-                    for cap in (int(x) for x in args.caps.split(",")):
-                        layout.plan = functools.partial(default_plan, block_threads=cap)  # read by every new plan
+    for r in (int(x) for x in args.ranks.split(",")):
+        for item in args.sizes.split(","):
+            short, nbytes = item.split(":")
+            dtype = SHORT[short]
+            n = int(nbytes) // torch.tensor([], dtype=dtype).element_size()
+            cells = []
+            for algo in args.algos.split(","):
+                alg = algorithms.ALGORITHMS[algo]
+                for cap in (int(x) for x in args.caps.split(",")):
+                    with testing.override_block_threads(cap):  # read by every new plan
                         geo = layout.plan(alg.lines_per_rank(n, DTYPES[dtype], r), max_blocks=alg.max_blocks,
                                           max_slots=alg.max_slots(algorithms.max_ranks_template(r)))
                         us = timed_checked_us(r, algo, dtype, n, dev, sets=3, calls=50, replays=11)
-                        cells.append(f"{algo}/{cap}({geo.blocks}x{geo.threads}x{geo.slots})={us:.2f}")
-                print(f"R={r} {short} {nbytes}B: " + "  ".join(cells), flush=True)
-    finally:
-        layout.plan = default_plan
+                    cells.append(f"{algo}/{cap}({geo.blocks}x{geo.threads}x{geo.slots})={us:.2f}")
+            print(f"R={r} {short} {nbytes}B: " + "  ".join(cells), flush=True)
     return 0
 
 

@@ -1,4 +1,7 @@
-"""Fault injection for tests and drills (public: the real-rank suite and users' own tests use it).
+"""Fault injection for tests and drills (public: the real-rank suite and users' own tests use it),
+and the hooks of the diagnostic scripts (scripts/): diagnostic kernel builds (``set_defines``),
+a launch-geometry override (``override_block_threads``) and host-overhead probes
+(``bare_launch``, ``borrowed_communicator``). The scripts use no private member of the library.
 
 Kernels are then built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
 the hooks are read from device memory at run time, so they can be turned on after a CUDA graph
@@ -17,8 +20,13 @@ makes no further calls; the protocol model, docs/protocol-model.md, shows the di
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
+
+from . import launch, layout
+from .dtypes import DTYPES
 
 
 def inject(comm: Any, *, absent: int | None = None, mismatch: int | None = None, armed: bool = True) -> None:
@@ -45,3 +53,50 @@ def set_defines(comm: Any, defines: dict[str, str], *, kernel_files: Mapping[str
     builds may be wrong on purpose; call it on every rank. ``set_defines(comm, {})`` undoes it."""
     comm._extra_defines = defines
     comm._set_kernel_files(dict(kernel_files or {}))
+
+
+@contextlib.contextmanager
+def override_block_threads(block_threads: int) -> Iterator[None]:
+    """Inside the block, every launch geometry planned from now on (``layout.plan``: new
+    communicators, or sizes a communicator has not planned yet) uses ``block_threads`` threads
+    per block while a message can still spread over more blocks (geometry sweeps). Plans made
+    inside stay cached by their communicator; make a fresh one per setting."""
+    default = layout.plan
+    layout.plan = functools.partial(default, block_threads=block_threads)
+    try:
+        yield
+    finally:
+        layout.plan = default
+
+
+def _dtype_of(t: Any) -> Any:
+    return DTYPES[t.dtype]
+
+
+def bare_launch(comm: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, algo: str,
+                op: str = "sum") -> Callable[[], None]:
+    """A function of no argument that launches the kernel ``comm.all_reduce(inputs, algo=algo,
+    out=outputs)`` of a VirtualCommunicator launches, with the same prepacked arguments, and does
+    nothing else (no checks, no stream ordering): what the launch alone costs on the host."""
+    plan = comm._call_plan(inputs[0].numel(), _dtype_of(inputs[0]), op, algo, False)
+    ptrs = (*[t.data_ptr() for t in inputs], *comm._pad, *[o.data_ptr() for o in outputs], *comm._pad)
+    dev_index = comm.device.index or 0
+    if plan.bound is not None:
+        bound = plan.bound
+        return lambda: bound(launch.stream_handle(dev_index), ptrs)
+    args = ptrs + plan.tail
+    return lambda: launch.launch(plan.kernel, plan.config, args, device=comm.device)
+
+
+def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
+    """A ``Communicator`` (one rank per process) that borrows VirtualCommunicator ``vc``'s state
+    and runs ``launch_fn()`` where it would launch its kernel: ``Communicator.all_reduce``'s host
+    hot path, measured on one GPU without a process group. Every call runs ``launch_fn`` (a real
+    kernel, e.g. from ``bare_launch``); everything else is Communicator's own code. For host
+    overhead measurements only: its results are those of ``launch_fn``'s arguments."""
+    from .communicator import Communicator
+
+    comm = object.__new__(Communicator)
+    comm.__dict__.update(vc.__dict__)
+    comm._launch = lambda _plan, _ptrs: launch_fn()
+    return comm
