@@ -3,7 +3,7 @@ and the hooks of the diagnostic scripts (scripts/): diagnostic kernel builds (``
 a launch-geometry override (``override_block_threads``) and host-overhead probes
 (``bare_launch``, ``borrowed_communicator``). The scripts use no private member of the library.
 
-Kernels are then built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
+With ``inject``, kernels are built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
 the hooks are read from device memory at run time, so they can be turned on after a CUDA graph
 was captured with them (``inject`` first with no hook, capture, then ``inject`` the fault).
 

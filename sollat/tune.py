@@ -79,17 +79,14 @@ def measure(run: Callable[[str, int, torch.dtype], float], algos: list[str], siz
 
 def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str]:
     from . import VirtualCommunicator
-    from .bench.timing import time_calls
+    from .bench.virtual import rotating_sets, time_rotating
 
     comm = VirtualCommunicator(ranks)
     dev = comm.device
 
     def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
         n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
-        sets = [[torch.randn(n, device=dev).to(dtype) for _ in range(ranks)] for _ in range(4)]
-        outs = [[torch.empty_like(x) for x in s] for s in sets]
-        t = time_calls(lambda i: comm.all_reduce(sets[i % 4], algo=algo, out=outs[i % 4]), calls=50, replays=15,
-                       device=dev)
+        t = time_rotating(comm, algo, rotating_sets(ranks, n, dtype, dev, 4), calls=50, replays=15, device=dev)
         comm.check()
         return t.stats.median
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from .results import ERROR, OK, UNSUPPORTED, Row
 from .timing import calls_for, sets_for, time_calls
+from .virtual import rank_order_sum, rotating_sets
 
 DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "f16": "float16"}
@@ -104,22 +105,13 @@ class VirtualTarget(_CommTarget):
         self.comm = sollat.VirtualCommunicator(world_size=ranks, device=device)
 
     def buffers(self, nbytes: int, dtype: str, n_sets: int) -> Any:
-        import torch
-
         dt = torch_dtype(dtype)
-        n = max(1, nbytes // dt.itemsize)
-        ins = [[torch.randn(n, device=self.device).to(dt) for _ in range(self.ranks)] for _ in range(n_sets)]
-        outs = [[torch.full((n,), float("nan"), device=self.device, dtype=dt) for _ in range(self.ranks)]
-                for _ in range(n_sets)]
-        return ins, outs
+        return rotating_sets(self.ranks, max(1, nbytes // dt.itemsize), dt, self.device, n_sets)
 
     def check(self, bufs: Any, dtype: str) -> str:
         ins, outs = bufs
         for s in range(len(ins)):
-            ref = ins[s][0].float()
-            for x in ins[s][1:]:
-                ref = ref + x.float()
-            ref = ref.to(ins[s][0].dtype)
+            ref = rank_order_sum(ins[s])
             for r, o in enumerate(outs[s]):
                 bad = _compare(o, ref, dtype)
                 if bad:

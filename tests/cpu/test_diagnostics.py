@@ -39,3 +39,24 @@ def test_override_block_threads_applies_inside_the_block_only() -> None:
         small = layout.plan(lines, max_blocks=64)
     assert small.threads <= 64 < default.threads or small.blocks > default.blocks
     assert layout.plan(lines, max_blocks=64) == default
+
+
+def test_rotating_sets_and_rank_order_sum_on_cpu() -> None:
+    import torch
+
+    from sollat.bench.virtual import rank_order_sum, rotating_sets
+
+    ins, outs = rotating_sets(3, 5, torch.bfloat16, "cpu", 2)
+    assert len(ins) == len(outs) == 2 and all(len(s) == 3 for s in ins + outs)
+    assert all(t.dtype == torch.bfloat16 and t.shape == (5,) and t.isnan().all() for s in outs for t in s)
+    ref = rank_order_sum(ins[0])
+    assert ref.dtype == torch.bfloat16
+    assert torch.equal(ref, (ins[0][0].float() + ins[0][1].float() + ins[0][2].float()).to(torch.bfloat16))
+
+
+def test_virtual_timing_is_written_once() -> None:
+    root = SCRIPTS.parent
+    for rel in ("sollat/tune.py", "sollat/bench/sweep.py", "scripts/_virtual_timing.py"):
+        text = (root / rel).read_text()
+        assert "from sollat.bench.virtual import" in text or "from .virtual import" in text \
+            or "from .bench.virtual import" in text, rel
