@@ -1,0 +1,259 @@
+"""The contract between host and device, declared once.
+
+Every number, record word, struct field and kernel parameter that Python and the CUDA C++ must
+agree on is written here, as plain data. ``layout.py``, ``dtypes.py``, ``faults.py`` and
+``communicator.py`` read it; ``header_text()`` renders it as ``csrc/include/sollat/abi.h``, which
+the device headers include (a CPU test checks that the committed header equals the rendering).
+
+Regenerate the header after editing this file::
+
+    python -m sollat.abi > sollat/csrc/include/sollat/abi.h
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HEADER_PATH = Path(__file__).parent / "csrc" / "include" / "sollat" / "abi.h"
+REGENERATE = "python -m sollat.abi > sollat/csrc/include/sollat/abi.h"
+
+# ---- geometry limits --------------------------------------------------------------------------
+MAX_RANKS = 8  # world size and the CommState scratch array (C++ kMaxWorld)
+MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
+MAX_SLOTS = 4  # lines per thread per iteration (C++ kMaxSlotsPerThread)
+LINE_BYTES = 16  # one vector store
+WARP = 32
+
+# Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes).
+PAYLOAD_BYTES: dict[str, int] = {"ll": 8, "sentinel": 16}
+
+# ---- control block and fault record -----------------------------------------------------------
+# Every rank's scratch starts with a control block of CONTROL_BYTES; it holds the rank's fault
+# record (FAULT_RECORD_WORDS u32 words at FAULT_RECORD_OFFSET), zero while healthy.
+CONTROL_BYTES = 512
+FAULT_RECORD_OFFSET = 0
+FAULT_RECORD_WORDS: tuple[str, ...] = ("code", "rank", "peer", "block", "thread", "slot", "epoch", "seen")
+FAULT_WORDS = len(FAULT_RECORD_WORDS)
+# Word 0's values; CLAIMED: a writer is filling words 1..7.
+FAULT_CODES: dict[str, int] = {"ok": 0, "timeout": 1, "mismatch": 2, "claimed": 0xFFFFFFFF}
+
+
+# ---- C types ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CType:
+    builtin: str  # the C++ type (abi.h typedefs the short names to it)
+    fmt: str  # struct module code
+    np_type: type  # numpy scalar a kernel argument of this type is passed as
+
+
+CTYPES: dict[str, CType] = {
+    "u64": CType("unsigned long long", "Q", np.uint64),
+    "u32": CType("unsigned int", "I", np.uint32),
+    "u16": CType("unsigned short", "H", np.uint16),
+    "int": CType("int", "i", np.int32),
+}
+_POINTER = CType("", "Q", np.uint64)  # every pointer is 8 bytes
+
+
+def ctype(name: str) -> CType:
+    return _POINTER if name.endswith("*") else CTYPES[name]
+
+
+# ---- CommState: written once by the host, read by every kernel --------------------------------
+@dataclass(frozen=True)
+class Field:
+    name: str
+    ctype: str
+    count: int = 1
+    doc: str = ""
+
+
+COMM_STATE: tuple[Field, ...] = (
+    Field("scratch", "u64", MAX_RANKS, "base of each rank's symmetric scratch, as mapped in this process"),
+    Field("err_host", "u64", doc="host-mapped fault flag (u32), or 0"),
+    Field("timeout_ns", "u64", doc="bound of every spin"),
+    Field("absent_rank", "int", doc="test hook: this rank's blocks return at once (-1: none)"),
+    Field("mismatch_rank", "int", doc="test hook: this rank flips a bit of its call signature (-1: none)"),
+)
+STATE_FORMAT = "<" + "".join(f"{f.count if f.count > 1 else ''}{ctype(f.ctype).fmt}" for f in COMM_STATE)
+STATE_BYTES = struct.calcsize(STATE_FORMAT)
+
+
+def pack_state(values: Mapping[str, Any]) -> bytes:
+    """The CommState bytes: ``values`` keyed by field name (an array field takes a sequence)."""
+    flat: list[int] = []
+    for f in COMM_STATE:
+        v = values[f.name]
+        flat.extend(v if f.count > 1 else [v])
+    if set(values) != {f.name for f in COMM_STATE}:
+        raise KeyError(f"CommState fields: {sorted(set(values) ^ {f.name for f in COMM_STATE})}")
+    return struct.pack(STATE_FORMAT, *flat)
+
+
+# ---- kernel parameters --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str
+    vr_name: str = ""  # its name in the _vr entry point, where that differs
+
+
+# After the tensor pointers, both entry points take these (host: kernel_tail, keyed by name).
+TAIL_PARAMS: tuple[Param, ...] = (
+    Param("n", "u64"),
+    Param("st", "const CommState*"),
+    Param("region_off", "u64"),
+    Param("lines_per_src", "int"),
+    Param("epochs", "u32*"),
+    Param("sig", "u32"),
+    Param("rank", "int", vr_name="rank_base"),
+    Param("nranks", "int"),
+    Param("rec", "u32*", vr_name="rec0"),
+    Param("rank_stride", "u64"),
+)
+PG_PARAMS: tuple[Param, ...] = (Param("in", "const void*"), Param("out", "void*")) + TAIL_PARAMS
+VR_PARAMS: tuple[Param, ...] = (
+    tuple(Param(f"i{r}", "const void*") for r in range(MAX_RANKS))
+    + tuple(Param(f"o{r}", "void*") for r in range(MAX_RANKS))
+    + tuple(Param(p.vr_name or p.name, p.ctype) for p in TAIL_PARAMS)
+)
+
+
+def kernel_tail(values: Mapping[str, int]) -> tuple[Any, ...]:
+    """The arguments after the tensor pointers, in declared order, each as its C type's numpy
+    scalar: ``values`` keyed by TAIL_PARAMS name (the ``_pg`` names)."""
+    if set(values) != {p.name for p in TAIL_PARAMS}:
+        raise KeyError(f"kernel tail parameters: {sorted(set(values) ^ {p.name for p in TAIL_PARAMS})}")
+    return tuple(ctype(p.ctype).np_type(values[p.name]) for p in TAIL_PARAMS)
+
+
+# ---- element bit patterns ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Bits:
+    short: str  # dtype short name (dtypes.DType.short)
+    width: int  # bits per element
+    sentinel: int  # an empty sentinel slot (a NaN of this dtype)
+    canonical_nan: int  # every NaN is sent as this (a NaN, never the sentinel)
+
+
+BITS: dict[str, Bits] = {b.short: b for b in (
+    Bits("f32", 32, 0xFFFFFFFF, 0x7FC00000),
+    Bits("bf16", 16, 0xFFFF, 0x7FC0),
+    Bits("f16", 16, 0xFFFF, 0x7E00),
+    Bits("f64", 64, 0xFFFFFFFFFFFFFFFF, 0x7FF8000000000000),
+)}
+
+
+# ---- the header ---------------------------------------------------------------------------------
+_UINT = {16: ("u16", ""), 32: ("u32", "u"), 64: ("u64", "ull")}  # C++ type and literal suffix by width
+
+
+def _hex(v: int, width: int) -> str:
+    return f"0x{v:0{width // 4}X}{_UINT[width][1]}"
+
+
+def _typedefs() -> list[str]:
+    return [f"typedef {c.builtin} {name};" for name, c in CTYPES.items() if name != c.builtin]
+
+
+def _constants() -> list[str]:
+    ints = (("kMaxWorld", MAX_RANKS), ("kMaxThreads", MAX_THREADS), ("kMaxSlotsPerThread", MAX_SLOTS),
+            ("kLineBytes", LINE_BYTES), ("kWarpSize", WARP), ("kPayloadBytesLL", PAYLOAD_BYTES["ll"]),
+            ("kPayloadBytesSentinel", PAYLOAD_BYTES["sentinel"]), ("kControlBytes", CONTROL_BYTES),
+            ("kFaultRecordOffset", FAULT_RECORD_OFFSET), ("kFaultWords", FAULT_WORDS))
+    return [f"constexpr int {n} = {v};" for n, v in ints]
+
+
+def _fault_lines() -> list[str]:
+    codes = ", ".join(f"k{k.capitalize()} = {_hex(v, 32) if v > 255 else v}" for k, v in FAULT_CODES.items())
+    words = ", ".join(f"kWord{w.capitalize()} = {i}" for i, w in enumerate(FAULT_RECORD_WORDS))
+    return [f"enum FaultCode : unsigned int {{ {codes} }};", f"enum FaultWord : int {{ {words} }};"]
+
+
+def _bits_lines() -> list[str]:
+    out = []
+    for b in BITS.values():
+        t = _UINT[b.width][0]
+        tag = b.short.capitalize()
+        out.append(f"constexpr {t} kSentinel{tag} = {_hex(b.sentinel, b.width)};")
+        out.append(f"constexpr {t} kCanonicalNaN{tag} = {_hex(b.canonical_nan, b.width)};")
+    return out
+
+
+def _state_lines() -> list[str]:
+    out = ["struct CommState {"]
+    for f in COMM_STATE:
+        dim = "[kMaxWorld]" if f.count == MAX_RANKS and f.count > 1 else (f"[{f.count}]" if f.count > 1 else "")
+        out.append(f"  {f.ctype} {f.name}{dim};  // {f.doc}")
+    out.append("};")
+    out.append(f'static_assert(sizeof(CommState) == {STATE_BYTES}, "CommState: sollat/abi.py STATE_FORMAT");')
+    return out
+
+
+def _cxx_param(p: Param) -> str:
+    """``type name`` as written outside namespace sollat (the entry points are extern "C")."""
+    t = re.sub(r"\b(CommState|u64|u32|u16)\b", r"sollat::\1", p.ctype)
+    return f"{t} {p.name}"
+
+
+def _params_macro(name: str, params: Sequence[Param]) -> list[str]:
+    per_line = 4
+    chunks = [", ".join(_cxx_param(p) for p in params[i:i + per_line]) for i in range(0, len(params), per_line)]
+    body = ", \\\n    ".join(chunks)
+    return [f"#define {name} \\\n    {body}"]
+
+
+def header_text() -> str:
+    """``csrc/include/sollat/abi.h``: this module's contract as C++."""
+    lines = [
+        f"// GENERATED by sollat/abi.py - do not edit. Regenerate: {REGENERATE}",
+        "// sollat/abi.h - the host/device contract: limits, control block, fault record, CommState,",
+        "// entry-point parameters and element bit patterns (sollat/abi.py declares each once).",
+        "#ifndef SOLLAT_ABI_H_",
+        "#define SOLLAT_ABI_H_",
+        "",
+        f"#define SOLLAT_MAX_THREADS {MAX_THREADS}  // __launch_bounds__ of every entry point",
+        "",
+        "namespace sollat {",
+        "",
+        *_typedefs(),
+        "",
+        *_constants(),
+        "",
+        *_fault_lines(),
+        "",
+        *_bits_lines(),
+        "",
+        "// Written once by the host (communicator.py, abi.pack_state), read by every kernel.",
+        *_state_lines(),
+        "",
+        "}  // namespace sollat",
+        "",
+        "// Entry-point parameters (host: abi.kernel_tail packs the tail in this order).",
+        *_params_macro("SOLLAT_PG_PARAMS", PG_PARAMS),
+        *_params_macro("SOLLAT_VR_PARAMS", VR_PARAMS),
+        "",
+        "#endif  // SOLLAT_ABI_H_",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_header(path: Path = HEADER_PATH) -> None:
+    path.write_text(header_text())
+
+
+def header_is_current(path: Path = HEADER_PATH) -> bool:
+    """Whether ``path`` is byte for byte what ``header_text()`` renders."""
+    return path.read_bytes() == header_text().encode()
+
+
+if __name__ == "__main__":
+    sys.stdout.write(header_text())
