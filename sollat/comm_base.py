@@ -7,17 +7,15 @@ communicators are ``communicator.py`` (one process per GPU) and ``virtual.py`` (
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
-from . import agree, algorithms, build, driver_launch, launch, layout, registry, select
+from . import abi, agree, algorithms, build, driver_launch, launch, layout, registry, select
 from .algorithms import ALGORITHMS, Algorithm
-from .comm_state import _STATE_FMT, DeviceState, _host_device_pointer
+from .comm_state import DeviceState, _host_device_pointer
 from .dtypes import OPS, DType, lookup
 from .errors import CommunicatorFaultedError, UnsupportedError
 
@@ -67,7 +65,7 @@ class _CommBase(DeviceState):
         self._choices: dict[tuple[Any, ...], str] = {}
         self._table: select.Table | None = None
         self._dev_index: int = device.index
-        self._pad = (0,) * (8 - world_size)
+        self._pad = (0,) * (abi.MAX_RANKS - world_size)
         self._cluster_ranks = False  # set by VirtualCommunicator
         self._occupancy: dict[tuple[Any, ...], int] = {}
         launch.ensure_device(device.index)
@@ -94,7 +92,7 @@ class _CommBase(DeviceState):
         self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
         self._err_host = self._err_host_t.numpy()
         self._err_host_dev = _host_device_pointer(self._err_host_t)
-        self._state = torch.zeros(struct.calcsize(_STATE_FMT), dtype=torch.uint8, device=device)
+        self._state = torch.zeros(abi.STATE_BYTES, dtype=torch.uint8, device=device)
         self._write_state(absent_rank=-1)
         self.comm_id = registry.register(self)
 
@@ -192,11 +190,12 @@ class _CommBase(DeviceState):
             max_blocks = min(max_blocks, geo.blocks - 1)
         sig = algorithms.signature(alg, dt, op, n)
         rec0, rank_stride = self._record_args()
-        tail = (np.uint64(n), self._state.data_ptr(), np.uint64(self._region_off[name]),
-                np.int32(layout.lines_per_src(alg.max_blocks)), self._epochs[name].data_ptr(),
-                np.uint32(sig), np.int32(self._rank_arg()), np.int32(self.world_size),
-                np.uint64(rec0), np.uint64(rank_stride))
-        n_ptrs = 2 * (layout.MAX_RANKS if self._entry == "vr" else 1)  # inputs, outputs
+        tail = abi.kernel_tail({
+            "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[name],
+            "lines_per_src": layout.lines_per_src(alg.max_blocks), "epochs": self._epochs[name].data_ptr(),
+            "sig": sig, "rank": self._rank_arg(), "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride})
+        params = abi.VR_PARAMS if self._entry == "vr" else abi.PG_PARAMS
+        n_ptrs = len(params) - len(abi.TAIL_PARAMS)  # inputs, outputs
         bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan

@@ -7,17 +7,16 @@ A mixin of ``comm_base._CommBase`` (same object, same attributes); the memory la
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import faults, launch, layout
+from . import abi, faults, launch, layout
 from .algorithms import ALGORITHMS
 
-_STATE_FMT = "<8QQQii"  # csrc/include/sollat/collective.h: CommState
+_STATE_FMT = abi.STATE_FORMAT  # CommState (abi.py, rendered into abi.h)
 
 
 class DeviceState:
@@ -45,8 +44,9 @@ class DeviceState:
 
     # ---- memory ------------------------------------------------------------------------------
     def _write_state(self, absent_rank: int = -1, mismatch_rank: int = -1) -> None:
-        ptrs = list(self._scratch_ptrs) + [0] * (8 - len(self._scratch_ptrs))
-        raw = struct.pack(_STATE_FMT, *ptrs, self._err_host_dev, int(self.timeout_s * 1e9), absent_rank, mismatch_rank)
+        ptrs = list(self._scratch_ptrs) + [0] * (abi.MAX_RANKS - len(self._scratch_ptrs))
+        raw = abi.pack_state({"scratch": ptrs, "err_host": self._err_host_dev, "timeout_ns": int(self.timeout_s * 1e9),
+                              "absent_rank": absent_rank, "mismatch_rank": mismatch_rank})
         self._state.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def _init_scratch(self, views: Sequence[torch.Tensor]) -> None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .abi import BITS
+
 
 @dataclass(frozen=True)
 class DType:
@@ -24,11 +26,16 @@ class DType:
     ll128: bool  # LL128 atomic has a vector atomic add for it
 
 
+def _dtype(t: torch.dtype, short: str, cxx: str, ll128: bool) -> DType:
+    b = BITS[short]  # bit patterns: abi.py
+    return DType(t, short, cxx, b.width // 8, b.sentinel, b.canonical_nan, ll128)
+
+
 DTYPES: dict[torch.dtype, DType] = {
-    torch.float32: DType(torch.float32, "f32", "float", 4, 0xFFFFFFFF, 0x7FC00000, True),
-    torch.bfloat16: DType(torch.bfloat16, "bf16", "sollat::bf16", 2, 0xFFFF, 0x7FC0, True),
-    torch.float16: DType(torch.float16, "f16", "sollat::f16", 2, 0xFFFF, 0x7E00, True),
-    torch.float64: DType(torch.float64, "f64", "double", 8, 0xFFFFFFFFFFFFFFFF, 0x7FF8000000000000, False),
+    torch.float32: _dtype(torch.float32, "f32", "float", True),
+    torch.bfloat16: _dtype(torch.bfloat16, "bf16", "sollat::bf16", True),
+    torch.float16: _dtype(torch.float16, "f16", "sollat::f16", True),
+    torch.float64: _dtype(torch.float64, "f64", "double", False),
 }
 
 OPS: tuple[str, ...] = ("sum", "max", "min")

@@ -1,7 +1,7 @@
 """The fault record and the timeouts: what the host makes of a device-side fault.
 
-Every rank's symmetric scratch starts with its fault record (``layout.FAULT_RECORD_OFFSET``; the
-device side and the word layout are in ``csrc/include/sollat/fault.h``). A kernel thread that
+Every rank's symmetric scratch starts with its fault record (``abi.FAULT_RECORD_OFFSET``; the words
+and codes are declared in ``abi.py``, the device side is ``csrc/include/sollat/fault.h``). A kernel thread that
 detects a fault writes it into its own record and every peer's, so every rank raises the same
 exception, naming the rank that detected it and the peer involved. Until ``reset()`` every
 kernel of the communicator refuses to run and writes NaN outputs.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from . import layout
+from . import abi
 from .errors import CallMismatchError, PeerTimeoutError, SollatError, UnsupportedError
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -28,6 +28,8 @@ DEFAULT_SETUP_TIMEOUT_S = 600.0
 """Bound of the host-side agreements (construction, first use of a call shape): a peer may be
 compiling kernels or still loading a model."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+OK, TIMEOUT, MISMATCH, CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
+_WORD = {name: i for i, name in enumerate(abi.FAULT_RECORD_WORDS)}
 
 
 def validated_timeout(value: object, *, what: str, env: str, default: float) -> float:
@@ -56,7 +58,7 @@ def read_record(read: Callable[[], np.ndarray], *, settle_s: float = 1.0) -> np.
     claimed record is re-read until its writer has published the code, at most ``settle_s``)."""
     rec = read().astype(np.int64) & 0xFFFFFFFF
     deadline = time.monotonic() + settle_s
-    while rec[0] == layout.FAULT_CLAIMED and time.monotonic() < deadline:
+    while rec[_WORD['code']] == CLAIMED and time.monotonic() < deadline:
         time.sleep(0.001)
         rec = read().astype(np.int64) & 0xFFFFFFFF
     return rec
@@ -65,7 +67,7 @@ def read_record(read: Callable[[], np.ndarray], *, settle_s: float = 1.0) -> np.
 def first_fault(records: Sequence[np.ndarray]) -> np.ndarray | None:
     """The first record (in rank order) that holds a fault, or None."""
     for rec in records:
-        if rec[0] != layout.FAULT_OK:
+        if rec[_WORD['code']] != OK:
             return rec
     return None
 
@@ -76,25 +78,25 @@ def _signed(v: int) -> int:
 
 def to_exception(rec: np.ndarray, *, timeout_s: float, where_seen: int) -> SollatError:
     """The exception for a fault record (``where_seen``: the rank whose record it is)."""
-    code = int(rec[0])
-    rank, peer, block, thread, slot, epoch = (_signed(int(x)) for x in rec[1:7])
-    seen = int(rec[7])
+    w = {name: int(rec[i]) for name, i in _WORD.items()}
+    code, seen = w["code"], w["seen"]
+    rank, peer, block, thread, slot, epoch = (_signed(w[k]) for k in ("rank", "peer", "block", "thread", "slot", "epoch"))
     by = "" if rank == where_seen else f" (reported to rank {where_seen} by rank {rank})"
     where = f"rank {rank} waited for peer {peer}; block {block}, thread {thread}, slot {slot}, epoch {epoch}"
     fix = "Every later call of this communicator fails until reset() is called on every rank."
-    if code == layout.FAULT_CLAIMED:
+    if code == CLAIMED:
         return SollatError(f"sollat: a peer started to record a fault{by} but did not finish within 1 s; {fix}")
-    if code == layout.FAULT_MISMATCH and peer < 0:
+    if code == MISMATCH and peer < 0:
         return CallMismatchError(
             f"sollat all_reduce: an LL128 line counter on rank {rank} overshot the world size (0x{seen:08x}): a peer "
             f"called with different arguments{by}. {fix}", rank=rank, peer=peer)
-    if code == layout.FAULT_TIMEOUT:
+    if code == TIMEOUT:
         who = f"peer {peer}" if peer >= 0 else "some peer (an LL128 line counter did not reach the world size)"
         return PeerTimeoutError(
             f"sollat all_reduce: {who} did not deliver its data to rank {rank} within {timeout_s:g} s ({where}){by}. "
             f"Is {who} alive, and did every rank make the same calls in the same order? {fix}",
             rank=rank, peer=peer, slot=slot, epoch=epoch)
-    if code == layout.FAULT_MISMATCH:
+    if code == MISMATCH:
         return CallMismatchError(
             f"sollat all_reduce: peer {peer} called all_reduce with different arguments than rank {rank} (size, dtype, "
             f"op or algorithm; its signature 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)

@@ -1,7 +1,8 @@
 """Scratch layout, line-channels, epochs and launch geometry: the single source of truth.
 
-The CUDA headers (``csrc/include/sollat/ll_buffer.h``) and the protocol model (``sollat.model``)
-follow exactly these rules; each function names the device code that implements it.
+The CUDA headers (``csrc/include/sollat/layout.h``, ``ll_buffer.h``) and the protocol model
+(``sollat.model``) follow exactly these rules; each function names the device code that implements
+it. The constants are the host/device contract's (``sollat/abi.py``).
 
 Vocabulary
 ----------
@@ -21,34 +22,37 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LINE_BYTES = 16
-MAX_RANKS = 8
-MAX_THREADS = 512
-MAX_SLOTS = 4  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
-WARP = 32
+from . import abi
+
+# The contract's numbers (declared in abi.py; aliases for existing users).
+LINE_BYTES = abi.LINE_BYTES
+MAX_RANKS = abi.MAX_RANKS
+MAX_THREADS = abi.MAX_THREADS
+MAX_SLOTS = abi.MAX_SLOTS  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
+WARP = abi.WARP
 # Threads per block while a message can still spread over more blocks: more SMs then issue its
 # stores and polls (measured against 512, 256, 64 and 32: docs/benchmarks.md, run 13).
 BLOCK_THREADS = 128
 
-PAYLOAD_BYTES = {"ll": 8, "sentinel": 16}
+PAYLOAD_BYTES = abi.PAYLOAD_BYTES
 
 # Every rank's scratch starts with a control block; the algorithms' regions follow it, each at a
 # multiple of CONTROL_BYTES (LL128 needs 512-byte aligned warp-units). The control block holds
 # the rank's fault record (csrc/include/sollat/fault.h): FAULT_WORDS u32 words at
 # FAULT_RECORD_OFFSET, which peers write when they detect a fault, zero while healthy.
-CONTROL_BYTES = 512
-FAULT_RECORD_OFFSET = 0
-FAULT_WORDS = 8
-FAULT_OK, FAULT_TIMEOUT, FAULT_MISMATCH, FAULT_CLAIMED = 0, 1, 2, 0xFFFFFFFF
+CONTROL_BYTES = abi.CONTROL_BYTES
+FAULT_RECORD_OFFSET = abi.FAULT_RECORD_OFFSET
+FAULT_WORDS = abi.FAULT_WORDS
+FAULT_OK, FAULT_TIMEOUT, FAULT_MISMATCH, FAULT_CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
 
 
 def slot_index(block: int, slot: int, thread: int) -> int:
-    """Line-channel index; device: ``LLBuffer`` constructor (``impl/ll_buffer__funcs.h``)."""
+    """Line-channel index; device: ``slot_index`` (``layout.h``)."""
     return (block * MAX_SLOTS + slot) * MAX_THREADS + thread
 
 
 def line_index(parity: int, src: int, slot: int, *, nranks: int, lines_per_src: int) -> int:
-    """Line of (parity, source, slot) inside a receiver's region; device: ``LLBuffer::line``."""
+    """Line of (parity, source, slot) inside a receiver's region; device: ``line_index`` (``layout.h``)."""
     return (parity * nranks + src) * lines_per_src + slot
 
 
@@ -67,7 +71,7 @@ def chunk_count(n: int, nranks: int) -> int:
 
 def ll128_acc_slot(block: int, thread: int) -> int:
     """LL128 accumulator slot (and epoch index) of a lane; its 16-byte line is
-    ``line_index(parity, 0, acc_slot)``. Device: ``acc_slot`` in ``allreduce_ll128.cu``."""
+    ``line_index(parity, 0, acc_slot)``. Device: ``ll128_acc_slot`` (``layout.h``)."""
     return block * MAX_THREADS + thread
 
 
@@ -76,7 +80,8 @@ def lines_per_src(max_blocks: int) -> int:
 
 
 def region_bytes(nranks: int, max_blocks: int) -> int:
-    """Bytes of one LLBuffer region on one rank: 2 parities x nranks sources x lines."""
+    """Bytes of one LLBuffer region on one rank: 2 parities x nranks sources x lines.
+    Device: ``region_bytes(nranks, lines_per_src)`` (``layout.h``)."""
     return 2 * nranks * lines_per_src(max_blocks) * LINE_BYTES
 
 
