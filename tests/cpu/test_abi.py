@@ -29,6 +29,15 @@ def test_header_is_in_the_cubin_cache_key() -> None:
     assert abi.HEADER_PATH in set(build.INCLUDE_DIR.rglob("*"))
 
 
+def test_contract_literals_live_only_in_abi_h() -> None:
+    declared = ("constexpr int kMaxThreads", "constexpr int kMaxSlotsPerThread", "constexpr int kMaxWorld",
+                "constexpr int kFaultWords", "enum FaultCode", "struct CommState {", "__launch_bounds__(512")
+    for h in list(build.CSRC.rglob("*.h")) + list(build.CSRC.rglob("*.cu")):
+        if h != abi.HEADER_PATH:
+            text = h.read_text()
+            assert not [d for d in declared if d in text], h
+
+
 def test_state_block_is_the_one_the_kernels_read() -> None:
     assert abi.STATE_FORMAT == "<8QQQii" and abi.STATE_BYTES == 88  # the layout the GPU suite last ran
     raw = abi.pack_state({"scratch": list(range(1, 9)), "err_host": 9, "timeout_ns": 10, "absent_rank": -1,

@@ -102,19 +102,6 @@ def test_signatures_are_odd_and_distinguish_calls() -> None:
     assert len(sigs) == 24 and all(s & 1 for s in sigs)
 
 
-def test_state_block_layout_matches_header() -> None:
-    import re
-    import struct
-
-    from sollat import build
-
-    text = (build.INCLUDE_DIR / "sollat" / "collective.h").read_text()
-    body = text.split("struct CommState {")[1].split("};")[0]
-    fields = re.findall(r"^\s*(u64|int)\s+(\w+)(\[kMaxWorld\])?;", body, re.M)
-    size = sum((8 if t == "u64" else 4) * (8 if arr else 1) for t, _, arr in fields)
-    assert size == struct.calcsize(communicator._STATE_FMT)
-
-
 def test_virtual_communicator_without_gpu_is_a_clear_error(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(sollat.UnsupportedError, match="no CUDA device"):

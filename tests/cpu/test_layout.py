@@ -1,23 +1,9 @@
 from __future__ import annotations
 
-import re
-
 import pytest
 
-from sollat import build, layout
+from sollat import layout
 from sollat.algorithms import ALGORITHMS
-
-
-def _header_int(name: str) -> int:
-    text = (build.INCLUDE_DIR / "sollat" / "impl" / "ll_buffer__types.h").read_text()
-    m = re.search(rf"constexpr int {name} = (\d+);", text)
-    assert m, name
-    return int(m.group(1))
-
-
-def test_header_constants_match_layout() -> None:
-    assert _header_int("kMaxThreads") == layout.MAX_THREADS
-    assert _header_int("kMaxSlotsPerThread") == layout.MAX_SLOTS
 
 
 @pytest.mark.parametrize("lines", [1, 2, 31, 32, 33, 511, 512, 513, 4096, 8191, 65536, 10**6, 10**7])

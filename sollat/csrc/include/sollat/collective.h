@@ -9,21 +9,12 @@
 #ifndef SOLLAT_COLLECTIVE_H_
 #define SOLLAT_COLLECTIVE_H_
 
+#include "sollat/abi.h"  // CommState (each scratch starts with that rank's fault record), entry-point parameters
 #include "sollat/ll_buffer.h"
 
 namespace sollat {
 
-constexpr int kMaxWorld = 8;
-
-// Written once by the host (sollat/comm_state.py, _STATE_FMT), read by every kernel.
-struct CommState {
-  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process;
-                           // each starts with that rank's fault record (fault.h)
-  u64 err_host;            // host-mapped fault flag (u32), or 0
-  u64 timeout_ns;          // bound of every spin
-  int absent_rank;         // test hook: this rank's blocks return at once (-1: none)
-  int mismatch_rank;       // test hook: this rank flips a bit of its call signature (-1: none)
-};
+static_assert(kMaxWorld == 8, "ceil_div_ranks and pick_rank below are written for at most 8 ranks");
 
 struct CallArgs {
   const CommState* st;
@@ -183,25 +174,17 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
 // `rec` is the fault record of launch rank 0 (this rank's, for _pg); launch rank y's is
 // `rank_stride` bytes further (virtual ranks' scratches are laid back to back). Its code is loaded
-// first, so the load travels together with the input and descriptor loads (sollat/layout.py:
-// KERNEL_PARAMS names every parameter in this order).
+// first, so the load travels together with the input and descriptor loads. The parameter lists
+// are sollat/abi.py's PG_PARAMS and VR_PARAMS (abi.h), which the host packs in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
-  extern "C" __global__ void __launch_bounds__(512, 1) name##_pg(                                             \
-      const void* in, void* out, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,      \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, int nranks, sollat::u32* rec,    \
-      sollat::u64 rank_stride) {                                                                           \
+  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_pg(SOLLAT_PG_PARAMS) {       \
     if (!sollat::prologue(st, rank)) return;                                                               \
     const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);                                             \
     sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
                        rank, nranks, rec, prior};                                                          \
     BODY(a, (const T*)in, (T*)out);                                                                        \
   }                                                                                                        \
-  extern "C" __global__ void __launch_bounds__(512, 1) name##_vr(                                             \
-      const void* i0, const void* i1, const void* i2, const void* i3, const void* i4, const void* i5,      \
-      const void* i6, const void* i7, void* o0, void* o1, void* o2, void* o3, void* o4, void* o5,          \
-      void* o6, void* o7, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off,              \
-      int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks,                  \
-      sollat::u32* rec0, sollat::u64 rank_stride) {                                                        \
+  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_vr(SOLLAT_VR_PARAMS) {       \
     const int y = blockIdx.y;                                                                              \
     const int rank = rank_base + y;                                                                        \
     if (!sollat::prologue(st, rank)) return;                                                               \

@@ -5,13 +5,13 @@
 // to do so records which peer, slot and epoch it waited for) or when the record already holds a
 // fault (so one missing peer ends the whole kernel, on every rank, quickly).
 //
-// The record lives at the start of every rank's symmetric scratch (sollat/layout.py,
+// The record lives at the start of every rank's symmetric scratch (sollat/abi.py,
 // FAULT_RECORD_OFFSET), so a peer can write it. A thread that detects a fault writes it into its
 // own record and then into every peer's record: every rank's running kernel gives up at its next
 // record check, every later kernel refuses to run (it writes NaN outputs and sends nothing), and
 // every rank's host raises the same error. Only reset() (collective) clears the records.
 //
-// Record words (u32, sollat/layout.py FAULT_WORDS; the host decodes them in faults.py):
+// Record words (u32, kFaultWords; sollat/abi.py FAULT_RECORD_WORDS; the host decodes them in faults.py):
 //   [0] code    0 = ok, 1 = timeout, 2 = call mismatch, kClaimed = a writer is filling [1..7]
 //   [1] rank    the rank that detected it     [2] peer   the rank it waited for / disagreed with
 //   [3] block   [4] thread                    [5] slot   the line index it polled
@@ -25,12 +25,11 @@
 #ifndef SOLLAT_FAULT_H_
 #define SOLLAT_FAULT_H_
 
+#include "sollat/abi.h"  // FaultCode, FaultWord, kFaultWords
 #include "sollat/memory.h"
 
 namespace sollat {
 
-enum FaultCode : u32 { kOk = 0, kTimeout = 1, kMismatch = 2, kClaimed = 0xFFFFFFFFu };
-constexpr int kFaultWords = 8;
 constexpr u32 kPollsPerCheck = 256;
 
 // Writes one record (see above). Returns false when the record already held a fault.
@@ -61,6 +60,8 @@ struct FaultSink {
 
   // Records a fault here and on every peer (first writer wins on each), then tells the host.
   __device__ void raise(u32 code, int rank, int peer, int slot, u32 epoch, u32 seen) const {
+    static_assert(kWordCode == 0 && kWordRank == 1 && kWordPeer == 2 && kWordBlock == 3 && kWordThread == 4 &&
+                  kWordSlot == 5 && kWordEpoch == 6 && kWordSeen == 7 && kFaultWords == 8, "record word order");
     const u32 w[kFaultWords] = {code, (u32)rank, (u32)peer, blockIdx.x, threadIdx.x, (u32)slot, epoch, seen};
     if (write_fault_record(rec, w) && peer_scratch) {
       for (int q = 0; q < nranks; ++q) {

@@ -65,6 +65,7 @@ constexpr int kUnitBytes = kLinesPerUnit * kLineBytes;  // 512
 constexpr int kDisplacedLane = 31;
 constexpr int kDataLanes = 31;
 constexpr int kLinesPerUnit16 = kUnitBytes / 16;        // 16-byte scratch lines per unit (32)
+static_assert(kControlBytes % kUnitBytes == 0, "regions after the control block stay unit-aligned");
 
 template <typename T>
 struct Traits {

@@ -32,9 +32,8 @@ namespace sollat {
 constexpr u32 kEpochMask = (SOLLAT_EPOCH_BITS >= 32) ? 0xFFFFFFFFu : ((1u << SOLLAT_EPOCH_BITS) - 1u);
 
 struct ProtoLL {
-  static constexpr int kPayloadBytes = 8;
+  static constexpr int kPayloadBytes = kPayloadBytesLL;
   static constexpr bool kNeedsReset = false;
-  static constexpr const char* kName = "ll";
 
   __device__ __forceinline__ static u64 flag(u32 sig, u32 epoch) {
     return ((u64)sig << 32) | (u64)(epoch & kEpochMask);
@@ -42,7 +41,7 @@ struct ProtoLL {
 
   // The 16 bytes a sender stores (computed once per line, whatever the number of peers).
   template <typename T>
-  __device__ __forceinline__ static Line encode(const Pack<T, 8>& v, u32 sig, u32 epoch) {
+  __device__ __forceinline__ static Line encode(const Pack<T, kPayloadBytes>& v, u32 sig, u32 epoch) {
     return Line{bit_cast<u64>(v), flag(sig, epoch)};
   }
 
@@ -56,7 +55,7 @@ struct ProtoLL {
     return 0;
   }
   template <typename T>
-  __device__ __forceinline__ static Pack<T, 8> payload(const Line& l) { return bit_cast<Pack<T, 8>>(l.lo); }
+  __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l.lo); }
 
   // Nothing to clear (see above); csrc/kernels/diag_oneshot_breakdown.cu's ProtoLLReset clears.
   __device__ __forceinline__ static void reset(Line*) {}

@@ -95,14 +95,13 @@ struct SentinelLine<T, true> {
 };
 
 struct ProtoSentinel {
-  static constexpr int kPayloadBytes = 16;
+  static constexpr int kPayloadBytes = kPayloadBytesSentinel;
   static constexpr bool kNeedsReset = true;
-  static constexpr const char* kName = "sentinel";
 
   // The 16 bytes a sender stores: the elements with every NaN canonicalised (computed once per
   // line, whatever the number of peers).
   template <typename T>
-  __device__ __forceinline__ static Line encode(const Pack<T, 16>& v, u32, u32) {
+  __device__ __forceinline__ static Line encode(const Pack<T, kPayloadBytes>& v, u32, u32) {
     return SentinelLine<T>::canonicalise(bit_cast<Line>(v));
   }
 
@@ -112,7 +111,7 @@ struct ProtoSentinel {
     return SentinelLine<T>::full(l) ? 1 : 0;
   }
   template <typename T>
-  __device__ __forceinline__ static Pack<T, 16> payload(const Line& l) { return bit_cast<Pack<T, 16>>(l); }
+  __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l); }
 
   // The line is this thread's own scratch; see the header comment for how it is ordered.
   __device__ __forceinline__ static void reset(Line* own) { st_volatile_line(own, ~0ull, ~0ull); }

@@ -5,11 +5,10 @@
 #ifndef SOLLAT_TYPES_H_
 #define SOLLAT_TYPES_H_
 
+#include "sollat/abi.h"  // u64, u32, u16 and the sentinel / canonical NaN bits
+
 namespace sollat {
 
-typedef unsigned long long u64;
-typedef unsigned int u32;
-typedef unsigned short u16;
 typedef long long i64;
 
 struct bf16 { u16 bits; };
@@ -17,6 +16,7 @@ struct f16 { u16 bits; };
 
 // One 16-byte line: the unit every protocol moves with a single vector store.
 struct alignas(16) Line { u64 lo, hi; };
+static_assert(sizeof(Line) == kLineBytes, "a line is one 16-byte store");
 
 // ---- conversions to/from the accumulation type -------------------------------------------
 // 16-bit inputs accumulate in fp32 (the result is rounded once, at the end); fp32 in fp32;
@@ -46,26 +46,26 @@ template <> __device__ __forceinline__ f16 from_acc<f16>(float v) {
 template <typename T> struct Bits;
 template <> struct Bits<float> {
   typedef u32 type;
-  static constexpr u32 kSentinel = 0xFFFFFFFFu;       // all ones: a NaN
-  static constexpr u32 kCanonicalNaN = 0x7FC00000u;   // quiet NaN, never the sentinel
+  static constexpr u32 kSentinel = kSentinelF32;          // all ones: a NaN
+  static constexpr u32 kCanonicalNaN = kCanonicalNaNF32;  // quiet NaN, never the sentinel
   static constexpr u32 kExpMask = 0x7F800000u, kManMask = 0x007FFFFFu;
 };
 template <> struct Bits<double> {
   typedef u64 type;
-  static constexpr u64 kSentinel = 0xFFFFFFFFFFFFFFFFull;
-  static constexpr u64 kCanonicalNaN = 0x7FF8000000000000ull;
+  static constexpr u64 kSentinel = kSentinelF64;
+  static constexpr u64 kCanonicalNaN = kCanonicalNaNF64;
   static constexpr u64 kExpMask = 0x7FF0000000000000ull, kManMask = 0x000FFFFFFFFFFFFFull;
 };
 template <> struct Bits<bf16> {
   typedef u16 type;
-  static constexpr u16 kSentinel = 0xFFFF;
-  static constexpr u16 kCanonicalNaN = 0x7FC0;
+  static constexpr u16 kSentinel = kSentinelBf16;
+  static constexpr u16 kCanonicalNaN = kCanonicalNaNBf16;
   static constexpr u16 kExpMask = 0x7F80, kManMask = 0x007F;
 };
 template <> struct Bits<f16> {
   typedef u16 type;
-  static constexpr u16 kSentinel = 0xFFFF;
-  static constexpr u16 kCanonicalNaN = 0x7E00;
+  static constexpr u16 kSentinel = kSentinelF16;
+  static constexpr u16 kCanonicalNaN = kCanonicalNaNF16;
   static constexpr u16 kExpMask = 0x7C00, kManMask = 0x03FF;
 };
 

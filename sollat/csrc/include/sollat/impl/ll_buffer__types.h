@@ -2,14 +2,12 @@
 #ifndef SOLLAT_IMPL_LL_BUFFER__TYPES_H_
 #define SOLLAT_IMPL_LL_BUFFER__TYPES_H_
 
+#include "sollat/abi.h"  // kMaxThreads, kMaxSlotsPerThread
 #include "sollat/fault.h"
 
 namespace sollat {
 
-// Geometry constants; sollat/layout.py holds the same numbers (checked by a CPU test).
-constexpr int kMaxThreads = 512;
-constexpr int kMaxSlotsPerThread = 4;
-constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride
+constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride (layout.h slot_index)
 
 // Where one buffer lives, for one launch-rank.
 template <int kMaxRanks>
