@@ -15,10 +15,10 @@
 //       to every peer and write them; then receive the other chunks' unit j and write them.
 //
 // Buffer 0 layout (each rank's scratch, region 0): 16-byte line index
-//       (parity * nranks + 0) * lines_per_src + blockIdx.x * kMaxThreads + threadIdx.x
+//       line_index(parity, 0, ll128_acc_slot(blockIdx.x, threadIdx.x))   (layout.h)
 //   i.e. the source-0 part of an LL region; a warp's unit is 32 consecutive 16-byte lines (512 B,
 //   512-byte aligned if the region is). Zero at rest (the host zero-fills it once).
-//   Epochs: buffer 0's epoch array, index blockIdx.x * kMaxThreads + threadIdx.x (all lanes of a
+//   Epochs: buffer 0's epoch array, index ll128_acc_slot(...) (all lanes of a
 //   warp hold the same value); parity = epoch & 1.
 // Buffer 1: a regular LLBuffer<ProtoLL, R, 2> region.
 // Both regions are 2 * nranks * lines_per_src * 16 bytes; lines_per_src >= max_blocks * 2048.
@@ -71,14 +71,12 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
 
   const FaultSink fault = make_fault(a);
   const int R = a.nranks;
-  const u64 lps = (u64)a.lines_per_src;
-  const u64 region_bytes = 2ull * R * lps * sizeof(Line);
+  const u64 region = region_bytes(R, a.lines_per_src);
   const int lane = threadIdx.x & 31;
-  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
-  AG ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
+  AG ag(make_desc<kMaxRanks>(a, 1, region), fault, slot_index(blockIdx.x, 0, threadIdx.x));
 
-  const BufferDesc<kMaxRanks> acc = make_desc<kMaxRanks>(a, 0, region_bytes);
-  const int acc_slot = blockIdx.x * kMaxThreads + threadIdx.x;
+  const BufferDesc<kMaxRanks> acc = make_desc<kMaxRanks>(a, 0, region);
+  const int acc_slot = ll128_acc_slot(blockIdx.x, threadIdx.x);
   Line* const own_acc = select_base(acc, a.rank);
   u32 epoch = acc.epochs[acc_slot];
 
@@ -101,7 +99,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   if (refused(a)) return poison_from(warp0);
 
   for (u64 j = warp0; j < units; j += nwarps) {
-    const u64 loff = (u64)(epoch & 1) * R * lps + acc_slot;  // this lane's 16 B in any owner
+    const u64 loff = line_index(epoch & 1, 0, acc_slot, R, a.lines_per_src);  // this lane's 16 B in any owner
     const u64 lane_e = j * UE + (u64)lane * E;                // element offset inside a chunk
 
     // ---- reduce-scatter: one vector add per chunk into its owner's line -------------------

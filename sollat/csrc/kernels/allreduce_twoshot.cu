@@ -79,10 +79,10 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   load_batch(0, active, line, v);  // before the descriptors: their loads then overlap these
   if (refused(a)) return poison_from(0);
   const FaultSink fault = make_fault(a);
-  const u64 region_bytes = 2ull * R * a.lines_per_src * sizeof(Line);
-  const int slot0 = (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x;
-  Buf rs(make_desc<kMaxRanks>(a, 0, region_bytes), fault, slot0);
-  Buf ag(make_desc<kMaxRanks>(a, 1, region_bytes), fault, slot0);
+  const u64 region = region_bytes(R, a.lines_per_src);
+  const int slot0 = slot_index(blockIdx.x, 0, threadIdx.x);
+  Buf rs(make_desc<kMaxRanks>(a, 0, region), fault, slot0);
+  Buf ag(make_desc<kMaxRanks>(a, 1, region), fault, slot0);
 
   for (u64 base = 0;;) {
     // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line. Batch 0

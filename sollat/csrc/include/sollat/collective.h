@@ -10,6 +10,7 @@
 #define SOLLAT_COLLECTIVE_H_
 
 #include "sollat/abi.h"  // CommState (each scratch starts with that rank's fault record), entry-point parameters
+#include "sollat/layout.h"
 #include "sollat/ll_buffer.h"
 
 namespace sollat {

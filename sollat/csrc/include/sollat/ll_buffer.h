@@ -40,6 +40,7 @@
 #define SOLLAT_LL_BUFFER_H_
 
 #include "sollat/fault.h"
+#include "sollat/layout.h"
 #include "sollat/protocol_ll.h"
 #include "sollat/protocol_sentinel.h"
 #include "sollat/impl/ll_buffer__types.h"

@@ -29,9 +29,9 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const Bu
 
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots>::sendOffset(int i) const {
-  // layout.line_index(parity, src=self, slot): the same in every peer's region
+  // (parity, src = self, slot): the same line in every peer's region
   const int parity = this->epoch[i] & 1;
-  return (long long)(parity * this->d.nranks + this->d.rank) * this->d.lines_per_src + this->slot0 + i * kSlotStride;
+  return line_index(parity, this->d.rank, this->slot0 + i * kSlotStride, this->d.nranks, this->d.lines_per_src);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
@@ -42,9 +42,7 @@ __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(in
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int src, int i) const {
   const int parity = this->epoch[i] & 1;
-  const long long line =
-      (long long)(parity * this->d.nranks + src) * this->d.lines_per_src + this->slot0 + i * kSlotStride;
-  return this->own + line;
+  return this->own + line_index(parity, src, this->slot0 + i * kSlotStride, this->d.nranks, this->d.lines_per_src);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
