@@ -15,7 +15,7 @@
 //       to every peer and write them; then receive the other chunks' unit j and write them.
 //
 // Buffer 0 layout (each rank's scratch, region 0): 16-byte line index
-//       line_index(parity, 0, ll128_acc_slot(blockIdx.x, threadIdx.x))   (layout.h)
+//       line_base(parity, 0) + ll128_acc_slot(blockIdx.x, threadIdx.x)   (layout.h)
 //   i.e. the source-0 part of an LL region; a warp's unit is 32 consecutive 16-byte lines (512 B,
 //   512-byte aligned if the region is). Zero at rest (the host zero-fills it once).
 //   Epochs: buffer 0's epoch array, index ll128_acc_slot(...) (all lanes of a
@@ -73,7 +73,8 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   const int R = a.nranks;
   const u64 region = region_bytes(R, a.lines_per_src);
   const int lane = threadIdx.x & 31;
-  AG ag(make_desc<kMaxRanks>(a, 1, region), fault, slot_index(blockIdx.x, 0, threadIdx.x));
+  const int slot0 = slot_index(blockIdx.x, 0, threadIdx.x);
+  AG ag(make_desc<kMaxRanks>(a, 1, region), fault, slot0);
 
   const BufferDesc<kMaxRanks> acc = make_desc<kMaxRanks>(a, 0, region);
   const int acc_slot = ll128_acc_slot(blockIdx.x, threadIdx.x);
@@ -99,7 +100,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   if (refused(a)) return poison_from(warp0);
 
   for (u64 j = warp0; j < units; j += nwarps) {
-    const u64 loff = line_index(epoch & 1, 0, acc_slot, R, a.lines_per_src);  // this lane's 16 B in any owner
+    const u64 loff = line_base((u64)(epoch & 1), 0, R, (u64)a.lines_per_src) + acc_slot;  // this lane's 16 B in any owner
     const u64 lane_e = j * UE + (u64)lane * E;                // element offset inside a chunk
 
     // ---- reduce-scatter: one vector add per chunk into its owner's line -------------------

@@ -17,9 +17,14 @@ __device__ __forceinline__ int slot_index(int block, int slot, int thread) {
 // layout.ll128_acc_slot: LL128's accumulator slot (and epoch index) of (block, thread).
 __device__ __forceinline__ int ll128_acc_slot(int block, int thread) { return block * kMaxThreads + thread; }
 
-// layout.line_index: line of (parity, source, slot) inside a receiver's region.
-__device__ __forceinline__ long long line_index(int parity, int src, int slot, int nranks, int lines_per_src) {
-  return (long long)(parity * nranks + src) * lines_per_src + slot;
+// The first line of (parity, source) inside a receiver's region; + slot index = layout.line_index.
+// Two precisions, each the arithmetic its callers always used (their generated code is unchanged):
+// LLBuffer's (32-bit index, 64-bit product) and LL128's accumulator line (64-bit throughout).
+__device__ __forceinline__ long long line_base(int parity, int src, int nranks, int lines_per_src) {
+  return (long long)(parity * nranks + src) * lines_per_src;
+}
+__device__ __forceinline__ u64 line_base(u64 parity, int src, int nranks, u64 lines_per_src) {
+  return (parity * nranks + src) * lines_per_src;
 }
 
 // layout.region_bytes: one buffer region on one rank, 2 parities x nranks sources x lines.

@@ -31,7 +31,7 @@ template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots>::sendOffset(int i) const {
   // (parity, src = self, slot): the same line in every peer's region
   const int parity = this->epoch[i] & 1;
-  return line_index(parity, this->d.rank, this->slot0 + i * kSlotStride, this->d.nranks, this->d.lines_per_src);
+  return line_base(parity, this->d.rank, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride;
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
@@ -42,7 +42,7 @@ __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(in
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int src, int i) const {
   const int parity = this->epoch[i] & 1;
-  return this->own + line_index(parity, src, this->slot0 + i * kSlotStride, this->d.nranks, this->d.lines_per_src);
+  return this->own + (line_base(parity, src, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
