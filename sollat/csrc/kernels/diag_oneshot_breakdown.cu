@@ -68,8 +68,8 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   if (active == 0) return;
   if (refused(a)) return poison_from(0);
   const FaultSink fault = make_fault(a);
-  const u64 region_bytes = 2ull * a.nranks * a.lines_per_src * sizeof(Line);
-  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes), fault, (blockIdx.x * kMaxSlotsPerThread) * kMaxThreads + threadIdx.x);
+  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
+          slot_index(blockIdx.x, 0, threadIdx.x));
 
   for (u64 base = 0;;) {
     if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
