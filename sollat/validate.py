@@ -13,14 +13,14 @@ from .algorithms import ALGORITHMS, Algorithm
 from .errors import UnsupportedError
 
 
-def default_timeout_s() -> float:
-    """``$SOLLAT_TIMEOUT_S`` or 30 s (see faults.DEFAULT_TIMEOUT_S for why)."""
-    return faults.validated_timeout(None, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
-
-
 def timeout(value: object) -> float:
     """``timeout_s=`` as given, else ``$SOLLAT_TIMEOUT_S``, else 30 s; validated."""
     return faults.validated_timeout(value, what="timeout_s", env="SOLLAT_TIMEOUT_S", default=faults.DEFAULT_TIMEOUT_S)
+
+
+def default_timeout_s() -> float:
+    """``$SOLLAT_TIMEOUT_S`` or 30 s (see faults.DEFAULT_TIMEOUT_S for why)."""
+    return timeout(None)
 
 
 def get_alg(name: str) -> Algorithm:
