@@ -4,6 +4,9 @@
         [--sizes 128,65536] [--dtype float32] [--define SOLLAT_FENCE_SYS=0] [--tag TEXT]
     python scripts/ab_latency.py --virtual 2 ...
 
+Real ranks also take the library paths ``nccl`` and ``torch_twoshot`` in --algos; $SOLLAT_MAX_BLOCKS
+sets the communicator's blocks per rank.
+
 One CUDA graph of 100 back-to-back calls per (algorithm, size), replayed 25 times after a
 barrier; prints the median per call (the slowest rank's), in µs, one line per case, so two
 source trees (or two builds) can be compared in one device call. Results are checked once
@@ -41,6 +44,9 @@ def main() -> None:
     p.add_argument("--sizes", default="128,65536", help="bytes")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for every kernel (diagnostic)")
+    p.add_argument("--kernel-file", action="append", default=[],
+                   help="ALGO=FILE: build ALGO from another file of csrc/kernels (diagnostic, e.g. "
+                        "oneshot_ll=diag_oneshot_breakdown.cu with --define SOLLAT_BREAKDOWN=K)")
     p.add_argument("--virtual", type=int, default=0, help="world size on one GPU instead of torchrun")
     p.add_argument("--tag", default="")
     p.add_argument("--calls", type=int, default=100)
@@ -54,13 +60,17 @@ def main() -> None:
     else:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
         dist.init_process_group("nccl")
-        comm = sollat.Communicator(timeout_s=10)
+        # torch_twoshot (a library path) needs its buffer sized for the largest size asked for
+        extra = ({"torch_twoshot_bytes": max(int(s) for s in a.sizes.split(","))}
+                 if "torch_twoshot" in a.algos.split(",") else {})
+        comm = sollat.Communicator(timeout_s=10, **extra)
         rank, world = comm.rank, comm.world_size
         barrier = dist.barrier
-    if a.define:
+    if a.define or a.kernel_file:
         from sollat import testing  # not in trees older than the fault-path change
 
-        testing.set_defines(comm, dict(d.split("=", 1) for d in a.define))
+        testing.set_defines(comm, dict(d.split("=", 1) for d in a.define),
+                            kernel_files=dict(f.split("=", 1) for f in a.kernel_file))
     esize = torch.tensor([], dtype=dtype).element_size()
     for algo in a.algos.split(","):
         for nbytes in (int(s) for s in a.sizes.split(",")):

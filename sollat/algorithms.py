@@ -24,7 +24,7 @@ class Algorithm:
     kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr
     proto: str  # "ll" | "sentinel" (LL128's all-gather is LL)
     buffers: int  # LLBuffer regions (and epoch arrays) per rank
-    max_blocks: int  # per rank; sizes the scratch region
+    max_blocks: int  # default blocks per rank (virtual ranks); a communicator may size its scratch for more
     deterministic: bool
     two_shot: bool
     dtypes: frozenset[torch.dtype] = _FLOATS
@@ -33,6 +33,9 @@ class Algorithm:
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
     # LL128 atomic: a warp-unit of 512 B of scratch carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
+    # A hardware property its correctness on real ranks rests on and that no test here can prove
+    # (empty: none). `tune` never puts such an algorithm into a real-rank table; algo= still runs it.
+    rests_on: str = ""
     doc: str = ""
 
     @property
@@ -59,11 +62,11 @@ class Algorithm:
     def max_slots(self, max_ranks: int) -> int:
         return max(s for r, s in self.slot_choices if r == max_ranks)
 
-    def scratch_bytes(self, nranks: int) -> int:
-        return self.buffers * layout.region_bytes(nranks, self.max_blocks)
+    def scratch_bytes(self, nranks: int, max_blocks: int | None = None) -> int:
+        return self.buffers * layout.region_bytes(nranks, max_blocks or self.max_blocks)
 
-    def epoch_words(self) -> int:
-        return self.buffers * layout.lines_per_src(self.max_blocks)
+    def epoch_words(self, max_blocks: int | None = None) -> int:
+        return self.buffers * layout.lines_per_src(max_blocks or self.max_blocks)
 
     def check(self, dtype: torch.dtype, op: str, opname: str = "all_reduce") -> None:
         if dtype not in self.dtypes:
@@ -89,6 +92,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("ll128", "allreduce_ll128.cu", "ll128", "ll", 2, 16, False, True,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)), unit_user_bytes=496,
+                  rests_on="NVLink delivering each 128-byte line atomically (the fused counter, SOLLAT_LL128_SPLIT=0)",
                   doc="two-shot LL128 atomic: 128 B line atomic adds with a counter element, LL all-gather; "
                       "not deterministic, fp32 atomics flush denormals"),
     )

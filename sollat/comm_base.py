@@ -43,8 +43,9 @@ class _CommBase(DeviceState):
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
-               timeout_s: float, debug: bool, algos: Sequence[str]) -> None:
+               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
+        self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
         self.device = device
         self.debug = debug
         self.timeout_s = timeout_s
@@ -79,12 +80,12 @@ class _CommBase(DeviceState):
         off = layout.CONTROL_BYTES
         for name in self._algos:
             self._region_off[name] = off
-            off += ALGORITHMS[name].scratch_bytes(world_size)
+            off += ALGORITHMS[name].scratch_bytes(world_size, max_blocks)
         self.scratch_bytes_per_rank = off
         self._scratch_ptrs = scratch_ptrs
         # Epoch counters, one set per algorithm, per launch-rank (device memory, starts at 0).
         self._epochs = {
-            name: torch.zeros(launch_ranks * ALGORITHMS[name].epoch_words(), dtype=torch.int32, device=device)
+            name: torch.zeros(launch_ranks * ALGORITHMS[name].epoch_words(max_blocks), dtype=torch.int32, device=device)
             for name in self._algos
         }
         # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
@@ -119,12 +120,13 @@ class _CommBase(DeviceState):
 
     def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
                            deterministic: bool = False) -> str:
-        """What ``algo="auto"`` picks for a message of ``nbytes`` (may be ``"nccl"``)."""
+        """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
+        ``"nccl"`` or ``"torch_twoshot"``, see ``sollat.handover``)."""
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)
         if choice is None:
             choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
-                                   nccl_available=self._nccl_available(), available=self._algos)
+                                   handovers=self._handovers(), available=self._algos)
             self._choices[key] = choice
         return choice
 
@@ -136,17 +138,23 @@ class _CommBase(DeviceState):
                                             else select.ANY)
         return self._table
 
-    def _nccl_available(self) -> bool:
-        return False
+    def _handovers(self) -> frozenset[str]:
+        """Library paths this communicator can hand a call to (select.HANDOVERS)."""
+        return frozenset()
+
+    def _check_handover(self, name: str, nbytes: int, dt: DType, op: str) -> None:
+        """Raise if library path ``name`` cannot serve this call (its first use)."""
 
     # ---- one call --------------------------------------------------------------------------
     def _resolve(self, algo: str, nbytes: int, dtype: torch.dtype, op: str, deterministic: bool) -> str:
         if algo == "auto":
             return self.selected_algorithm(nbytes, dtype, op, deterministic=deterministic)
-        if algo == select.NCCL:
-            if not self._nccl_available():
-                raise UnsupportedError("all_reduce: algo='nccl' needs a process group (Communicator), "
-                                       "not a VirtualCommunicator")
+        if algo in select.HANDOVERS:
+            if algo not in self._handovers():
+                here = ", ".join(sorted(self._handovers()))
+                raise UnsupportedError(f"all_reduce: algo={algo!r} is not available on this communicator: "
+                                       + (f"its library paths are {here}" if here else
+                                          "a library path needs a process group (Communicator), not a VirtualCommunicator"))
             return algo
         alg = algorithms.get(algo)
         if algo not in self._algos:
@@ -166,7 +174,7 @@ class _CommBase(DeviceState):
         alg.check(dt.torch_dtype, op)
         rmax = algorithms.max_ranks_template(self.world_size)
         lines = alg.lines_per_rank(n, dt, self.world_size)
-        max_blocks = alg.max_blocks
+        max_blocks = self.max_blocks
         while True:
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
@@ -192,7 +200,7 @@ class _CommBase(DeviceState):
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[name],
-            "lines_per_src": layout.lines_per_src(alg.max_blocks), "epochs": self._epochs[name].data_ptr(),
+            "lines_per_src": layout.lines_per_src(self.max_blocks), "epochs": self._epochs[name].data_ptr(),
             "sig": sig, "rank": self._rank_arg(), "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride})
         params = abi.VR_PARAMS if self._entry == "vr" else abi.PG_PARAMS
         n_ptrs = len(params) - len(abi.TAIL_PARAMS)  # inputs, outputs
@@ -262,7 +270,7 @@ class _CommBase(DeviceState):
         self._last_stream_obj = new
 
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
-        """Plan of one call, or "nccl" (cached: the eager hot path is one dict lookup). A new
+        """Plan of one call, or the name of a library path (select.HANDOVERS) (cached: the eager hot path is one dict lookup). A new
         call shape is compiled here and then agreed on by every rank (agree.py) before its first
         launch: no peer's first-use compile can look like a hang, and a call that differs between
         ranks is an error on every rank before anything runs."""
@@ -270,7 +278,11 @@ class _CommBase(DeviceState):
         entry = self._calls.get(key)
         if entry is None:
             name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
-            entry = name if name == select.NCCL else self._plan(name, dt, op, n)
+            if name in select.HANDOVERS:
+                self._check_handover(name, n * dt.size, dt, op)
+                entry = name
+            else:
+                entry = self._plan(name, dt, op, n)
             self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
             self._calls[key] = entry
         return entry

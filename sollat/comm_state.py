@@ -34,6 +34,7 @@ class DeviceState:
     _err_host: np.ndarray
     _err_host_dev: int
     _faulted: bool
+    max_blocks: int
     _test_hooks: bool
     _calls: dict[Any, Any]
     _peek_stream: Any
@@ -57,7 +58,7 @@ class DeviceState:
             for name in self._algos:
                 alg = ALGORITHMS[name]
                 off = self._region_off[name]
-                v[off:off + alg.scratch_bytes(self.world_size)].fill_(255 if alg.proto == "sentinel" else 0)
+                v[off:off + alg.scratch_bytes(self.world_size, self.max_blocks)].fill_(255 if alg.proto == "sentinel" else 0)
 
     def check(self, sync: bool = True) -> None:
         """Raise the fault recorded by an earlier call of any rank, if any.
@@ -136,9 +137,9 @@ class DeviceState:
         torch.cuda.synchronize(self.device)
 
 
-def scratch_bytes_per_rank(world_size: int, names: Sequence[str]) -> int:
+def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int) -> int:
     """Control block plus one region per algorithm (the offsets _setup assigns)."""
-    return layout.CONTROL_BYTES + sum(ALGORITHMS[a].scratch_bytes(world_size) for a in names)
+    return layout.CONTROL_BYTES + sum(ALGORITHMS[a].scratch_bytes(world_size, max_blocks) for a in names)
 
 
 def _record_view(scratch: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,20 @@ from typing import Any
 
 import torch
 
-from . import agree, faults, launch, layout, select
+from . import agree, faults, handover, launch, layout, select
 from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS, _CommBase
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
-from .dtypes import DTYPES, OPS
+from .dtypes import DTYPES, OPS, DType
 from .errors import SollatError, UnsupportedError
 from .registry import lookup_comm
-from .validate import algorithm_names, check_world_size, cuda_device, default_timeout_s, timeout
+from .validate import (
+    algorithm_names,
+    check_world_size,
+    checked_max_blocks,
+    cuda_device,
+    default_timeout_s,
+    timeout,
+)
 from .virtual import VirtualCommunicator
 
 __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommunicator", "_STATE_FMT",
@@ -38,18 +45,22 @@ __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommuni
 class Communicator(_CommBase):
     """One process per GPU over a ``torch.distributed`` process group.
 
-    ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None)``
+    ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
+    torch_twoshot_bytes=None)``
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
-    IPC); every rank of ``group`` must construct it collectively. Above the sizes where sollat
-    wins (the tuning table) ``algo="auto"`` falls back to ``torch.distributed.all_reduce`` on
-    ``group``.
+    IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
+    library is faster, ``algo="auto"`` hands the call over (``sollat.handover``): to torch
+    symmetric memory's two-shot (its buffer is sized for the table's largest such message, or
+    ``torch_twoshot_bytes`` when larger) or to ``torch.distributed.all_reduce`` on ``group``,
+    which also serves everything above the table.
     """
 
     _entry = "pg"
 
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
-                 algorithms: Sequence[str] | None = None) -> None:
+                 algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
+                 torch_twoshot_bytes: int | None = None) -> None:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -59,22 +70,29 @@ class Communicator(_CommBase):
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
         names = algorithm_names(algorithms)
+        blocks = checked_max_blocks(max_blocks, "Communicator", default=layout.MAX_BLOCKS_REAL)
+        if torch_twoshot_bytes is not None and (isinstance(torch_twoshot_bytes, bool) or not isinstance(
+                torch_twoshot_bytes, int) or torch_twoshot_bytes < 0):
+            raise UnsupportedError(f"Communicator: torch_twoshot_bytes must be an integer >= 0, got {torch_twoshot_bytes!r}")
         dev = cuda_device(None, "Communicator")
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
         check_world_size(ws, "Communicator")
-        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names), dtype=torch.uint8, device=dev)
+        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks), dtype=torch.uint8, device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
         ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names)
+        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks)
         store = agree.default_store(self.group)
         if store is not None:
             self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
         self._init_scratch([self._buf])
         torch.cuda.synchronize(dev)
         dist.barrier(group=self.group)  # every rank's scratch is initialised before anyone sends
-        self._agree_on_setup()
+        self._torch_twoshot: handover.TorchTwoShot | None = None
+        self._agree_on_setup(torch_twoshot_bytes or 0)
+        if self._torch_twoshot_bytes:  # collective, and the same size on every rank (agreed above)
+            self._torch_twoshot = handover.TorchTwoShot(self.group, dev, self._torch_twoshot_bytes)
 
     def _rank_arg(self) -> int:
         return self.rank
@@ -85,9 +103,17 @@ class Communicator(_CommBase):
     def _record_args(self) -> tuple[int, int]:
         return self._scratch_ptrs[self.rank] + layout.FAULT_RECORD_OFFSET, 0
 
-    def _agree_on_setup(self) -> None:
+    def _agree_on_setup(self, torch_twoshot_bytes: int = 0) -> None:
         """Every rank must select from the same table and time out alike, or `auto` could send one
-        rank to NCCL and another to a sollat kernel (both would hang)."""
+        rank to NCCL and another to a sollat kernel (both would hang). Sets the torch two-shot
+        buffer size: the table's largest torch_twoshot message or ``torch_twoshot_bytes``."""
+        self._torch_twoshot_bytes = 0
+        if handover.torch_twoshot_available():
+            try:
+                need = self._selection_table().handover_bytes(select.TORCH_TWOSHOT)
+            except SollatError:
+                need = 0  # reported below, by the agreement on the table
+            self._torch_twoshot_bytes = max(need, torch_twoshot_bytes)
         if isinstance(self._agreement, agree.NoAgreement):
             return
         try:
@@ -101,11 +127,21 @@ class Communicator(_CommBase):
             raise UnsupportedError("sollat: rank(s) could not read their tuning table: " +
                                    "; ".join(f"rank {r}: {why}" for r, why in broken))
         select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
-        self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}",
-                              "the communicator's timeout and algorithms")
+        self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
+                              f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}",
+                              "the communicator's timeout, algorithms, max_blocks and torch_twoshot_bytes")
 
-    def _nccl_available(self) -> bool:
-        return True
+    @property
+    def handovers(self) -> tuple[str, ...]:
+        """Library paths this communicator can hand a call to (``sollat.handover``)."""
+        return tuple(sorted(self._handovers()))
+
+    def _handovers(self) -> frozenset[str]:
+        return frozenset({select.NCCL, select.TORCH_TWOSHOT} if self._torch_twoshot else {select.NCCL})
+
+    def _check_handover(self, name: str, nbytes: int, dt: DType, op: str) -> None:
+        if name == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
+            self._torch_twoshot.check(nbytes, dt, op)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algo: str = "auto", *,
                    out: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
@@ -145,13 +181,11 @@ class Communicator(_CommBase):
         if n == 0:
             return y
         plan = self._call_plan(n, dt, op, algo, deterministic)
-        if isinstance(plan, str):  # NCCL, above the sizes where sollat wins
-            import torch.distributed as dist
-
-            if y.data_ptr() != x.data_ptr():
-                y.copy_(x)
-            dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                                   "min": dist.ReduceOp.MIN}[op], group=self.group)
+        if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
+            if plan == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
+                self._torch_twoshot(x, y)
+            else:
+                handover.nccl_all_reduce(x, y, op, self.group)
             return y
         self._launch(plan, (x.data_ptr(), y.data_ptr()))
         self._after_call()

@@ -36,6 +36,14 @@ BLOCK_THREADS = 128
 
 PAYLOAD_BYTES = abi.PAYLOAD_BYTES
 
+# Blocks per rank a communicator sizes its scratch for (``max_blocks=``, ``$SOLLAT_MAX_BLOCKS``).
+# Virtual ranks share one GPU's SMs among R ranks; a real rank has a whole GPU. A message larger
+# than one pass (blocks x MAX_THREADS x MAX_SLOTS lines) is cut into passes inside the kernel, one
+# round trip each. Every block of a rank must be resident at once, so the limit is an SM count.
+MAX_BLOCKS_VIRTUAL = 16
+MAX_BLOCKS_REAL = 16
+MAX_BLOCKS_LIMIT = 128
+
 # Every rank's scratch starts with a control block; the algorithms' regions follow it, each at a
 # multiple of CONTROL_BYTES (LL128 needs 512-byte aligned warp-units). The control block holds
 # the rank's fault record (csrc/include/sollat/fault.h): FAULT_WORDS u32 words at

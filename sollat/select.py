@@ -1,7 +1,9 @@
 """Automatic algorithm selection: tuning tables as data.
 
 A table maps message size to an algorithm; above its last rule the communicator falls back to
-NCCL (``torch.distributed.all_reduce``), where sollat would lose. ``python -m sollat tune``
+NCCL (``torch.distributed.all_reduce``), where sollat would lose. Besides sollat's kernels a rule
+may hand a size range over to a library (``HANDOVERS``): ``"nccl"`` or ``"torch_twoshot"`` (torch
+symmetric memory's two-shot, ``sollat.handover``), where one of those is faster. ``python -m sollat tune``
 measures the present machine and writes a table to ``user_table_dir()``; built-in tables ship in
 ``sollat/tuning/*.json``, each with a note of the measurement behind it. Nothing in the docstrings
 restates thresholds: the tables are the truth.
@@ -47,6 +49,10 @@ from . import algorithms, build
 from .errors import SollatError, TableMismatchError, UnsupportedError
 
 NCCL = "nccl"
+TORCH_TWOSHOT = "torch_twoshot"
+HANDOVERS = (NCCL, TORCH_TWOSHOT)  # library paths a rule may name (real ranks only)
+# What torch's two_shot_all_reduce_ serves (torch 2.11: float and bfloat16, sum).
+TORCH_TWOSHOT_DTYPES = frozenset({torch.float32, torch.bfloat16})
 ANY = "any"
 GENERIC = "generic"
 MODES = ("real", "virtual")
@@ -56,7 +62,7 @@ TUNING_DIR = Path(__file__).parent / "tuning"
 @dataclass(frozen=True)
 class Rule:
     max_bytes: int  # the rule applies to messages of at most this many bytes
-    algorithm: str  # a sollat algorithm name, or "nccl"
+    algorithm: str  # a sollat algorithm name, or one of HANDOVERS
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,10 @@ class Table:
         return {"gpu": self.gpu, "world_size": self.world_size, "mode": self.mode,
                 "interconnect": self.interconnect,
                 "rules": [{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in self.rules]}
+
+    def handover_bytes(self, name: str) -> int:
+        """Largest message a rule hands to library path ``name`` (0: none)."""
+        return max((r.max_bytes for r in self.rules if r.algorithm == name), default=0)
 
     def to_json(self) -> str:
         return json.dumps({**self.identity(), "note": self.note}, indent=2)
@@ -100,7 +110,7 @@ class Table:
             raise bad("'rules' must be a list")
         rules = tuple(_rule(r, i, bad) for i, r in enumerate(d["rules"]))
         for r in rules:
-            if r.algorithm != NCCL:
+            if r.algorithm not in HANDOVERS:
                 try:
                     algorithms.get(r.algorithm)
                 except UnsupportedError as exc:
@@ -233,16 +243,23 @@ def detect_interconnect(device_index: int) -> str:
         return ANY
 
 
+def handover_serves(name: str, dtype: torch.dtype, op: str) -> bool:
+    """Whether library path ``name`` can reduce this dtype with this op."""
+    if name == TORCH_TWOSHOT:
+        return dtype in TORCH_TWOSHOT_DTYPES and op == "sum"
+    return name == NCCL
+
+
 def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, deterministic: bool,
-           nccl_available: bool, available: tuple[str, ...]) -> str:
-    """Algorithm for one call. Skips rules whose algorithm cannot serve (dtype, op, determinism)
-    and moves on to the next one that can; past the last rule, NCCL if present, else the last
-    sollat algorithm that can serve."""
+           handovers: frozenset[str] | set[str], available: tuple[str, ...]) -> str:
+    """Algorithm for one call. Skips rules whose algorithm cannot serve (dtype, op, determinism,
+    a library path the communicator does not have: ``handovers``) and moves on to the next one
+    that can; past the last rule, NCCL if present, else the last sollat algorithm that can serve."""
     last_ok: str | None = None
     for rule in table.rules:
-        if rule.algorithm == NCCL:
-            if nbytes <= rule.max_bytes and nccl_available:
-                return NCCL
+        if rule.algorithm in HANDOVERS:
+            if nbytes <= rule.max_bytes and rule.algorithm in handovers and handover_serves(rule.algorithm, dtype, op):
+                return rule.algorithm
             continue
         if rule.algorithm not in available:
             continue
@@ -252,7 +269,7 @@ def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, determinis
         last_ok = rule.algorithm
         if nbytes <= rule.max_bytes:
             return rule.algorithm
-    if nccl_available:
+    if NCCL in handovers:
         return NCCL
     if last_ok is not None:
         return last_ok

@@ -22,9 +22,11 @@ from pathlib import Path
 import torch
 
 from . import select
+from .algorithms import ALGORITHMS
 from .select import NCCL, Rule, Table
 
-DEFAULT_SIZES = [1 << k for k in range(7, 25)]  # 128 B .. 16 MiB
+DEFAULT_SIZES = [1 << k for k in range(7, 25)]  # 128 B .. 16 MiB (virtual ranks)
+DEFAULT_SIZES_REAL = [1 << k for k in range(7, 27)]  # 128 B .. 64 MiB
 
 
 def rules_from_winners(winners: list[tuple[int, str]]) -> tuple[Rule, ...]:
@@ -77,7 +79,7 @@ def measure(run: Callable[[str, int, torch.dtype], float], algos: list[str], siz
     return out
 
 
-def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str]:
+def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str, int]:
     from . import VirtualCommunicator
     from .bench.virtual import rotating_sets, time_rotating
 
@@ -90,10 +92,10 @@ def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float
         comm.check()
         return t.stats.median
 
-    return run, list(comm.algorithms), comm.gpu_name
+    return run, list(comm.algorithms), comm.gpu_name, comm.max_blocks
 
 
-def _distributed_runner() -> tuple[Callable[[str, int, torch.dtype], float], list[str], str]:
+def _distributed_runner(max_bytes: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str, int]:
     import torch.distributed as dist
 
     from . import Communicator
@@ -102,10 +104,13 @@ def _distributed_runner() -> tuple[Callable[[str, int, torch.dtype], float], lis
     if not dist.is_initialized():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl")
-    comm = Communicator()
+    # torch_twoshot is measured through sollat (input copied into its buffer), as `auto` runs it
+    comm = Communicator(torch_twoshot_bytes=max_bytes)
     dev = comm.device
 
     def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
+        if algo in select.HANDOVERS and not select.handover_serves(algo, dtype, "sum"):
+            return float("inf")
         n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
         xs = [torch.randn(n, device=dev).to(dtype) for _ in range(4)]
         outs = [torch.empty_like(x) for x in xs]
@@ -120,7 +125,9 @@ def _distributed_runner() -> tuple[Callable[[str, int, torch.dtype], float], lis
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # a collective is done when its last rank is
         return float(worst.item())
 
-    return run, [*comm.algorithms, NCCL], comm.gpu_name
+    # never an algorithm whose real-rank correctness rests on an unproven hardware property
+    algos = [a for a in comm.algorithms if not ALGORITHMS[a].rests_on]
+    return run, [*algos, NCCL, *(h for h in comm.handovers if h != NCCL)], comm.gpu_name, comm.max_blocks
 
 
 def _sizes(text: str) -> list[int]:
@@ -141,7 +148,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"virtual ranks when not under torchrun, 2..{MAX_RANKS} (default 4)")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--sizes", type=_sizes, default=None,
-                   help="byte sizes: a comma list and/or LO:HI[:FACTOR], units K/M (default 128 B .. 16 MiB, x2)")
+                   help="byte sizes: a comma list and/or LO:HI[:FACTOR], units K/M (default 128 B .. 64 MiB under "
+                        "torchrun, .. 16 MiB on virtual ranks, x2)")
     p.add_argument("--out", default=None, help="directory to write the table to (default: user cache)")
     return p
 
@@ -153,16 +161,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{select.TUNING_DIR}.")
         return 0
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
-    sizes = a.sizes or DEFAULT_SIZES
+    sizes = a.sizes or (DEFAULT_SIZES_REAL if distributed else DEFAULT_SIZES)
     dtype = getattr(torch, a.dtype)
-    run, algos, gpu = _distributed_runner() if distributed else _virtual_runner(a.ranks)
+    run, algos, gpu, max_blocks = _distributed_runner(max(sizes)) if distributed else _virtual_runner(a.ranks)
     ranks = int(os.environ["WORLD_SIZE"]) if distributed else a.ranks
     results = measure(run, algos, sizes, dtype)
     rules = rules_from_winners([(nb, best) for nb, best, _ in results])
     driver = driver_version()
     how = (f"{ranks} GPUs under torchrun, NCCL included" if distributed else
            f"{ranks} virtual ranks on one GPU (they share its SMs and L2: this does not predict NVLink)")
-    note = f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}"
+    from .bench.env import git_commit
+
+    note = (f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}, max_blocks {max_blocks}, "
+            f"commit {git_commit()}")
     if distributed and int(os.environ["RANK"]) != 0:
         return 0
     path = write_result(gpu, ranks, rules, distributed=distributed, note=note, out=Path(a.out) if a.out else None)

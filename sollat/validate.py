@@ -45,6 +45,25 @@ def algorithm_names(names: Sequence[str] | None) -> tuple[str, ...]:
     return out
 
 
+def checked_max_blocks(value: object, who: str, *, default: int) -> int:
+    """``max_blocks=`` as given, else ``$SOLLAT_MAX_BLOCKS``, else ``default``: the blocks per rank
+    a communicator sizes its scratch for (larger messages then run in fewer in-kernel passes)."""
+    import os
+
+    src = "max_blocks"
+    if value is None and os.environ.get("SOLLAT_MAX_BLOCKS"):
+        value, src = os.environ["SOLLAT_MAX_BLOCKS"], "$SOLLAT_MAX_BLOCKS"
+        try:
+            value = int(str(value))
+        except ValueError:
+            raise UnsupportedError(f"{who}: {src} must be an integer 1..{layout.MAX_BLOCKS_LIMIT}, got {value!r}") from None
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= layout.MAX_BLOCKS_LIMIT:
+        raise UnsupportedError(f"{who}: {src} must be an integer 1..{layout.MAX_BLOCKS_LIMIT}, got {value!r}")
+    return value
+
+
 def cuda_device(device: object, who: str) -> torch.device:
     """The CUDA device to use; argument errors are reported before a missing GPU is."""
     if device is not None and not isinstance(device, (torch.device, str, int)) or isinstance(device, bool):

@@ -13,14 +13,14 @@ from .comm_base import MAX_ELEMENTS, _CommBase
 from .comm_state import _record_view, scratch_bytes_per_rank
 from .dtypes import DTYPES, OPS, DType
 from .errors import UnsupportedError
-from .validate import algorithm_names, check_world_size, cuda_device, timeout
+from .validate import algorithm_names, check_world_size, checked_max_blocks, cuda_device, timeout
 
 
 class VirtualCommunicator(_CommBase):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
     ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
-    cluster_ranks=None)``
+    cluster_ranks=None, max_blocks=None)``
 
     Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
     (checked with the occupancy API), since block b of each rank waits for block b of the others.
@@ -33,16 +33,18 @@ class VirtualCommunicator(_CommBase):
 
     def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
                  timeout_s: float | None = None, debug: bool = False,
-                 algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None) -> None:
+                 algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None,
+                 max_blocks: int | None = None) -> None:
         check_world_size(world_size, "VirtualCommunicator")
         timeout_value = timeout(timeout_s)
         names = algorithm_names(algorithms)
+        blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=layout.MAX_BLOCKS_VIRTUAL)
         dev = cuda_device(device, "VirtualCommunicator")
-        per_rank = scratch_bytes_per_rank(world_size, names)
+        per_rank = scratch_bytes_per_rank(world_size, names, blocks)
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names)
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)

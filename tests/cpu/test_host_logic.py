@@ -50,6 +50,8 @@ def test_algorithm_resolution_errors() -> None:
         c._resolve("ring", 64, torch.float32, "sum", False)
     with pytest.raises(sollat.UnsupportedError, match="needs a process group"):
         c._resolve("nccl", 64, torch.float32, "sum", False)
+    with pytest.raises(sollat.UnsupportedError, match="needs a process group"):
+        c._resolve("torch_twoshot", 64, torch.float32, "sum", False)
     c._algos = ("oneshot_ll",)
     with pytest.raises(sollat.UnsupportedError, match="not enabled"):
         c._resolve("oneshot_sentinel", 64, torch.float32, "sum", False)

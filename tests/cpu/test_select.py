@@ -17,7 +17,7 @@ T = Table("test", 4, (Rule(1024, "oneshot_ll"), Rule(1 << 20, "oneshot_sentinel"
 
 
 def choose(nbytes: int, dtype=torch.bfloat16, op="sum", det=False, nccl=True, avail=ALL, table=T) -> str:
-    return select.choose(table, nbytes, dtype, op, deterministic=det, nccl_available=nccl, available=avail)
+    return select.choose(table, nbytes, dtype, op, deterministic=det, handovers={NCCL} if nccl else set(), available=avail)
 
 
 def test_table_lookup_and_boundaries() -> None:
@@ -47,6 +47,21 @@ def test_nccl_rules() -> None:
     t = Table("t", 8, (Rule(256, "oneshot_ll"), Rule(4096, NCCL), Rule(1 << 20, "twoshot_ll")))
     assert choose(300, table=t) == NCCL
     assert choose(300, table=t, nccl=False) == "twoshot_ll"
+
+
+def test_torch_twoshot_rules_need_the_path_and_a_dtype_it_serves() -> None:
+    t = Table("t", 2, (Rule(256, "oneshot_ll"), Rule(4096, select.TORCH_TWOSHOT), Rule(1 << 20, "twoshot_ll")))
+    both = {NCCL, select.TORCH_TWOSHOT}
+    pick = lambda nbytes, **kw: select.choose(t, nbytes, kw.pop("dtype", torch.bfloat16), kw.pop("op", "sum"),  # noqa: E731
+                                              deterministic=False, handovers=kw.pop("h", both), available=ALL)
+    assert pick(300) == select.TORCH_TWOSHOT
+    assert pick(300, dtype=torch.float32) == select.TORCH_TWOSHOT
+    assert pick(300, dtype=torch.float16) == "twoshot_ll"  # torch's two-shot has no fp16
+    assert pick(300, op="max") == "twoshot_ll"
+    assert pick(300, h={NCCL}) == "twoshot_ll"  # a communicator without the buffer
+    assert pick(256) == "oneshot_ll" and pick(4097) == "twoshot_ll"
+    assert t.handover_bytes(select.TORCH_TWOSHOT) == 4096 and t.handover_bytes(NCCL) == 0
+    Table.from_dict(json.loads(t.to_json()), "x.json")  # a handover name is a valid rule
 
 
 def test_no_algorithm_serves_is_an_error() -> None:

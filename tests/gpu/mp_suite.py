@@ -95,9 +95,9 @@ def dtypes_of(algo: str) -> list[torch.dtype]:
     return [d for d in DTYPES if d in ALGORITHMS[algo].dtypes]
 
 
-def one_pass(alg: Algorithm, dt: torch.dtype, world: int) -> int:
+def one_pass(alg: Algorithm, dt: torch.dtype, world: int, max_blocks: int) -> int:
     """Elements one scratch pass of the largest plan holds (beyond it a call iterates)."""
-    return alg.max_blocks * layout.MAX_THREADS * (alg.payload_bytes // esize(dt)) * (world if alg.two_shot else 1)
+    return max_blocks * layout.MAX_THREADS * (alg.payload_bytes // esize(dt)) * (world if alg.two_shot else 1)
 
 
 def is_deterministic(algo: str) -> bool:
@@ -436,7 +436,7 @@ def values(s: Suite) -> None:
         t0 = time.monotonic()
         n_before = calls
         for dt in dtypes_of(algo):
-            big = one_pass(alg, dt, s.world)
+            big = one_pass(alg, dt, s.world, comm.max_blocks)
             sizes = [1, 2, 3, 7, 31, 33, 1000, 4097, 65537, 3 * big + 5]
             for n in sizes:  # sum of random normals, every size; out= poisoned, then out=None
                 for rep in range(2 if n <= 65537 else 1):

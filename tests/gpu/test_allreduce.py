@@ -64,7 +64,7 @@ def _sizes_for(algo: str, r: int, dtype: torch.dtype) -> list[int]:
     esize = torch.tensor([], dtype=dtype).element_size()
     per_line = alg.payload_bytes // esize
     # one pass of the largest plan (blocks x 512 threads x slots) in elements, to go past it
-    one_pass = alg.max_blocks * layout.MAX_THREADS * per_line * (r if alg.two_shot else 1)
+    one_pass = layout.MAX_BLOCKS_VIRTUAL * layout.MAX_THREADS * per_line * (r if alg.two_shot else 1)
     return [1, 2, 3, 7, 31, 32, 33, 100, 1000, 4097, 65537, 3 * one_pass + 5]
 
 

@@ -1,0 +1,67 @@
+"""Library paths that ``algo="auto"`` hands a size range to where they beat sollat's kernels
+(``select.HANDOVERS``; real ranks only):
+
+* ``"nccl"``: ``torch.distributed.all_reduce`` on the communicator's group;
+* ``"torch_twoshot"``: torch symmetric memory's two-shot all-reduce
+  (``torch.ops.symm_mem.two_shot_all_reduce_out``) on a symmetric buffer this module owns: the
+  input is copied in (one device copy), the result is written straight to the output.
+
+Both carry their library's semantics, not sollat's: no sollat timeout or fault record, so a peer
+that never arrives can hang them as it hangs NCCL. The tuning table says where each is used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .dtypes import DType
+from .errors import UnsupportedError
+from .select import TORCH_TWOSHOT, handover_serves
+
+
+def torch_twoshot_available() -> bool:
+    """Whether this torch has the two-shot op (torch >= 2.6 built with CUDA)."""
+    try:
+        return hasattr(torch.ops.symm_mem, "two_shot_all_reduce_out")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class TorchTwoShot:
+    """A symmetric buffer of ``capacity`` bytes (collective: every rank of ``group`` constructs
+    it with the same capacity) and the two-shot call on it."""
+
+    def __init__(self, group: Any, device: torch.device, capacity: int) -> None:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.capacity = capacity
+        self.group_name: str = group.group_name
+        self._buf = symm_mem.empty(capacity, dtype=torch.uint8, device=device)
+        symm_mem.rendezvous(self._buf, self.group_name)
+
+    def check(self, nbytes: int, dt: DType, op: str) -> None:
+        if not handover_serves(TORCH_TWOSHOT, dt.torch_dtype, op):
+            raise UnsupportedError(f"all_reduce: algo={TORCH_TWOSHOT!r} (torch symmetric memory two-shot) serves "
+                                   f"float32 and bfloat16 with op 'sum', not {dt.torch_dtype} / {op!r}")
+        if nbytes > self.capacity:
+            raise UnsupportedError(f"all_reduce: algo={TORCH_TWOSHOT!r}: {nbytes} bytes exceed its buffer of "
+                                   f"{self.capacity} bytes (Communicator(torch_twoshot_bytes=...))")
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``y`` = sum over ranks of ``x`` (contiguous, same shape and dtype; ``y`` may be ``x``)."""
+        n = x.numel()
+        buf = self._buf[: n * x.element_size()].view(x.dtype)
+        buf.copy_(x.view(-1))
+        torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", self.group_name, y.view(-1))
+
+
+def nccl_all_reduce(x: torch.Tensor, y: torch.Tensor, op: str, group: Any) -> None:
+    """``y`` = reduction over ``group`` of ``x`` through NCCL (``y`` may be ``x``)."""
+    import torch.distributed as dist
+
+    if y.data_ptr() != x.data_ptr():
+        y.copy_(x)
+    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
+                    group=group)
