@@ -42,9 +42,10 @@ class TorchTwoShot:
         symm_mem.rendezvous(self._buf, self.group_name)
 
     def check(self, nbytes: int, dt: DType, op: str) -> None:
-        if not handover_serves(TORCH_TWOSHOT, dt.torch_dtype, op):
+        if not handover_serves(TORCH_TWOSHOT, dt.torch_dtype, op, nbytes):
             raise UnsupportedError(f"all_reduce: algo={TORCH_TWOSHOT!r} (torch symmetric memory two-shot) serves "
-                                   f"float32 and bfloat16 with op 'sum', not {dt.torch_dtype} / {op!r}")
+                                   f"float32 and bfloat16 with op 'sum' in multiples of 4 bytes, not "
+                                   f"{dt.torch_dtype} / {op!r} / {nbytes} bytes")
         if nbytes > self.capacity:
             raise UnsupportedError(f"all_reduce: algo={TORCH_TWOSHOT!r}: {nbytes} bytes exceed its buffer of "
                                    f"{self.capacity} bytes (Communicator(torch_twoshot_bytes=...))")

@@ -243,10 +243,11 @@ def detect_interconnect(device_index: int) -> str:
         return ANY
 
 
-def handover_serves(name: str, dtype: torch.dtype, op: str) -> bool:
-    """Whether library path ``name`` can reduce this dtype with this op."""
+def handover_serves(name: str, dtype: torch.dtype, op: str, nbytes: int) -> bool:
+    """Whether library path ``name`` can reduce ``nbytes`` of this dtype with this op (torch's
+    two-shot wants a multiple of 4 bytes: an odd bfloat16 count goes elsewhere)."""
     if name == TORCH_TWOSHOT:
-        return dtype in TORCH_TWOSHOT_DTYPES and op == "sum"
+        return dtype in TORCH_TWOSHOT_DTYPES and op == "sum" and nbytes % 4 == 0
     return name == NCCL
 
 
@@ -258,7 +259,7 @@ def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, determinis
     last_ok: str | None = None
     for rule in table.rules:
         if rule.algorithm in HANDOVERS:
-            if nbytes <= rule.max_bytes and rule.algorithm in handovers and handover_serves(rule.algorithm, dtype, op):
+            if nbytes <= rule.max_bytes and rule.algorithm in handovers and handover_serves(rule.algorithm, dtype, op, nbytes):
                 return rule.algorithm
             continue
         if rule.algorithm not in available:

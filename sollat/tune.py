@@ -109,7 +109,7 @@ def _distributed_runner(max_bytes: int) -> tuple[Callable[[str, int, torch.dtype
     dev = comm.device
 
     def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
-        if algo in select.HANDOVERS and not select.handover_serves(algo, dtype, "sum"):
+        if algo in select.HANDOVERS and not select.handover_serves(algo, dtype, "sum", nbytes):
             return float("inf")
         n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
         xs = [torch.randn(n, device=dev).to(dtype) for _ in range(4)]

@@ -58,6 +58,7 @@ def test_torch_twoshot_rules_need_the_path_and_a_dtype_it_serves() -> None:
     assert pick(300, dtype=torch.float32) == select.TORCH_TWOSHOT
     assert pick(300, dtype=torch.float16) == "twoshot_ll"  # torch's two-shot has no fp16
     assert pick(300, op="max") == "twoshot_ll"
+    assert pick(302) == "twoshot_ll"  # not a multiple of 4 bytes (an odd bfloat16 count)
     assert pick(300, h={NCCL}) == "twoshot_ll"  # a communicator without the buffer
     assert pick(256) == "oneshot_ll" and pick(4097) == "twoshot_ll"
     assert t.handover_bytes(select.TORCH_TWOSHOT) == 4096 and t.handover_bytes(NCCL) == 0

@@ -467,6 +467,7 @@ def values(s: Suite) -> None:
 
 AUTO_BYTES = tuple(4 << (2 * k) for k in range(13))  # 4 B .. 64 MiB
 AUTO_DETERMINISTIC_BYTES = (4, 4096, 1 << 20, 64 << 20)
+TORCH_TWOSHOT_BYTES = 64 << 20  # the main communicator's torch two-shot buffer (handover path)
 
 
 @section("auto", 60)
@@ -496,6 +497,25 @@ def auto(s: Suite) -> None:
         xs = s.inputs("randn", nbytes // 4, torch.float32, "nccl", nbytes)
         y = comm.all_reduce(xs[s.rank], algo="nccl", out=torch.full_like(xs[s.rank], NAN))
         s.verify(y, xs, "nccl", "sum", f"algo=nccl float32 {nbytes} B")
+    # algo="torch_twoshot" by name: sizes around its chunking, in place and out of place; an odd
+    # bfloat16 count, another op or fp16 is a clear error on every rank before anything runs
+    for dt in (torch.float32, torch.bfloat16):
+        for n in (2, 6, 1000, 4098, 65536 + 2, (1 << 20) + 6, TORCH_TWOSHOT_BYTES // esize(dt)):
+            xs = s.inputs("randn", n, dt, "torch_twoshot", n)
+            what = f"algo=torch_twoshot {dname(dt)} n={n}"
+            if n % 4:
+                y = comm.all_reduce(xs[s.rank], algo="torch_twoshot", out=torch.full_like(xs[s.rank], NAN))
+            else:
+                y = xs[s.rank].clone()
+                comm.all_reduce(y, algo="torch_twoshot", out=y)
+            s.verify(y, xs, "torch_twoshot", "sum", what)
+    for dt, n, op, why in ((torch.bfloat16, 7, "sum", "multiples of 4 bytes"), (torch.float16, 8, "sum", "float16"),
+                           (torch.float32, 8, "max", "'max'"), (torch.float32, TORCH_TWOSHOT_BYTES // 4 + 1, "sum", "exceed")):
+        try:
+            comm.all_reduce(torch.ones(n, dtype=dt, device=s.dev), op=op, algo="torch_twoshot")
+            s.fail(f"algo=torch_twoshot {dname(dt)} n={n} op={op}: no error")
+        except sollat.UnsupportedError as exc:
+            s.expect(why in str(exc), f"algo=torch_twoshot {dname(dt)} n={n} op={op}: unclear error {exc}")
     comm.check()
     s.log("picks " + " ".join(picks))
 
@@ -1143,7 +1163,7 @@ def main(argv: list[str] | None = None) -> int:
     s.section = "init"
     s.watchdog.arm("init", 600)
     try:
-        s.comm = s.new_comm(timeout_s=MAIN_TIMEOUT_S)
+        s.comm = s.new_comm(timeout_s=MAIN_TIMEOUT_S, torch_twoshot_bytes=TORCH_TWOSHOT_BYTES)
         s.log(f"communicator: rank {s.comm.rank} of {s.comm.world_size}, algorithms {', '.join(s.comm.algorithms)}")
     except Exception as e:
         emit(f"RANK {rank} FAIL init: {type(e).__name__}: {e}")
