@@ -70,7 +70,8 @@ class Communicator(_CommBase):
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
         names = algorithm_names(algorithms)
-        blocks = checked_max_blocks(max_blocks, "Communicator", default=layout.MAX_BLOCKS_REAL)
+        blocks = checked_max_blocks(max_blocks, "Communicator",
+                                    default=layout.default_max_blocks_real(dist.get_world_size(group)))
         if torch_twoshot_bytes is not None and (isinstance(torch_twoshot_bytes, bool) or not isinstance(
                 torch_twoshot_bytes, int) or torch_twoshot_bytes < 0):
             raise UnsupportedError(f"Communicator: torch_twoshot_bytes must be an integer >= 0, got {torch_twoshot_bytes!r}")

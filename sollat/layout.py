@@ -40,9 +40,16 @@ PAYLOAD_BYTES = abi.PAYLOAD_BYTES
 # Virtual ranks share one GPU's SMs among R ranks; a real rank has a whole GPU. A message larger
 # than one pass (blocks x MAX_THREADS x MAX_SLOTS lines) is cut into passes inside the kernel, one
 # round trip each. Every block of a rank must be resident at once, so the limit is an SM count.
+# Real ranks: 128 blocks at 2 ranks measured best of 16/32/64/128 on 2x H200 (docs/benchmarks.md,
+# run 15: 1 MiB one-shot sentinel 17.8 -> 5.7 us); scratch grows with ranks x blocks, so the
+# default keeps ranks x blocks at 256 (128 MiB of scratch per rank with every algorithm enabled).
 MAX_BLOCKS_VIRTUAL = 16
-MAX_BLOCKS_REAL = 16
 MAX_BLOCKS_LIMIT = 128
+REAL_RANK_BLOCKS_BUDGET = 256
+
+
+def default_max_blocks_real(world_size: int) -> int:
+    return max(16, min(MAX_BLOCKS_LIMIT, REAL_RANK_BLOCKS_BUDGET // world_size))
 
 # Every rank's scratch starts with a control block; the algorithms' regions follow it, each at a
 # multiple of CONTROL_BYTES (LL128 needs 512-byte aligned warp-units). The control block holds
