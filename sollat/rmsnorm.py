@@ -156,6 +156,9 @@ def check_rank(x: object, residual: object, weight: object, out: object, residua
                                f"({hidden},) {x.dtype} (x's last dimension and dtype)")
     for t, what in ((x, "x"), (residual, "residual"), (weight, "weight")):
         _on(t, device, what + tag)
+    if residual_out is residual and not residual.is_contiguous():
+        raise UnsupportedError(f"{OPNAME}: residual{tag} is updated in place (residual_out=residual) and must "
+                               "be contiguous")
     outs: list[torch.Tensor] = []
     for o, what in ((out, "out"), (residual_out, "residual_out")):
         if o is None:
@@ -168,11 +171,7 @@ def check_rank(x: object, residual: object, weight: object, out: object, residua
         if not o.is_contiguous():
             raise UnsupportedError(f"{OPNAME}: {what}{tag} must be contiguous")
         outs.append(o)
-    in_place_residual = residual_out is not None and residual_out is residual
     if not residual.is_contiguous():
-        if in_place_residual:
-            raise UnsupportedError(f"{OPNAME}: residual{tag} is updated in place (residual_out=residual) and must "
-                                   "be contiguous")
         residual = residual.contiguous()
     x = x if x.is_contiguous() else x.contiguous()
     weight = weight if weight.is_contiguous() else weight.contiguous()
