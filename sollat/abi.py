@@ -127,12 +127,27 @@ VR_PARAMS: tuple[Param, ...] = (
 )
 
 
-def kernel_tail(values: Mapping[str, int]) -> tuple[Any, ...]:
+# Fused AllReduce + residual add + RMSNorm (kernels/allreduce_rmsnorm.cu): x (in), y (out), the
+# residual, the updated residual and the weight; after the common tail, the row length and eps
+# (its float32 bits: every parameter is packed as an integer, driver_launch.py).
+RMSNORM_TAIL_PARAMS: tuple[Param, ...] = TAIL_PARAMS + (Param("hidden", "u64"), Param("eps_bits", "u32"))
+_RMSNORM_PTRS: tuple[tuple[str, str], ...] = (("in", "const void*"), ("out", "void*"), ("res", "const void*"),
+                                              ("res_out", "void*"), ("weight", "const void*"))
+_RMSNORM_VR_PREFIX = {"in": "i", "out": "o", "res": "r", "res_out": "q", "weight": "w"}
+RMSNORM_PG_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_PTRS) + RMSNORM_TAIL_PARAMS
+RMSNORM_VR_PARAMS: tuple[Param, ...] = (
+    tuple(Param(f"{_RMSNORM_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_PTRS for r in range(MAX_RANKS))
+    + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
+)
+
+
+def kernel_tail(values: Mapping[str, int], params: Sequence[Param] = TAIL_PARAMS) -> tuple[Any, ...]:
     """The arguments after the tensor pointers, in declared order, each as its C type's numpy
-    scalar: ``values`` keyed by TAIL_PARAMS name (the ``_pg`` names)."""
-    if set(values) != {p.name for p in TAIL_PARAMS}:
-        raise KeyError(f"kernel tail parameters: {sorted(set(values) ^ {p.name for p in TAIL_PARAMS})}")
-    return tuple(ctype(p.ctype).np_type(values[p.name]) for p in TAIL_PARAMS)
+    scalar: ``values`` keyed by ``params`` name (the ``_pg`` names; RMSNORM_TAIL_PARAMS for the
+    fused RMSNorm kernel)."""
+    if set(values) != {p.name for p in params}:
+        raise KeyError(f"kernel tail parameters: {sorted(set(values) ^ {p.name for p in params})}")
+    return tuple(ctype(p.ctype).np_type(values[p.name]) for p in params)
 
 
 # ---- element bit patterns ---------------------------------------------------------------------
@@ -240,6 +255,8 @@ def header_text() -> str:
         "// Entry-point parameters (host: abi.kernel_tail packs the tail in this order).",
         *_params_macro("SOLLAT_PG_PARAMS", PG_PARAMS),
         *_params_macro("SOLLAT_VR_PARAMS", VR_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_PG_PARAMS", RMSNORM_PG_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_VR_PARAMS", RMSNORM_VR_PARAMS),
         "",
         "#endif  // SOLLAT_ABI_H_",
     ]

@@ -99,6 +99,42 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
+# Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot,
+# one block per token row. Not AllReduce algorithms (``algo="auto"`` of all_reduce never sees
+# them), but each has its own scratch region and epochs in every communicator, like those.
+RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("rmsnorm_oneshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm", "ll", 1, 16, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
+        # 16-bit sentinel packs with 2 slots spill (40-172 bytes, ptxas -v): one slot only.
+        Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", 1, 16, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, one block per token row"),
+    )
+}
+
+
+def region_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Every algorithm that gets a scratch region and epochs: the enabled AllReduce algorithms,
+    then every fused RMSNorm algorithm."""
+    return tuple(names) + tuple(RMSNORM_ALGORITHMS)
+
+
+def region_blocks(name: str, max_blocks: int) -> int:
+    """Blocks per rank region ``name`` is sized for: the communicator's ``max_blocks`` for an
+    AllReduce algorithm, the fused RMSNorm algorithm's own (one block per row)."""
+    return max_blocks if name in ALGORITHMS else RMSNORM_ALGORITHMS[name].max_blocks
+
+
+def region_algorithm(name: str) -> Algorithm:
+    """An AllReduce or fused RMSNorm algorithm by its (internal) name."""
+    alg = ALGORITHMS.get(name)
+    return alg if alg is not None else RMSNORM_ALGORITHMS[name]
+
+
 def max_ranks_template(nranks: int) -> int:
     for r in (2, 4, 8):
         if nranks <= r:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import abi, agree, algorithms, build, driver_launch, launch, layout, registry, select
+from . import abi, agree, algorithms, build, driver_launch, launch, layout, registry, rmsnorm, select
 from .algorithms import ALGORITHMS, Algorithm
 from .comm_state import DeviceState, _host_device_pointer
 from .dtypes import OPS, DType, lookup
@@ -78,15 +78,16 @@ class _CommBase(DeviceState):
         # region per algorithm.
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
-        for name in self._algos:
+        for name in algorithms.region_names(self._algos):
             self._region_off[name] = off
-            off += ALGORITHMS[name].scratch_bytes(world_size, max_blocks)
+            off += algorithms.region_algorithm(name).scratch_bytes(world_size, algorithms.region_blocks(name, max_blocks))
         self.scratch_bytes_per_rank = off
         self._scratch_ptrs = scratch_ptrs
         # Epoch counters, one set per algorithm, per launch-rank (device memory, starts at 0).
         self._epochs = {
-            name: torch.zeros(launch_ranks * ALGORITHMS[name].epoch_words(max_blocks), dtype=torch.int32, device=device)
-            for name in self._algos
+            name: torch.zeros(launch_ranks * algorithms.region_algorithm(name).epoch_words(
+                algorithms.region_blocks(name, max_blocks)), dtype=torch.int32, device=device)
+            for name in algorithms.region_names(self._algos)
         }
         # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
         # thread of this process that meets a fault, so the host can look without a sync.
@@ -208,6 +209,74 @@ class _CommBase(DeviceState):
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan
+
+    # ---- fused AllReduce + residual add + RMSNorm (rmsnorm.py, kernels/allreduce_rmsnorm.cu) --------
+    def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
+        """Internal algorithm name. ``auto`` follows the AllReduce table among the one-shot
+        algorithms (the fused kernel is one-shot: LL or sentinel by size, never NCCL)."""
+        if algo == "auto":
+            key = ("rmsnorm", nbytes, dtype)
+            choice = self._choices.get(key)
+            if choice is None:
+                choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
+                                       nccl_available=False, available=tuple(rmsnorm.ALGOS))
+                self._choices[key] = choice
+            return rmsnorm.ALGOS[choice]
+        return rmsnorm.internal_name(algo)
+
+    def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
+        key = ("rmsnorm", name, dt.short, rows, hidden, eps_bits, self._test_hooks,
+               tuple(sorted(self._defines.items())))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        alg = algorithms.RMSNORM_ALGORITHMS[name]
+        alg.check(dt.torch_dtype, "sum", rmsnorm.OPNAME)
+        rmax = algorithms.max_ranks_template(self.world_size)
+        max_blocks = alg.max_blocks
+        while True:  # as _plan: fewer blocks (more rows per block) until every block fits at once
+            geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks)
+            defines = algorithms.kernel_defines(alg, dt, "sum", rmax, geo.slots, self._test_hooks,
+                                                real_ranks=self._entry == "pg")
+            defines.update(self._defines)
+            kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+            config = self._launch_config(geo.blocks, geo.threads)
+            if self._co_resident(kernel, config, geo.blocks, geo.threads):
+                break
+            if self._entry == "pg":
+                raise UnsupportedError(f"{rmsnorm.OPNAME}: {geo.blocks} blocks of {geo.threads} threads do not fit "
+                                       f"at once on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
+            if geo.blocks == 1:
+                raise UnsupportedError(f"{rmsnorm.OPNAME}: {self._launch_ranks} ranks x 1 block of {geo.threads} "
+                                       f"threads cannot be co-resident on {self.gpu_name}")
+            per_sm = self._blocks_per_sm(kernel, geo.threads)
+            max_blocks = max(1, min((per_sm * self._num_sms) // self._launch_ranks, geo.blocks - 1))
+        rec0, rank_stride = self._record_args()
+        tail = abi.kernel_tail({
+            "n": rows * hidden, "st": self._state.data_ptr(), "region_off": self._region_off[name],
+            "lines_per_src": layout.lines_per_src(alg.max_blocks), "epochs": self._epochs[name].data_ptr(),
+            "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits), "rank": self._rank_arg(),
+            "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride, "hidden": hidden,
+            "eps_bits": eps_bits}, abi.RMSNORM_TAIL_PARAMS)
+        params = abi.RMSNORM_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_PG_PARAMS
+        n_ptrs = len(params) - len(abi.RMSNORM_TAIL_PARAMS)
+        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+        plan = _Plan(alg, kernel, config, tail, bound)
+        self._plans[key] = plan
+        return plan
+
+    def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str) -> _Plan:
+        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank."""
+        key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo)
+        entry = self._calls.get(key)
+        if entry is None:
+            name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype)
+            entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits)
+            self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits),
+                                  "this call (algorithm|dtype|rows|hidden|eps)")
+            self._calls[key] = entry
+        assert not isinstance(entry, str)
+        return entry
 
     def _blocks_per_sm(self, kernel: Any, threads: int) -> int:
         key = (id(kernel), threads)

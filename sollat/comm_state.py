@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import abi, faults, launch, layout
-from .algorithms import ALGORITHMS
+from .algorithms import region_algorithm, region_blocks, region_names
 
 _STATE_FMT = abi.STATE_FORMAT  # CommState (abi.py, rendered into abi.h)
 
@@ -55,10 +55,10 @@ class DeviceState:
         sentinel regions at all ones."""
         for v in views:
             v[:layout.CONTROL_BYTES].zero_()
-            for name in self._algos:
-                alg = ALGORITHMS[name]
+            for name in region_names(self._algos):
+                alg = region_algorithm(name)
                 off = self._region_off[name]
-                v[off:off + alg.scratch_bytes(self.world_size, self.max_blocks)].fill_(255 if alg.proto == "sentinel" else 0)
+                v[off:off + alg.scratch_bytes(self.world_size, region_blocks(name, self.max_blocks))].fill_(255 if alg.proto == "sentinel" else 0)
 
     def check(self, sync: bool = True) -> None:
         """Raise the fault recorded by an earlier call of any rank, if any.
@@ -138,8 +138,10 @@ class DeviceState:
 
 
 def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int) -> int:
-    """Control block plus one region per algorithm (the offsets _setup assigns)."""
-    return layout.CONTROL_BYTES + sum(ALGORITHMS[a].scratch_bytes(world_size, max_blocks) for a in names)
+    """Control block plus one region per algorithm, the fused RMSNorm ones included (the offsets
+    _setup assigns)."""
+    return layout.CONTROL_BYTES + sum(region_algorithm(a).scratch_bytes(world_size, region_blocks(a, max_blocks))
+                                      for a in region_names(tuple(names)))
 
 
 def _record_view(scratch: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import agree, faults, handover, launch, layout, select
+from . import agree, faults, handover, launch, layout, rmsnorm, select
 from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS, _CommBase
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .dtypes import DTYPES, OPS, DType
@@ -191,6 +191,47 @@ class Communicator(_CommBase):
         self._launch(plan, (x.data_ptr(), y.data_ptr()))
         self._after_call()
         return y
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                           algo: str = "auto", *, out: torch.Tensor | None = None,
+                           residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``all_reduce_rmsnorm(x, residual, weight, eps=1e-6, algo="auto", *, out=None,
+        residual_out=None) -> (y, residual_out)``
+
+        Fused AllReduce + residual add + RMSNorm with vLLM's ``fused_add_rms_norm`` semantics
+        (sollat/rmsnorm.py has the exact arithmetic): ``x`` is this rank's partial sums
+        ``[..., hidden]``, ``residual`` the residual of the same shape and dtype, ``weight``
+        ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
+        residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
+        ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
+        one-shot kernel (``algo``: ``auto``, ``oneshot_ll`` or ``oneshot_sentinel``), never NCCL.
+        """
+        if torch.compiler.is_compiling():
+            from . import ops
+
+            y, r = ops.all_reduce_rmsnorm(x, residual, weight, self.comm_id, float(eps), algo)
+            if out is not None:
+                out.copy_(y)
+                y = out
+            if residual_out is not None:
+                residual_out.copy_(r)
+                r = residual_out
+            return y, r
+        return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
+
+    def _all_reduce_rmsnorm_impl(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                                 algo: str, out: torch.Tensor | None, residual_out: torch.Tensor | None
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        self._before_call()
+        bits = rmsnorm.eps_bits(eps)
+        x, residual, weight, y, r_out, dt, rows, hidden = rmsnorm.check_rank(
+            x, residual, weight, out, residual_out, self.device, max_elements=MAX_ELEMENTS)
+        if rows == 0:
+            return y, r_out
+        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo)
+        self._launch(plan, (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr()))
+        self._after_call()
+        return y, r_out
 
     def reset(self) -> None:
         """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank."""

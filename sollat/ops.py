@@ -32,3 +32,32 @@ def all_reduce_virtual(xs: list[torch.Tensor], comm_id: int, op: str, algo: str,
 @all_reduce_virtual.register_fake
 def _(xs: list[torch.Tensor], comm_id: int, op: str, algo: str, deterministic: bool) -> list[torch.Tensor]:
     return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]
+
+
+@torch.library.custom_op("sollat::all_reduce_rmsnorm", mutates_args=())
+def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, comm_id: int, eps: float,
+                       algo: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional form (new outputs); the public method copies into ``out``/``residual_out``
+    when they are given, which the compiler may turn back into in-place writes."""
+    return lookup_comm(comm_id)._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, None, None)  # type: ignore[attr-defined]
+
+
+@all_reduce_rmsnorm.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, comm_id: int, eps: float,
+      algo: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+@torch.library.custom_op("sollat::all_reduce_rmsnorm_virtual", mutates_args=())
+def all_reduce_rmsnorm_virtual(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
+                               comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
+    """Every rank's output, then every rank's new residual (one list of 2R tensors)."""
+    ys, rs = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, None, None)  # type: ignore[attr-defined]
+    return [*ys, *rs]
+
+
+@all_reduce_rmsnorm_virtual.register_fake
+def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor], comm_id: int, eps: float,
+      algo: str) -> list[torch.Tensor]:
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]

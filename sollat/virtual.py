@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import layout
+from . import layout, rmsnorm
 from .comm_base import MAX_ELEMENTS, _CommBase
 from .comm_state import _record_view, scratch_bytes_per_rank
 from .dtypes import DTYPES, OPS, DType
@@ -159,6 +159,71 @@ class VirtualCommunicator(_CommBase):
             if not o.is_contiguous():
                 raise UnsupportedError(f"all_reduce: out[{r}] must be contiguous")
         return ins, list(out), dt
+
+    def all_reduce_rmsnorm(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
+                           weight: torch.Tensor | Sequence[torch.Tensor], eps: float = 1e-6, algo: str = "auto", *,
+                           out: Sequence[torch.Tensor] | None = None,
+                           residual_out: Sequence[torch.Tensor] | None = None
+                           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """``all_reduce_rmsnorm(xs, residuals, weight, eps=1e-6, algo="auto", *, out=None,
+        residual_out=None) -> (ys, residuals_out)``
+
+        Fused AllReduce + residual add + RMSNorm (sollat/rmsnorm.py has the exact arithmetic):
+        ``xs[r]`` is rank r's partial sums ``[..., hidden]``, ``residuals[r]`` its residual of the
+        same shape, ``weight`` one ``[hidden]`` tensor for every rank or a list of R. Returns every
+        rank's normalised output and updated residual (``residual_out=residuals`` updates them in
+        place; ``out=xs`` writes the outputs over the inputs). Every rank's results are identical.
+        """
+        weights = [weight] * self.world_size if isinstance(weight, torch.Tensor) else list(weight)
+        if torch.compiler.is_compiling():
+            from . import ops
+
+            both = ops.all_reduce_rmsnorm_virtual(list(xs), list(residuals), weights, self.comm_id, float(eps), algo)
+            ys, rs = both[:self.world_size], both[self.world_size:]
+            for dst, src in ((out, ys), (residual_out, rs)):
+                if dst is not None:
+                    for d, v in zip(dst, src, strict=True):
+                        d.copy_(v)
+            return (list(out) if out is not None else ys), (list(residual_out) if residual_out is not None else rs)
+        return self._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, out, residual_out)
+
+    def _all_reduce_rmsnorm_impl(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
+                                 weights: Sequence[torch.Tensor], eps: float, algo: str,
+                                 out: Sequence[torch.Tensor] | None, residual_out: Sequence[torch.Tensor] | None
+                                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        self._before_call()
+        ws = self.world_size
+        for what, seq in (("xs", xs), ("residuals", residuals), ("weight", weights), ("out", out),
+                          ("residual_out", residual_out)):
+            if seq is None:
+                continue
+            if isinstance(seq, torch.Tensor) or len(seq) != ws:
+                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
+                raise UnsupportedError(f"{rmsnorm.OPNAME}: a VirtualCommunicator of {ws} ranks needs {what} as a list "
+                                       f"of {ws} tensors, got {got}")
+        bits = rmsnorm.eps_bits(eps)
+        checked = [rmsnorm.check_rank(xs[r], residuals[r], weights[r], None if out is None else out[r],
+                                      None if residual_out is None else residual_out[r], self.device, f"[{r}]",
+                                      MAX_ELEMENTS) for r in range(ws)]
+        x0 = checked[0][0]
+        for r, c in enumerate(checked):
+            if c[0].shape != x0.shape or c[0].dtype != x0.dtype:
+                raise UnsupportedError(f"{rmsnorm.OPNAME}: xs[{r}] is {tuple(c[0].shape)} {c[0].dtype} but xs[0] is "
+                                       f"{tuple(x0.shape)} {x0.dtype}; every rank must pass the same shape and dtype")
+        ys = [c[3] for c in checked]
+        rs = [c[4] for c in checked]
+        dt, rows, hidden = checked[0][5], checked[0][6], checked[0][7]
+        if rows == 0:
+            return ys, rs
+        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo)
+        pad = self._pad
+        ptrs: list[int] = []
+        for k in (0, 3, 1, 4, 2):  # x, out, residual, residual_out, weight (abi.RMSNORM_VR_PARAMS)
+            ptrs.extend(c[k].data_ptr() for c in checked)
+            ptrs.extend(pad)
+        self._launch(plan, tuple(ptrs))
+        self._after_call()
+        return ys, rs
 
     def reset(self) -> None:
         """Clear a recorded fault and return every buffer and epoch to its initial state."""

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node=N tests/gpu/mp_suite.py [--only a,b]
 
 Sections (default: all but ``skew``; ``--only`` or ``SOLLAT_MP_SECTIONS`` picks, ``SOLLAT_MP_SKIP``
-drops): values, auto, graphs, straggler, mismatch, dead_peer, graph_fault, two_comms, streams,
+drops): values, rmsnorm, auto, graphs, straggler, mismatch, dead_peer, graph_fault, two_comms, streams,
 tear, and ``skew`` (compile skew: run it in its own launch with a fresh empty SOLLAT_CACHE_DIR).
 (The option is ``--only``: torchrun abbreviates its own options anywhere on the line, and ``--only``
 is a prefix of none of them.)
@@ -463,6 +463,41 @@ def values(s: Suite) -> None:
         comm.check()
         s.log(f"{algo}: {calls - n_before} calls checked in {time.monotonic() - t0:.1f} s")
     s.log(f"{calls} calls in all")
+
+
+@section("rmsnorm", 120)
+def rmsnorm_values(s: Suite) -> None:
+    """all_reduce_rmsnorm: both protocols x dtype x shape x input class (x from the hash inputs,
+    the residual and the weight equal on every rank, as in tensor parallelism), out of place and
+    with the residual updated in place; bitwise against sollat.rmsnorm.reference and across ranks."""
+    from sollat import rmsnorm
+
+    comm = s.main
+    calls = 0
+    for algo in rmsnorm.ALGOS:
+        for dt in rmsnorm.DTYPES_SUPPORTED:
+            for tokens, hidden in ((1, 7), (3, 1000), (8, 8192), (17, 5120), (64, 4096), (2, 16384)):
+                for kind in ("randn", "mix", "denormal", "huge"):
+                    n = tokens * hidden
+                    what = f"rmsnorm {algo} {dname(dt)} {tokens}x{hidden} {kind}"
+                    xs = [x.view(tokens, hidden) for x in s.inputs(kind, n, dt, what)]
+                    res = ref.make_input(kind, ref.seed_of(s.section, what, "res"), n, dt, s.dev).view(tokens, hidden)
+                    w = ref.make_input("randn", ref.seed_of(s.section, what, "w"), hidden, dt, s.dev)
+                    in_place = calls % 2 == 1
+                    res_before = res.clone()
+                    y, r = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo,
+                                                   residual_out=res if in_place else None)
+                    s.expect(not in_place or r.data_ptr() == res.data_ptr(), f"{what}: residual not updated in place")
+                    want_y, want_r = rmsnorm.reference(xs, res_before, w, 1e-6,
+                                                       rmsnorm.geometry(algo, dt, tokens, hidden, s.world))
+                    for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
+                        got = got.cpu()
+                        if int(ref.bitwise_bad(got, want)):
+                            s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
+                        s.add_digest(f"{what} {name}", got)
+                    calls += 1
+    comm.check()
+    s.log(f"{calls} calls checked")
 
 
 AUTO_BYTES = tuple(4 << (2 * k) for k in range(13))  # 4 B .. 64 MiB

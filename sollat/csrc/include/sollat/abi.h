@@ -60,5 +60,25 @@ static_assert(sizeof(CommState) == 88, "CommState: sollat/abi.py STATE_FORMAT");
     sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
     sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
     sollat::u32* rec0, sollat::u64 rank_stride
+#define SOLLAT_RMSNORM_PG_PARAMS \
+    const void* in, void* out, const void* res, void* res_out, \
+    const void* weight, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, \
+    int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, \
+    int nranks, sollat::u32* rec, sollat::u64 rank_stride, sollat::u64 hidden, \
+    sollat::u32 eps_bits
+#define SOLLAT_RMSNORM_VR_PARAMS \
+    const void* i0, const void* i1, const void* i2, const void* i3, \
+    const void* i4, const void* i5, const void* i6, const void* i7, \
+    void* o0, void* o1, void* o2, void* o3, \
+    void* o4, void* o5, void* o6, void* o7, \
+    const void* r0, const void* r1, const void* r2, const void* r3, \
+    const void* r4, const void* r5, const void* r6, const void* r7, \
+    void* q0, void* q1, void* q2, void* q3, \
+    void* q4, void* q5, void* q6, void* q7, \
+    const void* w0, const void* w1, const void* w2, const void* w3, \
+    const void* w4, const void* w5, const void* w6, const void* w7, \
+    sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
+    sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
+    sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
 
 #endif  // SOLLAT_ABI_H_

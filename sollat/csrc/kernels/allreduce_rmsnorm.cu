@@ -1,0 +1,235 @@
+// Fused AllReduce + residual add + RMSNorm (vLLM's fused_add_rms_norm after a tensor-parallel
+// AllReduce), one-shot, push mode, barrier-free, written with the LLBuffer device API.
+//
+// Inputs per rank: x [rows, hidden] (this rank's partial sums), residual [rows, hidden], weight
+// [hidden], eps. Every rank computes, for every row:
+//   r   = round_T( (x_0 + x_1 + ... + x_{R-1}) + residual )   rank-order fp32 sum, one rounding
+//   out = round_T( (float(r) * rstd) * float(weight) ),  rstd = 1 / sqrt(ss / hidden + eps)
+// and writes r into res_out (which may be the residual itself). ss is the fp32 sum of float(r)^2
+// over the row in a fixed order (below), so every rank's outputs are bitwise identical and a
+// reference on the host can reproduce them bit for bit (tests/gpu/test_rmsnorm.py).
+//
+// Cut: one block per row (block b takes rows b, b + gridDim.x, ...); a row is row_lines lines
+// (line = kElems elements of the row), line (p * kSlots + i) * blockDim.x + threadIdx.x belongs
+// to pass p, slot i of the thread. Each pass is one epoch of the thread's line-channels: bcast
+// the own lines, recvReduce in rank order (exactly as allreduce_oneshot.cu), add the residual.
+// After the last pass the block sums ss:
+//   * per thread: ss = ss + v * v over its elements in order (pass, slot, element), from 0;
+//   * per warp: a butterfly (shfl_xor 1, 2, 4, 8, 16), i.e. a pairwise tree over adjacent lanes
+//     (a + b == b + a bitwise, so every lane holds the same bits);
+//   * over warps: the per-warp sums (zeros past the last warp) summed by the same tree.
+// That is a pairwise tree over the per-thread sums padded with zeros to 1024 threads. Every add
+// and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into an FMA);
+// the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
+//
+// Faults: refused() at entry (NaN into every output this thread owns, nothing sent); a thread
+// whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending, and the
+// block learns of it at the row's __syncthreads_or: then every thread of the block writes NaN
+// into its lines of both outputs from that row on, and nobody commits epochs.
+//
+// Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
+// (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4); SOLLAT_OP is
+// OpSum and not used. Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr (parameters: abi.h
+// SOLLAT_RMSNORM_PG_PARAMS / SOLLAT_RMSNORM_VR_PARAMS).
+#include "sollat/collective.h"
+
+using namespace sollat;
+
+constexpr int kBuffers = 1;
+
+namespace {
+
+// One rounding each, never contracted into an FMA (explicit .rn), whatever the build options.
+__device__ __forceinline__ float add_rn(float a, float b) {
+  float r; asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+__device__ __forceinline__ float mul_rn(float a, float b) {
+  float r; asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+__device__ __forceinline__ float div_rn(float a, float b) {
+  float r; asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+__device__ __forceinline__ float sqrt_rn(float a) {
+  float r; asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a)); return r;
+}
+
+// Sum over the 32 lanes as a pairwise tree over adjacent lanes; every lane gets the same bits.
+__device__ __forceinline__ float warp_tree_sum(float v) {
+#pragma unroll
+  for (int o = 1; o < kWarpSize; o <<= 1) v = add_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return v;
+}
+
+}  // namespace
+
+template <typename T, class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
+                                           const T* res, T* res_out, const T* weight) {
+  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef typename Buf::template PackT<T> P;
+  typedef typename Buf::template AccT<T> A;
+  constexpr int kElems = P::kElems;
+  constexpr int kBytes = (int)sizeof(P);
+  __shared__ float warp_sums[2][kWarpSize];  // by row parity: a fast warp's next row never
+                                             // overwrites sums a slow warp has not read yet
+
+  const u64 rows = a.n / hidden;
+  const int row_lines = (int)((hidden + kElems - 1) / kElems);
+  const int threads = (int)blockDim.x;
+  const int passes = (row_lines + threads * kSlots - 1) / (threads * kSlots);
+  const int lane = (int)threadIdx.x & (kWarpSize - 1);
+  const int warp = (int)threadIdx.x / kWarpSize;
+  auto line_of = [&](int p, int i) { return (p * kSlots + i) * threads + (int)threadIdx.x; };
+  // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
+  auto active_in = [&](int p) {
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (line_of(p, i) < row_lines) n = i + 1;
+    return n;
+  };
+  // Line `line` of row `row` of a [rows, hidden] tensor (zeros past the row's end). Rows need not
+  // be line-aligned (odd hidden sizes): a misaligned row takes the element path.
+  auto load_row = [&](const T* base, u64 row, int line) {
+    const T* r = base + row * hidden;
+    return load_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes));
+  };
+  auto store_row = [&](T* base, u64 row, int line, const P& v) {
+    T* r = base + row * hidden;
+    store_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes), v);
+  };
+  // A faulted or refused call: NaN into this thread's lines of both outputs from row `first` on.
+  auto poison_from = [&](u64 first) {
+    const P nan = nan_pack<T, kBytes>();
+    for (u64 row = first; row < rows; row += gridDim.x)
+      for (int p = 0; p < passes; ++p)
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+          const int line = line_of(p, i);
+          if (line < row_lines) {
+            store_row(out, row, line, nan);
+            store_row(res_out, row, line, nan);
+          }
+        }
+  };
+
+  // The first input loads go out before the buffer is set up (as in the one-shot AllReduce).
+  const u64 first_row = blockIdx.x;
+  P own[kSlots];
+  int active = active_in(0);
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i < active) own[i] = load_row(in, first_row, line_of(0, i));
+  if (refused(a)) return poison_from(first_row);
+  const FaultSink fault = make_fault(a);
+  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
+          slot_index(blockIdx.x, 0, threadIdx.x));
+
+  int parity = 0;
+  for (u64 row = first_row; row < rows; row += gridDim.x, parity ^= 1) {
+    float ss = 0.0f;
+    bool ok = true;
+    P kept[kSlots];  // the last pass's r and weight stay in registers for the normalisation
+    P wt[kSlots];
+    for (int p = 0; p < passes; ++p) {
+      if (p > 0 || row != first_row) {
+        active = active_in(p);
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+          if (i < active) own[i] = load_row(in, row, line_of(p, i));
+      }
+      if (active == 0) continue;  // this thread has no line in this pass: its channels keep their epochs
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
+      // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
+      P r_in[kSlots];
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
+      const bool last = p == passes - 1;
+      if (last) {
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+          if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
+      }
+      A acc[kSlots];
+      if (!buf.template recvReduce<T, OpSum>(active, own, acc)) {  // fault recorded
+        ok = false;
+        break;
+      }
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (i >= active) continue;
+        P r;
+#pragma unroll
+        for (int k = 0; k < kElems; ++k) r.v[k] = from_acc<T>(add_rn(acc[i].v[k], to_acc(r_in[i].v[k])));
+        store_row(res_out, row, line_of(p, i), r);
+#pragma unroll
+        for (int k = 0; k < kElems; ++k) {
+          const float v = to_acc(r.v[k]);  // past the row's end: 0 + 0, adds nothing to ss
+          ss = add_rn(ss, mul_rn(v, v));
+        }
+        kept[i] = r;
+      }
+      buf.advanceEpoch();
+    }
+
+    // Sum of squares over the block, and whether any thread of the block met a fault.
+    const float mine = warp_tree_sum(ss);
+    if (lane == 0) warp_sums[parity][warp] = mine;
+    if (__syncthreads_or(!ok)) return poison_from(row);
+    const float total = warp_tree_sum(lane < threads / kWarpSize ? warp_sums[parity][lane] : 0.0f);
+    const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
+
+    for (int p = 0; p < passes; ++p) {
+      const bool last = p == passes - 1;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const int line = line_of(p, i);
+        if (line >= row_lines) continue;
+        // Earlier passes read back what this thread stored into res_out (same thread, same
+        // address: program order), the last one is still in registers.
+        const P r = last ? kept[i] : load_row(res_out, row, line);
+        const P w = last ? wt[i] : load_row(weight, 0, line);
+        P y;
+#pragma unroll
+        for (int k = 0; k < kElems; ++k) y.v[k] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[k]), rstd), to_acc(w.v[k])));
+        store_row(out, row, line, y);
+      }
+    }
+  }
+  buf.commit();
+}
+
+__device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u32 eps_bits, const void* in,
+                                                void* out, const void* res, void* res_out, const void* weight) {
+  typedef SOLLAT_T T;
+  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS>(a, hidden, bit_cast<float>(eps_bits), (const T*)in,
+                                                             (T*)out, (const T*)res, (T*)res_out, (const T*)weight);
+}
+
+// Entry points, as SOLLAT_DEFINE_ENTRY_POINTS (collective.h) defines them for the AllReduce, with
+// three more tensors per rank and the row length and eps after the common tail.
+extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
+  if (!sollat::prologue(st, rank)) return;
+  const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);
+  sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),
+                     rank, nranks, rec, prior};
+  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight);
+}
+
+extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_vr(SOLLAT_RMSNORM_VR_PARAMS) {
+  const int y = blockIdx.y;
+  const int rank = rank_base + y;
+  if (!sollat::prologue(st, rank)) return;
+  sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);
+  const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);
+  sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers,
+                     lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};
+  ar_rmsnorm_body(a, hidden, eps_bits, sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7),
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7),
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7),
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7));
+}

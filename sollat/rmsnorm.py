@@ -1,0 +1,237 @@
+"""Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``): argument checks, the
+row geometry of ``csrc/kernels/allreduce_rmsnorm.cu`` and the algorithm choice.
+
+Semantics (vLLM's ``fused_add_rms_norm`` after a tensor-parallel AllReduce), per row of
+``hidden`` elements, accumulated in fp32::
+
+    r   = round((x_0 + x_1 + ... + x_{R-1}) + residual)        # rank order, then the residual
+    y   = round((float(r) * rstd) * float(weight)),  rstd = 1 / sqrt(sum(float(r)^2) / hidden + eps)
+
+``residual_out`` receives ``r`` (``residual_out=residual`` updates the residual in place). The
+sum of squares is taken in a fixed order that depends on the launch geometry (``RowGeometry``,
+described in the kernel file), so every rank computes the same bits and a host reference can
+reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from . import layout
+from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
+from .dtypes import DTYPES, DType
+from .errors import UnsupportedError
+
+OPNAME = "all_reduce_rmsnorm"
+MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this a row is refused)
+DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
+# Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
+ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel"}
+
+
+@dataclass(frozen=True)
+class RowGeometry:
+    """How one call is cut: identical on every rank (a pure function of the call and world size).
+
+    Block b takes rows b, b + blocks, ...; line l of a row (``elems_per_line`` elements) belongs to
+    pass ``l // (threads * slots)``, slot ``l // threads % slots``, thread ``l % threads``."""
+
+    blocks: int
+    threads: int  # multiple of 32, <= 512
+    slots: int  # lines per thread per pass (kernel template kSlots)
+    passes: int  # exchanges per row, each one epoch of the thread's channels
+    row_lines: int
+    elems_per_line: int
+
+
+def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: int,
+                 max_blocks: int | None = None) -> RowGeometry:
+    """One block per row (up to ``max_blocks``, default the algorithm's); the fewest slots that
+    hold the row in one pass of at most 512 threads, else the algorithm's most slots and several
+    passes."""
+    epl = alg.elems_per_line(dt)
+    row_lines = layout.ceil_div(hidden, epl)
+    max_slots = alg.max_slots(max_ranks_template(world_size))
+    slots = 1
+    while 2 * slots <= max_slots and row_lines > slots * layout.MAX_THREADS:
+        slots *= 2
+    threads = min(layout.MAX_THREADS, layout.ceil_div(layout.ceil_div(row_lines, slots), layout.WARP) * layout.WARP)
+    passes = layout.ceil_div(row_lines, threads * slots)
+    blocks = max(1, min(rows, alg.max_blocks if max_blocks is None else max_blocks))
+    return RowGeometry(blocks, threads, slots, passes, row_lines, epl)
+
+
+def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
+    """``row_geometry`` by public algorithm name (``oneshot_ll`` / ``oneshot_sentinel``), with the
+    algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
+    once; the reduction order does not depend on the block count)."""
+    return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
+
+
+def internal_name(algo: str) -> str:
+    if algo in ALGOS:
+        return ALGOS[algo]
+    if algo in RMSNORM_ALGORITHMS:
+        return algo
+    raise UnsupportedError(f"{OPNAME}: unknown algorithm {algo!r}; known: {', '.join(ALGOS)} or 'auto'")
+
+
+def eps_bits(eps: object) -> int:
+    """The float32 bits of ``eps`` (a real number >= 0, finite as a float32)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise UnsupportedError(f"{OPNAME}: eps must be a real number, got {eps!r}")
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise UnsupportedError(f"{OPNAME}: eps must be finite and >= 0, got {eps!r}")
+    try:
+        raw = struct.pack("<f", value)
+    except OverflowError:
+        raise UnsupportedError(f"{OPNAME}: eps {eps!r} does not fit a float32") from None
+    return struct.unpack("<I", raw)[0]
+
+
+def signature_text(name: str, dt: DType, rows: int, hidden: int, bits: int) -> str:
+    return f"{name}|{dt.short}|rows={rows}|hidden={hidden}|eps={bits:#010x}"
+
+
+def signature(name: str, dt: DType, rows: int, hidden: int, bits: int) -> int:
+    """Odd 32-bit hash of the call, carried in every LL flag (a peer's differing call is reported)."""
+    return zlib.crc32(signature_text(name, dt, rows, hidden, bits).encode()) | 1
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1 and a.numel() > 0 and b.numel() > 0
+
+
+def _tensor(t: object, what: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{OPNAME}: {what} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _on(t: torch.Tensor, device: torch.device, what: str) -> None:
+    if device.type == "cuda" and t.device.type != "cuda":
+        raise UnsupportedError(f"{OPNAME}: {what} is on {t.device}; sollat needs CUDA tensors on {device}")
+    if t.device != device:
+        raise UnsupportedError(f"{OPNAME}: {what} is on {t.device} but the communicator is on {device}")
+
+
+def check_rank(x: object, residual: object, weight: object, out: object, residual_out: object,
+               device: torch.device, tag: str = "", max_elements: int = 1 << 34
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DType, int, int]:
+    """One rank's arguments, each check with a clear error: (x, residual, weight, out, residual_out,
+    dtype, rows, hidden). Non-contiguous inputs are copied; outputs (and a residual updated in
+    place) must be contiguous; ``out`` may be ``x`` and ``residual_out`` may be ``residual``
+    (exactly), no other tensors may overlap. Missing outputs are allocated."""
+    x = _tensor(x, f"x{tag}")
+    residual = _tensor(residual, f"residual{tag}")
+    weight = _tensor(weight, f"weight{tag}")
+    if x.dtype not in DTYPES_SUPPORTED:
+        ok = ", ".join(str(d).replace("torch.", "") for d in DTYPES_SUPPORTED)
+        raise UnsupportedError(f"{OPNAME}: dtype {x.dtype} is not supported; supported dtypes: {ok}")
+    dt = DTYPES[x.dtype]
+    if x.dim() < 1 or x.shape[-1] < 1:
+        raise UnsupportedError(f"{OPNAME}: x{tag} must be [..., hidden] with hidden >= 1, got shape {tuple(x.shape)}")
+    hidden = int(x.shape[-1])
+    if hidden > MAX_HIDDEN:
+        raise UnsupportedError(f"{OPNAME}: hidden size {hidden} is above the supported maximum {MAX_HIDDEN}")
+    if x.numel() > max_elements:
+        raise UnsupportedError(f"{OPNAME}: x{tag} has {x.numel()} elements; the limit is {max_elements}")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise UnsupportedError(f"{OPNAME}: residual{tag} is {tuple(residual.shape)} {residual.dtype} but x{tag} is "
+                               f"{tuple(x.shape)} {x.dtype}; they must match")
+    if weight.shape != (hidden,) or weight.dtype != x.dtype:
+        raise UnsupportedError(f"{OPNAME}: weight{tag} is {tuple(weight.shape)} {weight.dtype}; it must be "
+                               f"({hidden},) {x.dtype} (x's last dimension and dtype)")
+    for t, what in ((x, "x"), (residual, "residual"), (weight, "weight")):
+        _on(t, device, what + tag)
+    if residual_out is residual and not residual.is_contiguous():
+        raise UnsupportedError(f"{OPNAME}: residual{tag} is updated in place (residual_out=residual) and must "
+                               "be contiguous")
+    outs: list[torch.Tensor] = []
+    for o, what in ((out, "out"), (residual_out, "residual_out")):
+        if o is None:
+            continue
+        o = _tensor(o, what + tag)
+        if o.shape != x.shape or o.dtype != x.dtype:
+            raise UnsupportedError(f"{OPNAME}: {what}{tag} is {tuple(o.shape)} {o.dtype}, expected "
+                                   f"{tuple(x.shape)} {x.dtype}")
+        _on(o, device, what + tag)
+        if not o.is_contiguous():
+            raise UnsupportedError(f"{OPNAME}: {what}{tag} must be contiguous")
+        outs.append(o)
+    if not residual.is_contiguous():
+        residual = residual.contiguous()
+    x = x if x.is_contiguous() else x.contiguous()
+    weight = weight if weight.is_contiguous() else weight.contiguous()
+    y = out if out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    r_out = residual_out if residual_out is not None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    assert isinstance(y, torch.Tensor) and isinstance(r_out, torch.Tensor)
+    # Only exact aliases that the kernel supports: y over x, the residual over itself.
+    pairs = ((y, "out", r_out, "residual_out"), (y, "out", residual, "residual"), (y, "out", weight, "weight"),
+             (r_out, "residual_out", x, "x"), (r_out, "residual_out", weight, "weight"))
+    for a, an, b, bn in pairs:
+        if _overlap(a, b):
+            raise UnsupportedError(f"{OPNAME}: {an}{tag} overlaps {bn}{tag}; only out=x and residual_out=residual "
+                                   "may share memory")
+    if _overlap(y, x) and _span(y) != _span(x):
+        raise UnsupportedError(f"{OPNAME}: out{tag} partly overlaps x{tag}; it may only be x itself")
+    if _overlap(r_out, residual) and _span(r_out) != _span(residual):
+        raise UnsupportedError(f"{OPNAME}: residual_out{tag} partly overlaps residual{tag}; it may only be the "
+                               "residual itself")
+    rows = x.numel() // hidden
+    return x, residual, weight, y, r_out, dt, rows, hidden
+
+
+def eps_float32(eps: float) -> float:
+    """``eps`` as the kernel sees it (rounded to float32)."""
+    return struct.unpack("<f", struct.pack("<I", eps_bits(eps)))[0]
+
+
+def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float,
+              geo: RowGeometry) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's arithmetic step by step on the CPU: ``(y, residual_out)`` with the bits every
+    rank computes (NaN payloads aside), for the geometry ``geo`` the call ran with. Every step is
+    one IEEE float32 operation per element, as in the kernel (which uses add.rn, mul.rn, div.rn and
+    sqrt.rn, none contracted into an FMA)."""
+    dtype, shape = xs[0].dtype, xs[0].shape
+    hidden = int(shape[-1])
+    f32 = torch.float32
+    acc = xs[0].detach().cpu().to(f32).reshape(-1, hidden)
+    for x in xs[1:]:  # rank order, fp32
+        acc = acc + x.detach().cpu().to(f32).reshape(-1, hidden)
+    r = (acc + residual.detach().cpu().to(f32).reshape(-1, hidden)).to(dtype)
+    v = r.to(f32)
+    rows = v.shape[0]
+    t, s, p, e = geo.threads, geo.slots, geo.passes, geo.elems_per_line
+    assert p * s * t * e >= hidden, "geometry does not cover the row"
+    padded = torch.zeros(rows, p * s * t * e, dtype=f32)
+    padded[:, :hidden] = v
+    sq = padded * padded
+    # element ((pass * slots + slot) * threads + thread) * elems + k; each thread sums its own
+    # elements in (pass, slot, k) order, starting from 0
+    per_thread = sq.view(rows, p, s, t, e).permute(0, 3, 1, 2, 4).reshape(rows, t, p * s * e)
+    ss = torch.zeros(rows, t, dtype=f32)
+    for j in range(per_thread.shape[2]):
+        ss = ss + per_thread[:, :, j]
+    # pairwise tree over adjacent threads, zeros up to 1024 (warp butterfly, then over warps)
+    tree = torch.zeros(rows, 1024, dtype=f32)
+    tree[:, :t] = ss
+    while tree.shape[1] > 1:
+        tree = tree[:, 0::2] + tree[:, 1::2]
+    total = tree[:, 0]
+    mean = total / torch.full_like(total, float(hidden))
+    rstd = torch.ones_like(total) / torch.sqrt(mean + torch.full_like(total, eps_float32(eps)))
+    y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
+    return y.reshape(shape), r.reshape(shape)

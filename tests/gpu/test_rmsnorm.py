@@ -1,0 +1,401 @@
+"""GPU correctness of the fused AllReduce + residual add + RMSNorm on virtual ranks.
+
+How results are compared, and why: the kernel's arithmetic is defined exactly (sollat/rmsnorm.py
+and the header of csrc/kernels/allreduce_rmsnorm.cu): rank-order fp32 sum, + residual, one
+rounding; the sum of squares per thread in (pass, slot, element) order, then a pairwise tree over
+adjacent threads; IEEE div and sqrt (not rsqrt.approx); every add and multiply one rounding, no
+FMA. ``rmsnorm.reference`` replays those steps on the CPU in float32 with the call's geometry, so
+outputs are compared **bitwise** with it (NaN against NaN regardless of payload, since CPU and GPU
+propagate NaN payloads differently), and every rank's outputs are compared bitwise with rank 0's,
+NaN payloads included.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+
+import pytest
+import torch
+
+import sollat
+from sollat import rmsnorm, testing
+
+from ._reference import assert_bitwise
+
+pytestmark = pytest.mark.gpu
+
+DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+ALGOS = list(rmsnorm.ALGOS)  # oneshot_ll, oneshot_sentinel
+HIDDEN = [7, 1000, 4096, 5120, 8192]
+TOKENS = [1, 3, 16, 17, 64]
+INT_OF = {2: torch.int16, 4: torch.int32}
+_comms: dict[int, sollat.VirtualCommunicator] = {}
+
+
+def comm(r: int) -> sollat.VirtualCommunicator:
+    if r not in _comms:
+        _comms[r] = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
+    return _comms[r]
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INT_OF[t.element_size()])
+
+
+def inputs(r: int, tokens: int, hidden: int, dtype: torch.dtype, gen: torch.Generator, distinct: bool = False):
+    """Partial sums per rank; the residual and weight equal on every rank (tensor parallelism) but
+    separate tensors (a residual updated in place is each rank's own), or, with ``distinct``,
+    different on every rank (each rank's outputs must use its own)."""
+    xs = [torch.randn(tokens, hidden, device=DEV, generator=gen).to(dtype) for _ in range(r)]
+    n = r if distinct else 1
+    res = [torch.randn(tokens, hidden, device=DEV, generator=gen).to(dtype) for _ in range(n)]
+    w = [(1 + 0.1 * torch.randn(hidden, device=DEV, generator=gen)).to(dtype) for _ in range(n)]
+    if not distinct:
+        res = [res[0].clone() for _ in range(r)]
+        w = [w[0].clone() for _ in range(r)]
+    return xs, res, w
+
+
+def check(ys, rs, xs, res, w, eps: float, algo: str, what: str) -> None:
+    """Bitwise against the CPU reference (per rank: its own residual and weight; computed once for
+    ranks whose residual and weight hold the same bits), and every rank's outputs bitwise equal
+    (NaN payloads included) among ranks with the same residual and weight."""
+    r = len(xs)
+    shape = xs[0].shape
+    hidden = shape[-1]
+    geo = rmsnorm.geometry(algo, xs[0].dtype, xs[0].numel() // hidden, hidden, r)
+    done: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (rank, reference y, reference residual)
+    for k in range(r):
+        same = next((d for d in done if torch.equal(raw(res[k]), raw(res[d[0]])) and torch.equal(raw(w[k]), raw(w[d[0]]))),
+                    None)
+        if same is None:
+            ry, rr = rmsnorm.reference(xs, res[k], w[k], eps, geo)
+            done.append((k, ry, rr))
+            assert_bitwise(rs[k].cpu(), rr, f"{what} residual_out rank {k}")
+            assert_bitwise(ys[k].cpu(), ry, f"{what} y rank {k}")
+        else:
+            for name, a, b in (("y", ys[k], ys[same[0]]), ("residual_out", rs[k], rs[same[0]])):
+                eq = raw(a) == raw(b)
+                assert bool(eq.all()), (f"{what}: {name} of rank {k} differs from rank {same[0]} (same inputs) "
+                                        f"in {int((~eq).sum())} elements")
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bitwise_hidden_sizes_and_tokens(r: int, algo: str, dtype: torch.dtype) -> None:
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"{r}|{algo}|{dtype}".encode()))
+    for hidden, tokens in itertools.product(HIDDEN, TOKENS):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen, distinct=True)
+        outs = [torch.full_like(x, float("nan")) for x in xs]  # poisoned: every element must be written
+        routs = [torch.full_like(x, float("nan")) for x in xs]
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+        assert all(y is o for y, o in zip(ys, outs, strict=True)) and all(a is b for a, b in zip(rs, routs, strict=True))
+        check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} R={r} {dtype} {tokens}x{hidden}")
+    # one residual tensor and one weight tensor for every rank (read only): identical outputs
+    xs, res, w = inputs(r, 5, 5120, dtype, gen)
+    ys, rs = c.all_reduce_rmsnorm(xs, [res[0]] * r, w[0], 1e-5, algo)
+    check(ys, rs, xs, [res[0]] * r, [w[0]] * r, 1e-5, algo, f"{algo} R={r} shared weight")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_more_sizes_and_shapes(r: int, dtype: torch.dtype) -> None:
+    """Tiny and odd rows, rows that are not line-aligned, several passes per row, many rows per
+    block, and x of more than two dimensions."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(r * 7 + DTYPES.index(dtype))
+    for algo in ALGOS:
+        for hidden, tokens in ((1, 1), (1, 64), (2, 5), (3, 33), (33, 2), (127, 9), (2049, 4), (16384, 2),
+                               (12288, 3), (rmsnorm.MAX_HIDDEN, 1), (8192, 40)):
+            xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+            ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+            check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} R={r} {dtype} {tokens}x{hidden}")
+        xs, res, w = inputs(r, 6, 1000, dtype, gen)
+        xs3 = [x.view(2, 3, 1000) for x in xs]
+        res3 = [x.view(2, 3, 1000) for x in res]
+        ys, rs = c.all_reduce_rmsnorm(xs3, res3, w, 1e-6, algo)
+        assert ys[0].shape == rs[0].shape == (2, 3, 1000)
+        check(ys, rs, xs3, res3, w, 1e-6, algo, f"{algo} 3-d")
+    c.check()
+
+
+def special_values(dtype: torch.dtype) -> list[float]:
+    fi = torch.finfo(dtype)
+    return [float("nan"), float("inf"), float("-inf"), -0.0, 0.0, fi.tiny / 4, -fi.tiny / 2, fi.tiny, fi.max,
+            -fi.max, fi.max / 2, 1.0, -1.0]
+
+
+def adversarial(r: int, tokens: int, hidden: int, dtype: torch.dtype, gen: torch.Generator):
+    """Random values with NaNs of random payloads, infinities, signed zeros, denormals and values
+    whose sum overflows, spread over x, the residual and the weight; some rows all special."""
+    xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+    vals = torch.tensor(special_values(dtype), dtype=torch.float32, device=DEV).to(dtype)
+    for t in [*xs, *res]:
+        pick = torch.rand(t.shape, device=DEV, generator=gen) < 0.05
+        idx = torch.randint(0, len(vals), t.shape, device=DEV, generator=gen)
+        t[pick] = vals[idx][pick]
+        if tokens > 2:  # row 1: nothing but zeros of both signs and denormals (a zero or tiny norm)
+            tiny = vals[torch.randint(3, 7, (hidden,), device=DEV, generator=gen)]
+            t[1] = tiny
+    # NaNs with random payloads and signs
+    ib = INT_OF[xs[0].element_size()]
+    nbits = 8 * xs[0].element_size()
+    exp_mask = {torch.float32: 0x7F800000, torch.bfloat16: 0x7F80, torch.float16: 0x7C00}[dtype]
+    for t in xs:
+        pick = torch.rand(t.shape, device=DEV, generator=gen) < 0.01
+        mant = torch.randint(1, 1 << min(nbits - 1 - (8 if dtype != torch.float16 else 5), 22), t.shape, device=DEV,
+                             generator=gen)
+        sign = torch.where(torch.rand(t.shape, device=DEV, generator=gen) < 0.5, 0, 1 << (nbits - 1))
+        bits = (mant | exp_mask | sign).to(torch.int64)
+        bits = torch.where(bits >= 1 << (nbits - 1), bits - (1 << nbits), bits).to(ib)
+        t.view(ib)[pick] = bits[pick]
+    for ww in w:
+        pick = torch.rand(hidden, device=DEV, generator=gen) < 0.05
+        ww[pick] = vals[torch.randint(3, len(vals), (hidden,), device=DEV, generator=gen)][pick]  # no NaN/Inf weights
+    return xs, res, w
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_adversarial_inputs_bitwise_and_identical_on_every_rank(r: int, algo: str) -> None:
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"adv|{r}|{algo}".encode()))
+    for dtype in DTYPES:
+        for hidden, tokens in ((7, 5), (1000, 8), (8192, 4), (5120, 17)):
+            for eps in (1e-6, 0.0):  # eps 0: an all-zero row gives 0 * (1 / 0) = NaN, as in the reference
+                xs, res, w = adversarial(r, tokens, hidden, dtype, gen)
+                shared_res, shared_w = [res[0]] * r, [w[0]] * r
+                ys, rs = c.all_reduce_rmsnorm(xs, shared_res, shared_w, eps, algo)
+                what = f"{algo} R={r} {dtype} {tokens}x{hidden} eps={eps}"
+                check(ys, rs, xs, shared_res, shared_w, eps, algo, what)  # also every rank against rank 0
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_in_place_residual_and_output(r: int) -> None:
+    """residual_out=residual updates the residual in place; out=x writes y over x (vLLM's
+    fused_add_rms_norm does both), for one and several passes per row."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(300 + r)
+    for algo, dtype, (tokens, hidden) in itertools.product(ALGOS, DTYPES, ((4, 1000), (17, 8192), (2, 16384))):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+        xs0, res0 = [x.clone() for x in xs], [t.clone() for t in res]
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, residual_out=res)
+        assert all(a is b for a, b in zip(rs, res, strict=True))
+        check(ys, rs, xs0, res0, w, 1e-6, algo, f"in-place residual {algo} {dtype}")
+        xs, res = [x.clone() for x in xs0], [t.clone() for t in res0]
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=xs, residual_out=res)
+        assert all(a is b for a, b in zip(ys, xs, strict=True))
+        check(ys, rs, xs0, res0, w, 1e-6, algo, f"in-place x and residual {algo} {dtype}")
+    c.check()
+
+
+def test_auto_uses_a_one_shot_algorithm() -> None:
+    for r in (2, 4, 8):
+        c = comm(r)
+        gen = torch.Generator(device=DEV).manual_seed(40 + r)
+        for tokens, hidden in ((1, 7), (1, 4096), (8, 8192), (64, 8192)):
+            xs, res, w = inputs(r, tokens, hidden, torch.bfloat16, gen)
+            ys, rs = c.all_reduce_rmsnorm(xs, res, w)  # eps 1e-6, algo auto
+            name = c._rmsnorm_resolve("auto", tokens * hidden * 2, torch.bfloat16)
+            public = {v: k for k, v in rmsnorm.ALGOS.items()}[name]
+            check(ys, rs, xs, res, w, 1e-6, public, f"auto ({public}) R={r} {tokens}x{hidden}")
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["grid", "rank-clusters"])
+def test_rank_clusters_on_and_off(cluster: bool) -> None:
+    for r in (3, 8):
+        c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0, cluster_ranks=cluster)
+        gen = torch.Generator(device=DEV).manual_seed(50 + r)
+        for algo, (tokens, hidden) in itertools.product(ALGOS, ((2, 4096), (4, 8192), (64, 5120))):
+            xs, res, w = inputs(r, tokens, hidden, torch.bfloat16, gen)
+            ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+            check(ys, rs, xs, res, w, 1e-6, algo, f"R={r} cluster={cluster} {algo} {tokens}x{hidden}")
+        c.check()
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_mixed_eager_calls(r: int) -> None:
+    """Fused calls of varying shape, dtype and protocol interleaved with AllReduces on the same
+    communicator; inputs overwritten right after each call (it must not read them later)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(60 + r)
+    shapes = [(1, 7), (8, 8192), (3, 1000), (64, 4096), (2, 5120), (17, 16384)]
+    pending = []
+    for k in range(300):
+        tokens, hidden = shapes[(k * 5 + k // 3) % len(shapes)]
+        dtype = DTYPES[k % 3]
+        algo = ALGOS[(k // 2) % 2]
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        kept = ([x.clone() for x in xs], [t.clone() for t in res], [t.clone() for t in w])
+        for t in [*xs, *res, *w]:
+            t.fill_(float("nan"))
+        ar_in = [torch.randn(tokens * hidden, device=DEV, generator=gen) for _ in range(r)]
+        ar_out = c.all_reduce(ar_in, algo=("oneshot_ll", "twoshot_sentinel", "oneshot_sentinel")[k % 3])
+        pending.append((ys, rs, kept, algo, [a.clone() for a in ar_in], ar_out))
+        if len(pending) >= 32:
+            _check_pending(pending, r)
+    _check_pending(pending, r)
+    c.check()
+
+
+def _check_pending(pending: list, r: int) -> None:
+    from ._reference import rank_order_reduce
+
+    for k, (ys, rs, (xs, res, w), algo, ar_in, ar_out) in enumerate(pending):
+        check(ys, rs, xs, res, w, 1e-6, algo, f"mixed call {k}")
+        ref = rank_order_reduce(ar_in, "sum")
+        for y in ar_out:
+            assert_bitwise(y, ref, f"mixed all_reduce {k}")
+    pending.clear()
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_cuda_graph_mixed_calls(r: int) -> None:
+    """A graph of fused calls (both protocols, every dtype, in-place residuals among them)
+    interleaved with AllReduces, replayed with fresh inputs."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(70 + r)
+    shapes = [(1, 8192), (8, 8192), (3, 1000), (64, 4096), (5, 7), (2, 16384)]
+    calls = []
+    for k in range(120):
+        tokens, hidden = shapes[k % len(shapes)]
+        dtype = DTYPES[(k // 2) % 3]
+        algo = ALGOS[k % 2]
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+        in_place = k % 4 == 3
+        outs = [torch.empty_like(x) for x in xs]
+        routs = res if in_place else [torch.empty_like(x) for x in xs]
+        ar_in = [torch.randn(tokens * hidden, device=DEV, generator=gen) for _ in range(r)]
+        ar_out = [torch.empty_like(a) for a in ar_in]
+        calls.append((algo, xs, res, w, outs, routs, ar_in, ar_out))
+    for algo, xs, res, w, outs, _routs, ar_in, ar_out in calls[:24]:  # compile and plan outside capture
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=[torch.empty_like(x) for x in xs])
+        c.all_reduce(ar_in, algo="oneshot_ll", out=ar_out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for algo, xs, res, w, outs, routs, ar_in, ar_out in calls:
+            c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+            c.all_reduce(ar_in, algo="oneshot_ll", out=ar_out)
+    from ._reference import rank_order_reduce
+
+    for replay in range(4):
+        kept = []
+        for _algo, xs, res, _w, outs, _routs, ar_in, ar_out in calls:
+            for t in [*xs, *ar_in]:
+                t.copy_(torch.randn(t.shape, device=DEV, generator=gen).to(t.dtype))
+            fresh = torch.randn(res[0].shape, device=DEV, generator=gen).to(res[0].dtype)
+            for t in res:  # equal on every rank (tensor parallelism), each rank's own tensor
+                t.copy_(fresh)
+            for o in [*outs, *ar_out]:
+                o.fill_(float("nan"))
+            kept.append(([x.clone() for x in xs], [t.clone() for t in res]))
+        g.replay()
+        torch.cuda.synchronize()
+        for k, ((algo, _xs, _res, w, outs, routs, ar_in, ar_out), (xs0, res0)) in enumerate(zip(calls, kept, strict=True)):
+            check(outs, routs, xs0, res0, w, 1e-6, algo, f"graph replay {replay} call {k}")
+            ref = rank_order_reduce(ar_in, "sum")
+            for y in ar_out:
+                assert_bitwise(y, ref, f"graph replay {replay} all_reduce {k}")
+    c.check()
+
+
+def test_small_epoch_space_wraps_correctly() -> None:
+    """SOLLAT_EPOCH_BITS=2: epochs wrap every 4 passes; several passes per row and per call."""
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
+    c._extra_defines = {"SOLLAT_EPOCH_BITS": "2"}
+    gen = torch.Generator(device=DEV).manual_seed(80)
+    shapes = [(1, 7), (3, 16384), (64, 8192), (2, 1000), (5, 12288)]
+    for k in range(100):
+        tokens, hidden = shapes[k % len(shapes)]
+        algo = ALGOS[(k // 5) % 2]
+        xs, res, w = inputs(r, tokens, hidden, torch.float32, gen)
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        check(ys, rs, xs, res, w, 1e-6, algo, f"epoch bits 2, call {k}")
+    c.check()
+
+
+def test_torch_compile_keeps_the_op() -> None:
+    r = 2
+    c = comm(r)
+
+    def f(a: torch.Tensor, b: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        ys, rs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, "oneshot_ll")
+        return ys[0] + rs[1]
+
+    cf = torch.compile(f, fullgraph=True)
+    gen = torch.Generator(device=DEV).manual_seed(90)
+    a, b, res = (torch.randn(4, 1000, device=DEV, generator=gen) for _ in range(3))
+    w = torch.randn(1000, device=DEV, generator=gen)
+    out = cf(a, b, res, w)
+    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry("oneshot_ll", torch.float32, 4, 1000, 2))
+    assert_bitwise(out.cpu(), y + r_, "torch.compile")
+
+
+def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.3)
+    gen = torch.Generator(device=DEV).manual_seed(100)
+    for algo in ALGOS:
+        xs, res, w = inputs(r, 20, 8192, torch.float32, gen)
+        ref = [rmsnorm.reference(xs, res[k], w[k], 1e-6, rmsnorm.geometry(algo, torch.float32, 20, 8192, r))
+               for k in range(r)]
+        testing.inject(c, absent=2)
+        outs = [torch.zeros_like(x) for x in xs]
+        routs = [torch.zeros_like(x) for x in xs]
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+        with pytest.raises(sollat.PeerTimeoutError) as ei:
+            c.check()
+        assert ei.value.peer == 2
+        for k in (0, 1, 3):  # the absent rank returned at once and wrote nothing
+            for got, want in ((outs[k].cpu(), ref[k][0]), (routs[k].cpu(), ref[k][1])):
+                ok = torch.isnan(got) | (raw(got) == raw(want))
+                assert bool(ok.all()), f"{algo}: rank {k} wrote a value that is neither NaN nor exact"
+                assert bool(torch.isnan(got).any()), f"{algo}: rank {k} shows no sign of the fault"
+        with pytest.raises(sollat.CommunicatorFaultedError):
+            c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        testing.clear(c)
+        c.reset()
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
+
+
+def test_call_mismatch_is_reported_by_ll() -> None:
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
+    gen = torch.Generator(device=DEV).manual_seed(110)
+    xs, res, w = inputs(r, 4, 1000, torch.bfloat16, gen)
+    testing.inject(c, mismatch=3)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, "oneshot_ll")
+    with pytest.raises(sollat.CallMismatchError):
+        c.check()
+    testing.clear(c)
+    c.reset()
+    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, "oneshot_ll")
+    check(ys, rs, xs, res, w, 1e-6, "oneshot_ll", "after mismatch and reset")
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    c = comm(2)
+    x = torch.randn(3, 16, device=DEV)
+    w = torch.ones(16, device=DEV)
+    with pytest.raises(sollat.UnsupportedError, match="supported dtypes"):
+        c.all_reduce_rmsnorm([x.double()] * 2, [x.double()] * 2, w.double())
+    with pytest.raises(sollat.UnsupportedError, match="cpu"):
+        c.all_reduce_rmsnorm([x.cpu()] * 2, [x] * 2, w)
+    with pytest.raises(sollat.UnsupportedError, match="weight"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, torch.ones(15, device=DEV))
+    with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, 1e-6, "twoshot_ll")
+    with pytest.raises(sollat.UnsupportedError, match="supported maximum"):
+        big = torch.zeros(1, rmsnorm.MAX_HIDDEN + 1, device=DEV)
+        c.all_reduce_rmsnorm([big] * 2, [big] * 2, torch.zeros(rmsnorm.MAX_HIDDEN + 1, device=DEV))
+    c.check()
