@@ -120,15 +120,17 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       } else if (ctr_lane) {
         w.w[0] = (w.w[0] & ~CB::kMask) | (kSplit ? 0u : CB::kOne);
       }
-      ll128::red_add_v4(tag, select_base(acc, c) + loff, w);
+      // Relaxed, system scope: every rank adds into these addresses; what orders the owner's read
+      // after all R adds is the counter (ll128.h, "Ordering").
+      red_add_v4<Order::Relaxed, Scope::Sys>(tag, select_base(acc, c) + loff, w.w);
     }
     if (kSplit) {
       __syncwarp();
-      fence_acq_rel_gpu();
+      fence<Scope::Gpu>();  // split: the warp's data adds are performed before its counter adds
       if (ctr_lane) {
 #pragma unroll
         for (int c = 0; c < kMaxRanks; ++c)
-          if (c < R) ll128::red_add_counter(tag, select_base(acc, c) + loff);
+          if (c < R) red_add<Order::Relaxed, Scope::Sys>(tag, select_base(acc, c) + loff, ll128::counter_add(tag));
       }
     }
 
@@ -138,7 +140,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       const u32* ctr = (const u32*)(own_acc + (loff & ~(u64)(ll128::kLanesPerLine - 1)));
       Spin spin(fault);
       for (;;) {
-        const u32 cw = ld_volatile_u32(ctr);
+        const u32 cw = ld<Order::Volatile, Scope::Sys>(ctr);  // a poll: never cached, never elided
         const float cv = ll128::counter_value(tag, cw);
         const bool done = cv == (float)R;
         if (__all_sync(kFull, done)) break;
@@ -151,8 +153,8 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
         if (!__all_sync(kFull, go)) return poison_from(j);
       }
     }
-    if (kSplit) fence_acq_rel_gpu();
-    W4 r = bit_cast<W4>(ld_volatile_line(my));
+    if (kSplit) fence<Scope::Gpu>();  // split: acquire side of the counter, before the data read
+    W4 r = bit_cast<W4>(ld<Order::Volatile, Scope::Sys>(my));  // fused: after the poll that saw R, same line
     // Restore element 0 of lanes 8k from lane 31's element k.
     {
       const u32 s0 = __shfl_sync(kFull, r.w[0], ll128::kDisplacedLane);
@@ -168,9 +170,10 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       }
       if (ctr_lane) r.w[0] = (r.w[0] & ~CB::kMask) | x;
     }
-    // Zero the line for its next use; the fence orders it before the all-gather sends below.
-    st_volatile_line(my, 0, 0);
-    fence_before_peer_reuse();
+    // Zero the line for its next use; the fence orders it before the all-gather sends below, which
+    // let the peers add into it again.
+    st<Order::Volatile, Scope::Sys>(my, Line{0, 0});
+    fence<peer_scope()>();
 
     // ---- all-gather: own unit to every peer (LL, two lines per lane), write, collect -------
     const P red = bit_cast<P>(r);

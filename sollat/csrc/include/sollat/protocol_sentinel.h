@@ -18,12 +18,12 @@
 // element granularity is never read half-written. After reading it stores the sentinel back
 // (reset). That reset must land before the sender writes this line again. The sender writes it
 // again only after receiving this receiver's *next* message on the same line-channel, so the
-// reset needs to be ordered before the receiver's next send: inside one kernel a
-// `fence.acq_rel.gpu` does that (LLBuffer issues it lazily, before the first send after a reset);
+// reset needs to be ordered before the receiver's next send: inside one kernel an acq_rel fence
+// does that (LLBuffer issues fence<peer_scope()>() lazily, before the first send after a reset);
 // across kernels the kernel boundary does (a kernel's stores are performed before the next
-// kernel in the stream starts, and PDL's griddepcontrol.wait preserves that). The reset is a
-// store to this GPU's own memory, whose L2 is the point where the peer's later remote store is
-// serialised, which is why a gpu-scope fence suffices.
+// kernel in the stream starts, and PDL's griddepcontrol.wait preserves that). The fence's scope is
+// the peer's (memory.h, peer_scope): gpu on virtual ranks, system on real ranks, as PTX's model
+// asks when the observer runs on another GPU.
 #ifndef SOLLAT_PROTOCOL_SENTINEL_H_
 #define SOLLAT_PROTOCOL_SENTINEL_H_
 
@@ -113,8 +113,14 @@ struct ProtoSentinel {
   template <typename T>
   __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l); }
 
-  // The line is this thread's own scratch; see the header comment for how it is ordered.
-  __device__ __forceinline__ static void reset(Line* own) { st_volatile_line(own, ~0ull, ~0ull); }
+  // How a line travels. Volatile (relaxed, system scope), no fence: a line counts only when every
+  // element is data, so even a store torn at element granularity is never taken half-written.
+  __device__ __forceinline__ static void store(Line* p, const Line& l) { st<Order::Volatile, Scope::Sys>(p, l); }
+  __device__ __forceinline__ static Line load(const Line* p) { return ld<Order::Volatile, Scope::Sys>(p); }
+
+  // Volatile, no fence here: it follows this thread's load of the same address (same-address
+  // order), and LLBuffer fences it before the next send (fence<peer_scope()>, header comment).
+  __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{~0ull, ~0ull}); }
 };
 
 }  // namespace sollat
