@@ -34,34 +34,37 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 2;
+constexpr int kBuffers = kLl128Buffers;  // abi.h (sollat/abi.py KERNELS)
+
+// One lane's 16 bytes of a warp-unit.
+template <typename T> using LanePack = Pack<T, ll128::kLaneBytes>;
 
 // load_pack/store_pack (collective.h) with the element-wise path (tails, misaligned views) kept
 // out of line: it is rare, and inlined R times over it costs registers the fast path needs.
 template <typename T>
-__device__ __noinline__ Pack<T, 16> load16_slow(const T* p, u64 e0, u64 n) {
-  return load_pack<T, 16>(p, e0, n, false);
+__device__ __noinline__ LanePack<T> load16_slow(const T* p, u64 e0, u64 n) {
+  return load_pack<T, ll128::kLaneBytes>(p, e0, n, false);
 }
 template <typename T>
-__device__ __noinline__ void store16_slow(T* p, u64 e0, u64 n, Pack<T, 16> v) {
-  store_pack<T, 16>(p, e0, n, false, v);
+__device__ __noinline__ void store16_slow(T* p, u64 e0, u64 n, LanePack<T> v) {
+  store_pack<T, ll128::kLaneBytes>(p, e0, n, false, v);
 }
 template <typename T>
-__device__ __forceinline__ Pack<T, 16> load16(const T* p, u64 e0, u64 n, bool aligned) {
-  if (aligned && e0 + Pack<T, 16>::kElems <= n) return *reinterpret_cast<const Pack<T, 16>*>(p + e0);
+__device__ __forceinline__ LanePack<T> load16(const T* p, u64 e0, u64 n, bool aligned) {
+  if (aligned && e0 + LanePack<T>::kElems <= n) return *reinterpret_cast<const LanePack<T>*>(p + e0);
   return load16_slow<T>(p, e0, n);
 }
 template <typename T>
-__device__ __forceinline__ void store16(T* p, u64 e0, u64 n, bool aligned, const Pack<T, 16>& v) {
-  if (aligned && e0 + Pack<T, 16>::kElems <= n) *reinterpret_cast<Pack<T, 16>*>(p + e0) = v;
+__device__ __forceinline__ void store16(T* p, u64 e0, u64 n, bool aligned, const LanePack<T>& v) {
+  if (aligned && e0 + LanePack<T>::kElems <= n) *reinterpret_cast<LanePack<T>*>(p + e0) = v;
   else store16_slow<T>(p, e0, n, v);
 }
 
 template <typename T, int kMaxRanks, bool kSplit>
 __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, T* out) {
   typedef LLBuffer<ProtoLL, kMaxRanks, 2> AG;
-  typedef Pack<T, 16> P;
-  typedef Pack<T, 8> H;
+  typedef LanePack<T> P;
+  typedef Pack<T, kPayloadBytesLL> H;  // half a lane: one LL line's payload
   typedef ll128::W4 W4;
   typedef ll128::CounterBits<T> CB;
   constexpr int E = P::kElems;
@@ -94,7 +97,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   auto poison_from = [&](u64 j0) {
     if (disp_lane) return;
     for (u64 jj = j0; jj < units; jj += nwarps)
-      for (int c = 0; c < R; ++c) store16<T>(out, c * chunk_elems + jj * UE + (u64)lane * E, a.n, out_aligned, nan_pack<T, 16>());
+      for (int c = 0; c < R; ++c) store16<T>(out, c * chunk_elems + jj * UE + (u64)lane * E, a.n, out_aligned, nan_pack<T, ll128::kLaneBytes>());
   };
   const u64 warp0 = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
   if (refused(a)) return poison_from(warp0);

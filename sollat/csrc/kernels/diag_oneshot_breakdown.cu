@@ -13,7 +13,7 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 1;
+constexpr int kBuffers = kOneshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 #ifndef SOLLAT_BREAKDOWN
 #define SOLLAT_BREAKDOWN 0

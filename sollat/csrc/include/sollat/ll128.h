@@ -57,15 +57,16 @@
 namespace sollat {
 namespace ll128 {
 
-constexpr int kLaneBytes = 16;
-constexpr int kLineBytes = 128;
+// The unit's geometry is the contract's (abi.h, sollat/abi.py LL128_*).
+constexpr int kLaneBytes = sollat::kLineBytes;          // a lane: one 16-byte scratch line
+constexpr int kLineBytes = kLL128LineBytes;              // 128
 constexpr int kLanesPerLine = kLineBytes / kLaneBytes;  // 8
-constexpr int kLinesPerUnit = 4;
+constexpr int kLinesPerUnit = kLL128LinesPerUnit;        // 4
 constexpr int kUnitBytes = kLinesPerUnit * kLineBytes;  // 512
-constexpr int kDisplacedLane = 31;
-constexpr int kDataLanes = 31;
-constexpr int kLinesPerUnit16 = kUnitBytes / 16;        // 16-byte scratch lines per unit (32)
-static_assert(kControlBytes % kUnitBytes == 0, "regions after the control block stay unit-aligned");
+constexpr int kDisplacedLane = kLL128DisplacedLane;      // 31
+constexpr int kDataLanes = kLL128DataLanes;              // 31
+constexpr int kLinesPerUnit16 = kUnitBytes / kLaneBytes;  // 16-byte scratch lines per unit (32)
+static_assert(kUnitBytes == kWarpSize * kLaneBytes, "one lane per thread of a warp");
 
 template <typename T>
 struct Traits {

@@ -40,6 +40,7 @@ struct SentinelWords;
 // Two 16-bit elements per 32-bit word, handled as SIMD-within-a-register.
 template <typename T>
 struct SentinelWords<T, 16> {
+  static_assert(Bits<T>::kSentinel == (u16)~0u, "anyEmpty below finds all-ones lanes");
   static constexpr u32 kLow = 0x00010001u, kHigh = 0x80008000u;
   static constexpr u32 kExp = Bits<T>::kExpMask;
   // A lane is a NaN iff its magnitude (sign cleared) exceeds the all-ones exponent with a zero
@@ -60,7 +61,7 @@ struct SentinelWords<T, 32> {
   __device__ __forceinline__ static u32 canonicalise(u32 w) {
     return (w & 0x7FFFFFFFu) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
   }
-  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return w == 0xFFFFFFFFu ? 1u : 0u; }
+  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return w == Bits<T>::kSentinel ? 1u : 0u; }
 };
 
 template <typename T>
@@ -68,7 +69,7 @@ struct SentinelWords<T, 64> {
   __device__ __forceinline__ static u64 canonicalise(u64 w) {
     return (w & 0x7FFFFFFFFFFFFFFFull) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
   }
-  __device__ __forceinline__ static u32 anyEmpty(u64 w) { return w == ~0ull ? 1u : 0u; }
+  __device__ __forceinline__ static u32 anyEmpty(u64 w) { return w == Bits<T>::kSentinel ? 1u : 0u; }
 };
 
 // A line as the words SentinelWords<T> works on.
@@ -118,6 +119,8 @@ struct ProtoSentinel {
   __device__ __forceinline__ static void store(Line* p, const Line& l) { st<Order::Volatile, Scope::Sys>(p, l); }
   __device__ __forceinline__ static Line load(const Line* p) { return ld<Order::Volatile, Scope::Sys>(p); }
 
+  static_assert((u32)~0ull == kSentinelF32 && (u16)~0ull == kSentinelBf16 && (u16)~0ull == kSentinelF16 &&
+                ~0ull == kSentinelF64, "an all-ones line is empty in every dtype (abi.py REST_BYTE)");
   // Volatile, no fence here: it follows this thread's load of the same address (same-address
   // order), and LLBuffer fences it before the next send (fence<peer_scope()>, header comment).
   __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{~0ull, ~0ull}); }
