@@ -32,8 +32,41 @@ MAX_SLOTS = 4  # lines per thread per iteration (C++ kMaxSlotsPerThread)
 LINE_BYTES = 16  # one vector store
 WARP = 32
 
+PARITIES = 2  # copies of every line (double buffering by epoch parity)
+
 # Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes).
 PAYLOAD_BYTES: dict[str, int] = {"ll": 8, "sentinel": 16}
+# The byte every scratch line of a protocol's region holds at rest (the host fills regions with it):
+# LL and LL128 zero, sentinel all ones (every dtype's sentinel, checked below).
+REST_BYTE: dict[str, int] = {"ll": 0x00, "sentinel": 0xFF}
+
+
+# ---- kernels ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Kernel:
+    name: str  # entry-point prefix: <name>_pg / <name>_vr (SOLLAT_DEFINE_ENTRY_POINTS)
+    buffers: int  # LLBuffer regions (and epoch arrays) per rank; the kernel's kBuffers
+
+
+KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
+                                                  Kernel("ar_rmsnorm", 1))}
+
+
+def kernel_buffers_name(k: Kernel) -> str:
+    """The C++ name of a kernel's buffer count in abi.h (``kOneshotBuffers``)."""
+    return "k" + "".join(part.capitalize() for part in k.name.split("_")) + "Buffers"
+
+
+# ---- LL128 warp-unit (csrc/include/sollat/ll128.h) --------------------------------------------
+# A warp's unit is LL128_LINES_PER_UNIT lines of LL128_LINE_BYTES; each lane (thread) holds one
+# 16-byte piece. Element 0 of every line carries its counter; lane LL128_DISPLACED_LANE carries
+# the elements the counters displaced, so the other lanes carry user data.
+LL128_LINE_BYTES = 128  # one line-atomic add: 8 lanes
+LL128_LINES_PER_UNIT = 4
+LL128_UNIT_BYTES = LL128_LINES_PER_UNIT * LL128_LINE_BYTES  # 512: one lane per thread of a warp
+LL128_DISPLACED_LANE = WARP - 1
+LL128_DATA_LANES = WARP - 1
+LL128_UNIT_USER_BYTES = LL128_DATA_LANES * LINE_BYTES  # 496
 
 # ---- control block and fault record -----------------------------------------------------------
 # Every rank's scratch starts with a control block of CONTROL_BYTES; it holds the rank's fault
@@ -150,6 +183,10 @@ def kernel_tail(values: Mapping[str, int], params: Sequence[Param] = TAIL_PARAMS
     return tuple(ctype(p.ctype).np_type(values[p.name]) for p in params)
 
 
+assert LL128_UNIT_BYTES == WARP * LINE_BYTES, "a warp-unit is one 16-byte lane per thread"
+assert CONTROL_BYTES % LL128_UNIT_BYTES == 0, "regions after the control block stay unit-aligned"
+
+
 # ---- element bit patterns ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bits:
@@ -165,6 +202,8 @@ BITS: dict[str, Bits] = {b.short: b for b in (
     Bits("f16", 16, 0xFFFF, 0x7E00),
     Bits("f64", 64, 0xFFFFFFFFFFFFFFFF, 0x7FF8000000000000),
 )}
+assert all(b.sentinel == int.from_bytes(bytes([REST_BYTE["sentinel"]]) * (b.width // 8), "little") for b in BITS.values()), \
+    "a sentinel region at rest is empty in every dtype"
 
 
 # ---- the header ---------------------------------------------------------------------------------
@@ -185,6 +224,23 @@ def _constants() -> list[str]:
             ("kPayloadBytesSentinel", PAYLOAD_BYTES["sentinel"]), ("kControlBytes", CONTROL_BYTES),
             ("kFaultRecordOffset", FAULT_RECORD_OFFSET), ("kFaultWords", FAULT_WORDS))
     return [f"constexpr int {n} = {v};" for n, v in ints]
+
+
+def _enum(name: str, items: Sequence[tuple[str, int]]) -> str:
+    return f"enum {name} : int {{ " + ", ".join(f"{k} = {v}" for k, v in items) + " };"
+
+
+def _per_kernel_lines() -> list[str]:
+    # Enumerators, not constexpr variables: they have no storage, so a kernel that does not use
+    # them carries no symbol of them (the PTX of the others is unchanged by adding one).
+    return [
+        "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
+        _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
+        _enum("Parity", [("kParities", PARITIES)]),
+        "// LL128 warp-unit (ll128.h names them in namespace ll128).",
+        _enum("LL128Unit", [("kLL128LineBytes", LL128_LINE_BYTES), ("kLL128LinesPerUnit", LL128_LINES_PER_UNIT),
+                            ("kLL128DisplacedLane", LL128_DISPLACED_LANE), ("kLL128DataLanes", LL128_DATA_LANES)]),
+    ]
 
 
 def _fault_lines() -> list[str]:
@@ -242,6 +298,8 @@ def header_text() -> str:
         *_typedefs(),
         "",
         *_constants(),
+        "",
+        *_per_kernel_lines(),
         "",
         *_fault_lines(),
         "",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import layout
+from . import abi, layout
 from .dtypes import DTYPES, OPS, DType
 from .errors import UnsupportedError
 
@@ -21,9 +21,8 @@ _FLOATS = frozenset(DTYPES)
 class Algorithm:
     name: str
     kernel_file: str
-    kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr
+    kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr, a key of abi.KERNELS
     proto: str  # "ll" | "sentinel" (LL128's all-gather is LL)
-    buffers: int  # LLBuffer regions (and epoch arrays) per rank
     max_blocks: int  # default blocks per rank (virtual ranks); a communicator may size its scratch for more
     deterministic: bool
     two_shot: bool
@@ -31,12 +30,17 @@ class Algorithm:
     ops: frozenset[str] = frozenset(OPS)
     # (max ranks template, slots) instantiations that compile without register spills
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
-    # LL128 atomic: a warp-unit of 512 B of scratch carries this many user bytes (0: line-based)
+    # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
     # A hardware property its correctness on real ranks rests on and that no test here can prove
     # (empty: none). `tune` never puts such an algorithm into a real-rank table; algo= still runs it.
     rests_on: str = ""
     doc: str = ""
+
+    @property
+    def buffers(self) -> int:
+        """LLBuffer regions (and epoch arrays) per rank: the kernel's, from the contract."""
+        return abi.KERNELS[self.kernel].buffers
 
     @property
     def detects_mismatch(self) -> bool:
@@ -55,7 +59,7 @@ class Algorithm:
     def lines_per_rank(self, n: int, dt: DType, nranks: int) -> int:
         """Lines each thread-grid of one rank walks: the message (one-shot) or one chunk (two-shot)."""
         count = layout.chunk_count(n, nranks) if self.two_shot else n
-        if self.unit_user_bytes:  # one lane per 16 B of a warp-unit: 32 lanes per unit
+        if self.unit_user_bytes:  # one lane (16-byte line) per thread of a warp-unit
             return layout.WARP * layout.ceil_div(count, self.unit_user_bytes // dt.size)
         return layout.ceil_div(count, self.elems_per_line(dt))
 
@@ -79,19 +83,19 @@ class Algorithm:
 ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("oneshot_ll", "allreduce_oneshot.cu", "oneshot", "ll", 1, 16, True, False,
+        Algorithm("oneshot_ll", "allreduce_oneshot.cu", "oneshot", "ll", 16, True, False,
                   doc="one-shot push, LL protocol (8 B payload + 8 B flag per 16 B store)"),
-        Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 1, 16, True, False,
+        Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 16, True, False,
                   doc="one-shot push, sentinel protocol (16 B payload, receiver resets)"),
-        Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 2, 16, True, True,
+        Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 16, True, True,
                   slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather), LL protocol in both phases"),
-        Algorithm("twoshot_sentinel", "allreduce_twoshot.cu", "twoshot", "sentinel", 2, 16, True, True,
+        Algorithm("twoshot_sentinel", "allreduce_twoshot.cu", "twoshot", "sentinel", 16, True, True,
                   slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather), sentinel protocol in both phases"),
-        Algorithm("ll128", "allreduce_ll128.cu", "ll128", "ll", 2, 16, False, True,
+        Algorithm("ll128", "allreduce_ll128.cu", "ll128", "ll", 16, False, True,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  slot_choices=((2, 1), (4, 1), (8, 1)), unit_user_bytes=496,
+                  slot_choices=((2, 1), (4, 1), (8, 1)), unit_user_bytes=abi.LL128_UNIT_USER_BYTES,
                   rests_on="NVLink delivering each 128-byte line atomically (the fused counter, SOLLAT_LL128_SPLIT=0)",
                   doc="two-shot LL128 atomic: 128 B line atomic adds with a counter element, LL all-gather; "
                       "not deterministic, fp32 atomics flush denormals"),
@@ -105,11 +109,11 @@ ALGORITHMS: dict[str, Algorithm] = {
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("rmsnorm_oneshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm", "ll", 1, 16, True, False,
+        Algorithm("rmsnorm_oneshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm", "ll", 16, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
         # 16-bit sentinel packs with 2 slots spill (40-172 bytes, ptxas -v): one slot only.
-        Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", 1, 16, True, False,
+        Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", 16, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, one block per token row"),

@@ -51,14 +51,14 @@ class DeviceState:
         self._state.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def _init_scratch(self, views: Sequence[torch.Tensor]) -> None:
-        """Control block (fault record) and LL regions start at 0 (flag 0 is never valid),
-        sentinel regions at all ones."""
+        """Control block (fault record) at 0; each region at its protocol's rest byte (abi.REST_BYTE:
+        LL 0, as flag 0 is never valid; sentinel all ones, empty in every dtype)."""
         for v in views:
             v[:layout.CONTROL_BYTES].zero_()
             for name in region_names(self._algos):
                 alg = region_algorithm(name)
                 off = self._region_off[name]
-                v[off:off + alg.scratch_bytes(self.world_size, region_blocks(name, self.max_blocks))].fill_(255 if alg.proto == "sentinel" else 0)
+                v[off:off + alg.scratch_bytes(self.world_size, region_blocks(name, self.max_blocks))].fill_(abi.REST_BYTE[alg.proto])
 
     def check(self, sync: bool = True) -> None:
         """Raise the fault recorded by an earlier call of any rank, if any.

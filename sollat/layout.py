@@ -30,6 +30,7 @@ MAX_RANKS = abi.MAX_RANKS
 MAX_THREADS = abi.MAX_THREADS
 MAX_SLOTS = abi.MAX_SLOTS  # lines per thread per iteration (the kernel's kSlots is 1, 2 or 4)
 WARP = abi.WARP
+PARITIES = abi.PARITIES  # parity = epoch & 1
 # Threads per block while a message can still spread over more blocks: more SMs then issue its
 # stores and polls (measured against 512, 256, 64 and 32: docs/benchmarks.md, run 13).
 BLOCK_THREADS = 128
@@ -95,9 +96,9 @@ def lines_per_src(max_blocks: int) -> int:
 
 
 def region_bytes(nranks: int, max_blocks: int) -> int:
-    """Bytes of one LLBuffer region on one rank: 2 parities x nranks sources x lines.
+    """Bytes of one LLBuffer region on one rank: PARITIES x nranks sources x lines.
     Device: ``region_bytes(nranks, lines_per_src)`` (``layout.h``)."""
-    return 2 * nranks * lines_per_src(max_blocks) * LINE_BYTES
+    return PARITIES * nranks * lines_per_src(max_blocks) * LINE_BYTES
 
 
 @dataclass(frozen=True)

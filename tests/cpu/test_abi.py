@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
 import pytest
 
 from sollat import abi, build, layout
+from sollat.algorithms import ALGORITHMS
 from sollat.dtypes import DTYPES
 
 
@@ -73,3 +75,44 @@ def test_host_modules_derive_from_the_contract() -> None:
     for d in DTYPES.values():
         b = abi.BITS[d.short]
         assert (d.size, d.sentinel, d.canonical_nan) == (b.width // 8, b.sentinel, b.canonical_nan)
+
+
+# Device-only constants a header may spell as a literal: bit tricks, masks and the spin cadence,
+# which the host never sees. Any other `constexpr ... kName = <number>` outside abi.h is a
+# contract fact written a second time.
+DEVICE_ONLY = {"kPollsPerCheck", "kFull", "kLow", "kHigh", "kExpMask", "kManMask", "kOne", "kMask"}
+_CONSTEXPR = re.compile(r"constexpr[^;{]*;")
+_LITERAL = re.compile(r"\b(k\w+)\s*=\s*(?:0x[0-9A-Fa-f]+|\d+)[uUlL]*\s*[,;]")
+_ENTRY = re.compile(r"SOLLAT_DEFINE_ENTRY_POINTS\((\w+),")
+
+
+def test_no_contract_constant_is_spelled_as_a_literal_in_csrc() -> None:
+    for f in list(build.CSRC.rglob("*.h")) + list(build.CSRC.rglob("*.cu")):
+        if f == abi.HEADER_PATH:
+            continue
+        code = "\n".join(line.split("//")[0] for line in f.read_text().splitlines())
+        names = {n for decl in _CONSTEXPR.findall(code) for n in _LITERAL.findall(decl)}
+        assert names <= DEVICE_ONLY, f"{f.name}: {sorted(names - DEVICE_ONLY)} belong in sollat/abi.py"
+
+
+def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:
+    defined = set()
+    for f in build.KERNEL_DIR.glob("*.cu"):
+        text = f.read_text()
+        for name in _ENTRY.findall(text):
+            kernel = abi.KERNELS[name]  # every entry point is a kernel of the contract
+            defined.add(name)
+            assert f"constexpr int kBuffers = {abi.kernel_buffers_name(kernel)};" in text, f.name
+    assert defined == set(abi.KERNELS)
+    for alg in ALGORITHMS.values():
+        assert alg.buffers == abi.KERNELS[alg.kernel].buffers
+        assert f"SOLLAT_DEFINE_ENTRY_POINTS({alg.kernel}," in build.kernel_source(alg.kernel_file)
+
+
+def test_per_kernel_and_ll128_facts_are_in_the_header() -> None:
+    text = abi.header_text()
+    for k in abi.KERNELS.values():
+        assert f"{abi.kernel_buffers_name(k)} = {k.buffers}" in text
+    assert f"kLL128LineBytes = {abi.LL128_LINE_BYTES}," in text and f"kParities = {abi.PARITIES}" in text
+    assert ALGORITHMS["ll128"].unit_user_bytes == abi.LL128_UNIT_USER_BYTES == abi.LL128_DATA_LANES * abi.LINE_BYTES
+    assert abi.REST_BYTE == {"ll": 0, "sentinel": 0xFF}

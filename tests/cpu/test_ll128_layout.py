@@ -11,20 +11,21 @@ plain sum. Values are small integers, so every order of float addition gives the
 from __future__ import annotations
 
 import random
-import re
 from pathlib import Path
 
 import pytest
 
-LANES = 32
-LANES_PER_LINE = 8
-LINES = 4
-DISPLACED_LANE = 31
+from sollat import abi
+
+LANES = abi.WARP
+LANES_PER_LINE = abi.LL128_LINE_BYTES // abi.LINE_BYTES
+LINES = abi.LL128_LINES_PER_UNIT
+DISPLACED_LANE = abi.LL128_DISPLACED_LANE
 HEADER = Path(__file__).resolve().parents[2] / "sollat" / "csrc" / "include" / "sollat" / "ll128.h"
 
 
 def elems_per_lane(elem_bytes: int) -> int:
-    return 16 // elem_bytes
+    return abi.LINE_BYTES // elem_bytes
 
 
 def unit_elems(elem_bytes: int) -> int:
@@ -142,15 +143,8 @@ def test_counter_exact_in_every_type() -> None:
     assert "0x3F800000u" in text and "0x3F80u" in text and "0x3C00u" in text
 
 
-def test_header_constants_match() -> None:
-    text = HEADER.read_text()
 
-    def const(name: str) -> int:
-        m = re.search(rf"constexpr int {name} = (\d+);", text)
-        assert m, name
-        return int(m.group(1))
-
-    assert const("kDisplacedLane") == DISPLACED_LANE
-    assert const("kLinesPerUnit") == LINES
-    assert const("kDataLanes") == LANES - 1
-    assert const("kLaneBytes") * LANES_PER_LINE == const("kLineBytes") == 128
+def test_unit_geometry_is_the_contracts() -> None:
+    assert (LANES, LANES_PER_LINE, LINES, DISPLACED_LANE) == (32, 8, 4, 31)
+    assert LANES_PER_LINE * LINES == LANES and abi.LL128_DATA_LANES == LANES - 1
+    assert abi.LL128_UNIT_USER_BYTES == 496 and unit_elems(4) == 124 and unit_elems(2) == 248

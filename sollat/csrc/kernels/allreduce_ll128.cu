@@ -34,34 +34,37 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 2;
+constexpr int kBuffers = kLl128Buffers;  // abi.h (sollat/abi.py KERNELS)
+
+// One lane's 16 bytes of a warp-unit.
+template <typename T> using LanePack = Pack<T, ll128::kLaneBytes>;
 
 // load_pack/store_pack (collective.h) with the element-wise path (tails, misaligned views) kept
 // out of line: it is rare, and inlined R times over it costs registers the fast path needs.
 template <typename T>
-__device__ __noinline__ Pack<T, 16> load16_slow(const T* p, u64 e0, u64 n) {
-  return load_pack<T, 16>(p, e0, n, false);
+__device__ __noinline__ LanePack<T> load16_slow(const T* p, u64 e0, u64 n) {
+  return load_pack<T, ll128::kLaneBytes>(p, e0, n, false);
 }
 template <typename T>
-__device__ __noinline__ void store16_slow(T* p, u64 e0, u64 n, Pack<T, 16> v) {
-  store_pack<T, 16>(p, e0, n, false, v);
+__device__ __noinline__ void store16_slow(T* p, u64 e0, u64 n, LanePack<T> v) {
+  store_pack<T, ll128::kLaneBytes>(p, e0, n, false, v);
 }
 template <typename T>
-__device__ __forceinline__ Pack<T, 16> load16(const T* p, u64 e0, u64 n, bool aligned) {
-  if (aligned && e0 + Pack<T, 16>::kElems <= n) return *reinterpret_cast<const Pack<T, 16>*>(p + e0);
+__device__ __forceinline__ LanePack<T> load16(const T* p, u64 e0, u64 n, bool aligned) {
+  if (aligned && e0 + LanePack<T>::kElems <= n) return *reinterpret_cast<const LanePack<T>*>(p + e0);
   return load16_slow<T>(p, e0, n);
 }
 template <typename T>
-__device__ __forceinline__ void store16(T* p, u64 e0, u64 n, bool aligned, const Pack<T, 16>& v) {
-  if (aligned && e0 + Pack<T, 16>::kElems <= n) *reinterpret_cast<Pack<T, 16>*>(p + e0) = v;
+__device__ __forceinline__ void store16(T* p, u64 e0, u64 n, bool aligned, const LanePack<T>& v) {
+  if (aligned && e0 + LanePack<T>::kElems <= n) *reinterpret_cast<LanePack<T>*>(p + e0) = v;
   else store16_slow<T>(p, e0, n, v);
 }
 
 template <typename T, int kMaxRanks, bool kSplit>
 __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, T* out) {
   typedef LLBuffer<ProtoLL, kMaxRanks, 2> AG;
-  typedef Pack<T, 16> P;
-  typedef Pack<T, 8> H;
+  typedef LanePack<T> P;
+  typedef Pack<T, kPayloadBytesLL> H;  // half a lane: one LL line's payload
   typedef ll128::W4 W4;
   typedef ll128::CounterBits<T> CB;
   constexpr int E = P::kElems;
@@ -94,7 +97,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   auto poison_from = [&](u64 j0) {
     if (disp_lane) return;
     for (u64 jj = j0; jj < units; jj += nwarps)
-      for (int c = 0; c < R; ++c) store16<T>(out, c * chunk_elems + jj * UE + (u64)lane * E, a.n, out_aligned, nan_pack<T, 16>());
+      for (int c = 0; c < R; ++c) store16<T>(out, c * chunk_elems + jj * UE + (u64)lane * E, a.n, out_aligned, nan_pack<T, ll128::kLaneBytes>());
   };
   const u64 warp0 = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
   if (refused(a)) return poison_from(warp0);
@@ -120,15 +123,17 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       } else if (ctr_lane) {
         w.w[0] = (w.w[0] & ~CB::kMask) | (kSplit ? 0u : CB::kOne);
       }
-      ll128::red_add_v4(tag, select_base(acc, c) + loff, w);
+      // Relaxed, system scope: every rank adds into these addresses; what orders the owner's read
+      // after all R adds is the counter (ll128.h, "Ordering").
+      red_add_v4<Order::Relaxed, Scope::Sys>(tag, select_base(acc, c) + loff, w.w);
     }
     if (kSplit) {
       __syncwarp();
-      fence_acq_rel_gpu();
+      fence<Scope::Gpu>();  // split: the warp's data adds are performed before its counter adds
       if (ctr_lane) {
 #pragma unroll
         for (int c = 0; c < kMaxRanks; ++c)
-          if (c < R) ll128::red_add_counter(tag, select_base(acc, c) + loff);
+          if (c < R) red_add<Order::Relaxed, Scope::Sys>(tag, select_base(acc, c) + loff, ll128::counter_add(tag));
       }
     }
 
@@ -138,7 +143,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       const u32* ctr = (const u32*)(own_acc + (loff & ~(u64)(ll128::kLanesPerLine - 1)));
       Spin spin(fault);
       for (;;) {
-        const u32 cw = ld_volatile_u32(ctr);
+        const u32 cw = ld<Order::Volatile, Scope::Sys>(ctr);  // a poll: never cached, never elided
         const float cv = ll128::counter_value(tag, cw);
         const bool done = cv == (float)R;
         if (__all_sync(kFull, done)) break;
@@ -151,8 +156,8 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
         if (!__all_sync(kFull, go)) return poison_from(j);
       }
     }
-    if (kSplit) fence_acq_rel_gpu();
-    W4 r = bit_cast<W4>(ld_volatile_line(my));
+    if (kSplit) fence<Scope::Gpu>();  // split: acquire side of the counter, before the data read
+    W4 r = bit_cast<W4>(ld<Order::Volatile, Scope::Sys>(my));  // fused: after the poll that saw R, same line
     // Restore element 0 of lanes 8k from lane 31's element k.
     {
       const u32 s0 = __shfl_sync(kFull, r.w[0], ll128::kDisplacedLane);
@@ -168,9 +173,10 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       }
       if (ctr_lane) r.w[0] = (r.w[0] & ~CB::kMask) | x;
     }
-    // Zero the line for its next use; the fence orders it before the all-gather sends below.
-    st_volatile_line(my, 0, 0);
-    fence_before_peer_reuse();
+    // Zero the line for its next use; the fence orders it before the all-gather sends below, which
+    // let the peers add into it again.
+    st<Order::Volatile, Scope::Sys>(my, Line{0, 0});
+    fence<peer_scope()>();
 
     // ---- all-gather: own unit to every peer (LL, two lines per lane), write, collect -------
     const P red = bit_cast<P>(r);

@@ -14,7 +14,7 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 1;
+constexpr int kBuffers = kOneshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) {

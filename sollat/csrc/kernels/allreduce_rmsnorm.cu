@@ -35,7 +35,7 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 1;
+constexpr int kBuffers = kArRmsnormBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 namespace {
 
@@ -213,7 +213,7 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
 // three more tensors per rank and the row length and eps after the common tail.
 extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
   if (!sollat::prologue(st, rank)) return;
-  const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);
+  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);  // as collective.h: the record, before the first send
   sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),
                      rank, nranks, rec, prior};
   ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight);
@@ -224,7 +224,7 @@ extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_v
   const int rank = rank_base + y;
   if (!sollat::prologue(st, rank)) return;
   sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);
-  const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);
+  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);  // as collective.h: the record, before the first send
   sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers,
                      lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};
   ar_rmsnorm_body(a, hidden, eps_bits, sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),

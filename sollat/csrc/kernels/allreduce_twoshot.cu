@@ -17,7 +17,7 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 2;
+constexpr int kBuffers = kTwoshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) {

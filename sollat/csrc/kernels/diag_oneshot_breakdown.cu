@@ -13,7 +13,7 @@
 
 using namespace sollat;
 
-constexpr int kBuffers = 1;
+constexpr int kBuffers = kOneshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 #ifndef SOLLAT_BREAKDOWN
 #define SOLLAT_BREAKDOWN 0
@@ -25,7 +25,7 @@ namespace sollat {
 struct ProtoLLReset : ProtoLL {
   static constexpr bool kNeedsReset = true;
   static constexpr const char* kName = "ll+reset";
-  __device__ __forceinline__ static void reset(Line* own) { st_volatile_line(own, 0ull, 0ull); }
+  __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{0ull, 0ull}); }
 };
 }  // namespace sollat
 

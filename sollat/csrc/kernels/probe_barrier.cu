@@ -35,23 +35,14 @@ using namespace sollat;
 
 namespace {
 
-__device__ __forceinline__ void st_release_sys_u32(u32* p, u32 v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ld_acquire_sys_u32(const u32* p) {
-  u32 v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 template <int kOrder>
 __device__ __forceinline__ void signal(u32* p, u32 v) {
-  if (kOrder == 0) st_volatile_u32(p, v);
-  else st_release_sys_u32(p, v);
+  if (kOrder == 0) st<Order::Volatile, Scope::Sys>(p, v);
+  else st<Order::Release, Scope::Sys>(p, v);
 }
 template <int kOrder>
 __device__ __forceinline__ u32 observe(const u32* p) {
-  return kOrder == 0 ? ld_volatile_u32(p) : ld_acquire_sys_u32(p);
+  return kOrder == 0 ? ld<Order::Volatile, Scope::Sys>(p) : ld<Order::Acquire, Scope::Sys>(p);
 }
 
 // One barrier. Returns false when a wait gave up (the fault record says who was missing).

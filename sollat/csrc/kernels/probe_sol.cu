@@ -34,9 +34,9 @@ __device__ __forceinline__ u32 smid() {
 // (= __threadfence_system). Each body is unrolled x8 so the loop branch is noise.
 template <int kMode>
 __device__ __forceinline__ void fence_once() {
-  if (kMode == 0) asm volatile("fence.sc.gpu;" ::: "memory");
-  if (kMode == 1) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  if (kMode == 2) asm volatile("fence.sc.sys;" ::: "memory");
+  if (kMode == 0) fence<Scope::Gpu, Order::SeqCst>();
+  if (kMode == 1) fence<Scope::Gpu>();
+  if (kMode == 2) fence<Scope::Sys, Order::SeqCst>();
 }
 
 template <int kMode>
@@ -82,7 +82,7 @@ extern "C" __global__ void sollat_probe_chase(const u32* next, int iters, u64* o
 #pragma unroll 1
   for (int i = 0; i < iters; i += 8) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) idx = ld_volatile_u32(next + idx);
+    for (int j = 0; j < 8; ++j) idx = ld<Order::Volatile, Scope::Sys>(next + idx);
   }
   const u64 c1 = sm_clock64();
   const u64 t1 = globaltimer();
@@ -113,12 +113,12 @@ extern "C" __global__ void sollat_probe_pingpong(u32* inbox0, u32* inbox1, int r
       t0 = globaltimer();
       c0 = sm_clock64();
     }
-    if (role == 0) st_volatile_u32(peer, (u32)i);
+    if (role == 0) st<Order::Volatile, Scope::Sys>(peer, (u32)i);
     Spin spin(sink);
     // Relaxed polls are enough: the counter is the only datum and a 4-byte store is not torn.
-    while (ld_volatile_u32(mine) != (u32)i)
+    while (ld<Order::Volatile, Scope::Sys>(mine) != (u32)i)
       if (!spin.again(role, 1 - role, 0, (u32)i)) return;
-    if (role == 1) st_volatile_u32(peer, (u32)i);
+    if (role == 1) st<Order::Volatile, Scope::Sys>(peer, (u32)i);
   }
   if (role == 0) {
     const u64 c1 = sm_clock64();

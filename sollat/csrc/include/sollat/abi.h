@@ -23,6 +23,12 @@ constexpr int kControlBytes = 512;
 constexpr int kFaultRecordOffset = 0;
 constexpr int kFaultWords = 8;
 
+// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
+enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1 };
+enum Parity : int { kParities = 2 };
+// LL128 warp-unit (ll128.h names them in namespace ll128).
+enum LL128Unit : int { kLL128LineBytes = 128, kLL128LinesPerUnit = 4, kLL128DisplacedLane = 31, kLL128DataLanes = 31 };
+
 enum FaultCode : unsigned int { kOk = 0, kTimeout = 1, kMismatch = 2, kClaimed = 0xFFFFFFFFu };
 enum FaultWord : int { kWordCode = 0, kWordRank = 1, kWordPeer = 2, kWordBlock = 3, kWordThread = 4, kWordSlot = 5, kWordEpoch = 6, kWordSeen = 7 };
 

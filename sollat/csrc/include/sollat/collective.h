@@ -47,10 +47,7 @@ __device__ __forceinline__ FaultSink make_fault(const CallArgs& a) {
 // Kernels call it after their first input loads and before their first send.
 __device__ __forceinline__ bool refused(const CallArgs& a) {
   if (a.prior == 0u) return false;
-  if (threadIdx.x == 0 && a.st->err_host) {
-    __threadfence_system();
-    *(volatile u32*)a.st->err_host = 1u;
-  }
+  if (threadIdx.x == 0 && a.st->err_host) signal_host(a.st->err_host);
   return true;
 }
 
@@ -175,12 +172,13 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
 // `rec` is the fault record of launch rank 0 (this rank's, for _pg); launch rank y's is
 // `rank_stride` bytes further (virtual ranks' scratches are laid back to back). Its code is loaded
-// first, so the load travels together with the input and descriptor loads. The parameter lists
+// first, so the load travels together with the input and descriptor loads (relaxed: a nonzero code
+// only makes the kernel refuse; no detail word is read). The parameter lists
 // are sollat/abi.py's PG_PARAMS and VR_PARAMS (abi.h), which the host packs in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_pg(SOLLAT_PG_PARAMS) {       \
     if (!sollat::prologue(st, rank)) return;                                                               \
-    const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);                                             \
+    const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
     sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
                        rank, nranks, rec, prior};                                                          \
     BODY(a, (const T*)in, (T*)out);                                                                        \
@@ -190,7 +188,7 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
     const int rank = rank_base + y;                                                                        \
     if (!sollat::prologue(st, rank)) return;                                                               \
     sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                         \
-    const sollat::u32 prior = sollat::ld_relaxed_sys_u32(rec);                                             \
+    const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
     sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
                        lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};   \
     BODY(a, (const T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),             \

@@ -34,10 +34,11 @@ constexpr u32 kPollsPerCheck = 256;
 
 // Writes one record (see above). Returns false when the record already held a fault.
 __device__ __forceinline__ bool write_fault_record(u32* rec, const u32 (&w)[kFaultWords]) {
-  if (atom_cas_relaxed_sys_u32(rec, 0u, kClaimed) != 0u) return false;
+  // Relaxed: the claim only picks one writer; it publishes nothing. System scope: peers write too.
+  if (atom_cas<Order::Relaxed, Scope::Sys>(rec, 0u, kClaimed) != 0u) return false;
 #pragma unroll
-  for (int i = 1; i < kFaultWords; ++i) st_relaxed_sys_u32(rec + i, w[i]);
-  st_release_sys_u32(rec, w[0]);
+  for (int i = 1; i < kFaultWords; ++i) st<Order::Relaxed, Scope::Sys>(rec + i, w[i]);  // published by the release below
+  st<Order::Release, Scope::Sys>(rec, w[0]);  // release: a reader of the code sees the details
   return true;
 }
 
@@ -48,14 +49,12 @@ struct FaultSink {
   const u64* peer_scratch;  // every rank's scratch base (the record is at its start), or nullptr
   int nranks;
 
-  __device__ __forceinline__ bool raised() const { return ld_relaxed_sys_u32(rec) != 0u; }
+  // Relaxed: only the code is read here; a stop needs no detail word.
+  __device__ __forceinline__ bool raised() const { return ld<Order::Relaxed, Scope::Sys>(rec) != 0u; }
 
   // Tells this rank's host, without a synchronisation, that the record holds a fault.
   __device__ __forceinline__ void notifyHost() const {
-    if (host) {
-      __threadfence_system();
-      *(volatile u32*)host = 1u;
-    }
+    if (host) signal_host(host);
   }
 
   // Records a fault here and on every peer (first writer wins on each), then tells the host.

@@ -27,9 +27,9 @@ __device__ __forceinline__ u64 line_base(u64 parity, int src, int nranks, u64 li
   return (parity * nranks + src) * lines_per_src;
 }
 
-// layout.region_bytes: one buffer region on one rank, 2 parities x nranks sources x lines.
+// layout.region_bytes: one buffer region on one rank, kParities x nranks sources x lines.
 __device__ __forceinline__ u64 region_bytes(int nranks, int lines_per_src) {
-  return 2ull * nranks * lines_per_src * sizeof(Line);
+  return (u64)kParities * nranks * lines_per_src * sizeof(Line);
 }
 
 }  // namespace sollat

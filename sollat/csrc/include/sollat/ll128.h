@@ -57,15 +57,16 @@
 namespace sollat {
 namespace ll128 {
 
-constexpr int kLaneBytes = 16;
-constexpr int kLineBytes = 128;
+// The unit's geometry is the contract's (abi.h, sollat/abi.py LL128_*).
+constexpr int kLaneBytes = sollat::kLineBytes;          // a lane: one 16-byte scratch line
+constexpr int kLineBytes = kLL128LineBytes;              // 128
 constexpr int kLanesPerLine = kLineBytes / kLaneBytes;  // 8
-constexpr int kLinesPerUnit = 4;
+constexpr int kLinesPerUnit = kLL128LinesPerUnit;        // 4
 constexpr int kUnitBytes = kLinesPerUnit * kLineBytes;  // 512
-constexpr int kDisplacedLane = 31;
-constexpr int kDataLanes = 31;
-constexpr int kLinesPerUnit16 = kUnitBytes / 16;        // 16-byte scratch lines per unit (32)
-static_assert(kControlBytes % kUnitBytes == 0, "regions after the control block stay unit-aligned");
+constexpr int kDisplacedLane = kLL128DisplacedLane;      // 31
+constexpr int kDataLanes = kLL128DataLanes;              // 31
+constexpr int kLinesPerUnit16 = kUnitBytes / kLaneBytes;  // 16-byte scratch lines per unit (32)
+static_assert(kUnitBytes == kWarpSize * kLaneBytes, "one lane per thread of a warp");
 
 template <typename T>
 struct Traits {
@@ -87,38 +88,11 @@ __device__ __forceinline__ float counter_value(float*, u32 w) { return __uint_as
 __device__ __forceinline__ float counter_value(bf16*, u32 w) { bf16 b; b.bits = (u16)(w & 0xFFFFu); return to_acc(b); }
 __device__ __forceinline__ float counter_value(f16*, u32 w) { f16 h; h.bits = (u16)(w & 0xFFFFu); return to_acc(h); }
 
-// One 16-byte vector atomic add of a lane's words into `p` (16-byte aligned). Relaxed, system
-// scope: several GPUs add into the same addresses.
-__device__ __forceinline__ void red_add_v4(float*, void* p, const W4& v) {
-  asm volatile("red.relaxed.sys.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p),
-               "f"(__uint_as_float(v.w[0])), "f"(__uint_as_float(v.w[1])), "f"(__uint_as_float(v.w[2])),
-               "f"(__uint_as_float(v.w[3]))
-               : "memory");
-}
-__device__ __forceinline__ void red_add_v4(bf16*, void* p, const W4& v) {
-  asm volatile("red.relaxed.sys.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]),
-               "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3])
-               : "memory");
-}
-__device__ __forceinline__ void red_add_v4(f16*, void* p, const W4& v) {
-  asm volatile("red.relaxed.sys.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]),
-               "r"(v.w[1]), "r"(v.w[2]), "r"(v.w[3])
-               : "memory");
-}
-
-// Split mode: the separate counter increment into the line's first word.
-__device__ __forceinline__ void red_add_counter(float*, void* p) {
-  asm volatile("red.relaxed.sys.global.add.f32 [%0], %1;" ::"l"(p), "f"(1.0f) : "memory");
-}
-// (1, -0): x + -0 == x for every x, so the pair's element 1 is untouched.
-__device__ __forceinline__ void red_add_counter(bf16*, void* p) {
-  asm volatile("red.relaxed.sys.global.add.noftz.bf16x2 [%0], %1;" ::"l"(p), "r"(0x80000000u | CounterBits<bf16>::kOne)
-               : "memory");
-}
-__device__ __forceinline__ void red_add_counter(f16*, void* p) {
-  asm volatile("red.relaxed.sys.global.add.noftz.f16x2 [%0], %1;" ::"l"(p), "r"(0x80000000u | CounterBits<f16>::kOne)
-               : "memory");
-}
+// Split mode: the counter increment a lane 8k adds into its line's first word on its own.
+// (1, -0) for 16-bit pairs: x + -0 == x for every x, so the pair's element 1 is untouched.
+__device__ __forceinline__ float counter_add(float*) { return 1.0f; }
+__device__ __forceinline__ u32 counter_add(bf16*) { return 0x80000000u | CounterBits<bf16>::kOne; }
+__device__ __forceinline__ u32 counter_add(f16*) { return 0x80000000u | CounterBits<f16>::kOne; }
 
 }  // namespace ll128
 }  // namespace sollat

@@ -24,11 +24,12 @@
 // is free when it is written again. Stores to a peer are never speculative on NVIDIA GPUs; this is
 // the same reasoning NCCL's LL protocol rests on.
 //
-// Memory-ordering contract of each primitive:
-//   send/bcast   one 16-byte .volatile store per (peer, slot), no fence. In sentinel mode, if this
-//                thread reset a line since its last send, a fence.acq_rel.gpu is issued first so
-//                the reset lands before the peer can be told to write that line again.
-//   recv*        polls with 16-byte .volatile loads until the protocol says the line is complete;
+// Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
+//   send/bcast   one 16-byte store per (peer, slot) in the protocol's order (Order::Volatile,
+//                Scope::Sys), no fence. In sentinel mode, if this thread reset a line since its last
+//                send, fence<peer_scope()>() (acq_rel) is issued first so the reset lands before the
+//                peer can be told to write that line again.
+//   recv*        polls with 16-byte loads (Proto::load, volatile) until the protocol says the line is complete;
 //                every spin is bounded (fault.h): on timeout or another thread's fault they
 //                return false and the kernel must stop. recvReduce/recvGather reset each sentinel
 //                line as soon as its poll has read it (store after load, same thread and address).

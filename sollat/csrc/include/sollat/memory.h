@@ -1,9 +1,15 @@
-// sollat/memory.h - the few memory instructions the protocols are built from.
+// sollat/memory.h - the memory instructions the protocols are built from, each with its memory
+// order and scope as template parameters (as NCCL's device API takes them), so every call site
+// states the ordering it relies on:
 //
-// Every protocol store is a single 16-byte vector store and every poll a single 16-byte vector
-// load, both `.volatile` (PTX treats volatile as relaxed at system scope: never cached in L1,
-// never merged or elided, and a 16-byte aligned access is not torn). Ordering beyond a single
-// access is stated where each protocol uses these, next to the reason it is enough.
+//   ld<Order::Volatile, Scope::Sys>(line)       st<Order::Release, Scope::Sys>(word, v)
+//   atom_cas<Order::Relaxed, Scope::Sys>(...)   red_add_v4<Order::Relaxed, Scope::Sys>(...)
+//   fence<Scope::Gpu>()  (acq_rel)              fence<Scope::Sys, Order::SeqCst>()
+//
+// Order::Volatile is PTX's `.volatile`: relaxed at system scope, never cached in L1, never merged
+// or elided (so it takes Scope::Sys only). Every protocol line is one 16-byte vector access, which
+// is not torn when aligned. Forms an order does not allow (a release load, an acquire store) do
+// not exist: using one is a compile error.
 #ifndef SOLLAT_MEMORY_H_
 #define SOLLAT_MEMORY_H_
 
@@ -11,57 +17,131 @@
 
 namespace sollat {
 
-__device__ __forceinline__ void st_volatile_line(Line* p, u64 lo, u64 hi) {
-  asm volatile("st.volatile.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
-}
-__device__ __forceinline__ Line ld_volatile_line(const Line* p) {
-  Line l;
-  asm volatile("ld.volatile.global.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p) : "memory");
-  return l;
-}
-__device__ __forceinline__ u32 ld_volatile_u32(const u32* p) {
-  u32 v;
-  asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_volatile_u32(u32* p, u32 v) {
-  asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+enum class Order { Volatile, Relaxed, Acquire, Release, AcqRel, SeqCst };
+enum class Scope { Cta, Gpu, Sys };
 
-// Scoped word accesses for the fault record, which several GPUs write (fault.h). Relaxed loads
-// and CAS at system scope; the release store makes the record's detail words visible, to any
-// observer that sees the code, before the code itself.
-__device__ __forceinline__ u32 ld_relaxed_sys_u32(const u32* p) {
-  u32 v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ u32 atom_cas_relaxed_sys_u32(u32* p, u32 expect, u32 value) {
-  u32 old;
-  asm volatile("atom.relaxed.sys.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(expect), "r"(value) : "memory");
-  return old;
-}
-__device__ __forceinline__ void st_relaxed_sys_u32(u32* p, u32 v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_release_sys_u32(u32* p, u32 v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+namespace mem {
+// The instructions of one (order, scope), specialised below; Q is its PTX qualifier string.
+template <Order O, Scope S> struct Load;
+template <Order O, Scope S> struct Store;
+template <Order O, Scope S> struct Atomic;
+template <Order O, Scope S> struct Fence;
 
-// Orders this thread's earlier memory operations before its later ones. Used only where a
-// store to this GPU's own scratch (sentinel reset, LL128 line zeroing) must land before a later
-// store that lets a peer write the same location again. The observer is the peer, so real ranks
-// (one GPU each) need system scope, which is what PTX's memory model asks for when the
-// observing thread runs on another GPU; virtual ranks share one GPU, where gpu scope is the
-// right one (measured 135 ns on H200). SOLLAT_FENCE_SYS is set per build (sollat/algorithms.py).
+#define SOLLAT_MEM_SCOPES(DEF, ORDER, Q) DEF(ORDER, Cta, Q ".cta") DEF(ORDER, Gpu, Q ".gpu") DEF(ORDER, Sys, Q ".sys")
+
+#define SOLLAT_MEM_LOAD(ORDER, SCOPE, Q)                                                                    \
+  template <> struct Load<Order::ORDER, Scope::SCOPE> {                                                     \
+    __device__ __forceinline__ static u32 word(const u32* p) {                                              \
+      u32 v;                                                                                                \
+      asm volatile("ld" Q ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");                          \
+      return v;                                                                                             \
+    }                                                                                                       \
+    __device__ __forceinline__ static Line line(const Line* p) {                                            \
+      Line l;                                                                                               \
+      asm volatile("ld" Q ".global.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p) : "memory");  \
+      return l;                                                                                             \
+    }                                                                                                       \
+  };
+SOLLAT_MEM_LOAD(Volatile, Sys, ".volatile")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_LOAD, Relaxed, ".relaxed")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_LOAD, Acquire, ".acquire")
+
+#define SOLLAT_MEM_STORE(ORDER, SCOPE, Q)                                                                   \
+  template <> struct Store<Order::ORDER, Scope::SCOPE> {                                                    \
+    __device__ __forceinline__ static void word(u32* p, u32 v) {                                            \
+      asm volatile("st" Q ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                             \
+    }                                                                                                       \
+    __device__ __forceinline__ static void line(Line* p, const Line& l) {                                   \
+      asm volatile("st" Q ".global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(l.lo), "l"(l.hi) : "memory");      \
+    }                                                                                                       \
+  };
+SOLLAT_MEM_STORE(Volatile, Sys, ".volatile")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_STORE, Relaxed, ".relaxed")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_STORE, Release, ".release")
+
+// Read-modify-writes: CAS, and the adds LL128 issues (16-byte vectors of f32, bf16x2 or f16x2,
+// and single words; w holds the raw bits). Packed 16-bit adds keep denormals (.noftz).
+#define SOLLAT_MEM_ATOMIC(ORDER, SCOPE, Q)                                                                  \
+  template <> struct Atomic<Order::ORDER, Scope::SCOPE> {                                                   \
+    __device__ __forceinline__ static u32 cas(u32* p, u32 expect, u32 value) {                              \
+      u32 old;                                                                                              \
+      asm volatile("atom" Q ".global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(expect), "r"(value) : "memory"); \
+      return old;                                                                                           \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add_v4(float*, void* p, const u32 (&w)[4]) {                     \
+      asm volatile("red" Q ".global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(__uint_as_float(w[0])), \
+                   "f"(__uint_as_float(w[1])), "f"(__uint_as_float(w[2])), "f"(__uint_as_float(w[3])) : "memory"); \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add_v4(bf16*, void* p, const u32 (&w)[4]) {                      \
+      asm volatile("red" Q ".global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), \
+                   "r"(w[2]), "r"(w[3]) : "memory");                                                        \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add_v4(f16*, void* p, const u32 (&w)[4]) {                       \
+      asm volatile("red" Q ".global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(w[0]), "r"(w[1]), \
+                   "r"(w[2]), "r"(w[3]) : "memory");                                                        \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add(float*, void* p, float v) {                                  \
+      asm volatile("red" Q ".global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");                         \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add(bf16*, void* p, u32 w) {                                     \
+      asm volatile("red" Q ".global.add.noftz.bf16x2 [%0], %1;" ::"l"(p), "r"(w) : "memory");                \
+    }                                                                                                       \
+    __device__ __forceinline__ static void add(f16*, void* p, u32 w) {                                      \
+      asm volatile("red" Q ".global.add.noftz.f16x2 [%0], %1;" ::"l"(p), "r"(w) : "memory");                 \
+    }                                                                                                       \
+  };
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_ATOMIC, Relaxed, ".relaxed")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_ATOMIC, Release, ".release")
+
+#define SOLLAT_MEM_FENCE(ORDER, SCOPE, Q) \
+  template <> struct Fence<Order::ORDER, Scope::SCOPE> { \
+    __device__ __forceinline__ static void issue() { asm volatile("fence" Q ";" ::: "memory"); } \
+  };
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_FENCE, AcqRel, ".acq_rel")
+SOLLAT_MEM_SCOPES(SOLLAT_MEM_FENCE, SeqCst, ".sc")
+
+#undef SOLLAT_MEM_FENCE
+#undef SOLLAT_MEM_ATOMIC
+#undef SOLLAT_MEM_STORE
+#undef SOLLAT_MEM_LOAD
+#undef SOLLAT_MEM_SCOPES
+}  // namespace mem
+
+template <Order O, Scope S> __device__ __forceinline__ u32 ld(const u32* p) { return mem::Load<O, S>::word(p); }
+template <Order O, Scope S> __device__ __forceinline__ Line ld(const Line* p) { return mem::Load<O, S>::line(p); }
+template <Order O, Scope S> __device__ __forceinline__ void st(u32* p, u32 v) { mem::Store<O, S>::word(p, v); }
+template <Order O, Scope S> __device__ __forceinline__ void st(Line* p, const Line& l) { mem::Store<O, S>::line(p, l); }
+template <Order O, Scope S> __device__ __forceinline__ u32 atom_cas(u32* p, u32 expect, u32 value) {
+  return mem::Atomic<O, S>::cas(p, expect, value);
+}
+// One 16-byte vector atomic add of four words into p (16-byte aligned); T* selects the element type.
+template <Order O, Scope S, typename T> __device__ __forceinline__ void red_add_v4(T* tag, void* p, const u32 (&w)[4]) {
+  mem::Atomic<O, S>::add_v4(tag, p, w);
+}
+template <Order O, Scope S, typename T, typename V> __device__ __forceinline__ void red_add(T* tag, void* p, V v) {
+  mem::Atomic<O, S>::add(tag, p, v);
+}
+// Orders this thread's memory operations before and after it (acq_rel by default) at scope S.
+template <Scope S, Order O = Order::AcqRel> __device__ __forceinline__ void fence() { mem::Fence<O, S>::issue(); }
+
+// The scope of the peer that writes this GPU's scratch: another GPU on real ranks, this GPU on
+// virtual ranks. A store that gives a line back to that peer (sentinel reset, LL128 zeroing) is
+// ordered before the store that lets the peer write it again by fence<peer_scope()>(): PTX's model
+// asks for system scope when the observer runs on another GPU; gpu scope is the right one (135 ns
+// on H200) when it runs on this GPU. SOLLAT_FENCE_SYS is set per build (sollat/algorithms.py).
 #ifndef SOLLAT_FENCE_SYS
 #define SOLLAT_FENCE_SYS 1
 #endif
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ void fence_acq_rel_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
-__device__ __forceinline__ void fence_before_peer_reuse() {
-  if (SOLLAT_FENCE_SYS) fence_acq_rel_sys();
-  else fence_acq_rel_gpu();
+__host__ __device__ constexpr Scope peer_scope() { return SOLLAT_FENCE_SYS ? Scope::Sys : Scope::Gpu; }
+
+// Raises a u32 flag in host-mapped (pinned) memory that the host polls without synchronising.
+// `flag` holds its address (a pointer, or CommState::err_host's u64) and is read after the fence:
+// __threadfence_system() (fence.sc.sys) publishes this thread's earlier writes first; the flag is
+// a volatile store through the generic address (never cached, never elided).
+template <typename Addr>
+__device__ __forceinline__ void signal_host(const Addr& flag) {
+  __threadfence_system();
+  *(volatile u32*)flag = 1u;
 }
 
 // Nanosecond wall clock, for bounding spins (coarse ticks, which is fine for timeouts).

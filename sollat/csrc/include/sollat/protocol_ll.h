@@ -57,6 +57,11 @@ struct ProtoLL {
   template <typename T>
   __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l.lo); }
 
+  // How a line travels. Volatile (relaxed, system scope), no fence: payload and flag are one
+  // untorn 16-byte access, so the flag that says "this epoch" carries its payload with it.
+  __device__ __forceinline__ static void store(Line* p, const Line& l) { st<Order::Volatile, Scope::Sys>(p, l); }
+  __device__ __forceinline__ static Line load(const Line* p) { return ld<Order::Volatile, Scope::Sys>(p); }
+
   // Nothing to clear (see above); csrc/kernels/diag_oneshot_breakdown.cu's ProtoLLReset clears.
   __device__ __forceinline__ static void reset(Line*) {}
 };

@@ -18,12 +18,12 @@
 // element granularity is never read half-written. After reading it stores the sentinel back
 // (reset). That reset must land before the sender writes this line again. The sender writes it
 // again only after receiving this receiver's *next* message on the same line-channel, so the
-// reset needs to be ordered before the receiver's next send: inside one kernel a
-// `fence.acq_rel.gpu` does that (LLBuffer issues it lazily, before the first send after a reset);
+// reset needs to be ordered before the receiver's next send: inside one kernel an acq_rel fence
+// does that (LLBuffer issues fence<peer_scope()>() lazily, before the first send after a reset);
 // across kernels the kernel boundary does (a kernel's stores are performed before the next
-// kernel in the stream starts, and PDL's griddepcontrol.wait preserves that). The reset is a
-// store to this GPU's own memory, whose L2 is the point where the peer's later remote store is
-// serialised, which is why a gpu-scope fence suffices.
+// kernel in the stream starts, and PDL's griddepcontrol.wait preserves that). The fence's scope is
+// the peer's (memory.h, peer_scope): gpu on virtual ranks, system on real ranks, as PTX's model
+// asks when the observer runs on another GPU.
 #ifndef SOLLAT_PROTOCOL_SENTINEL_H_
 #define SOLLAT_PROTOCOL_SENTINEL_H_
 
@@ -40,6 +40,7 @@ struct SentinelWords;
 // Two 16-bit elements per 32-bit word, handled as SIMD-within-a-register.
 template <typename T>
 struct SentinelWords<T, 16> {
+  static_assert(Bits<T>::kSentinel == (u16)~0u, "anyEmpty below finds all-ones lanes");
   static constexpr u32 kLow = 0x00010001u, kHigh = 0x80008000u;
   static constexpr u32 kExp = Bits<T>::kExpMask;
   // A lane is a NaN iff its magnitude (sign cleared) exceeds the all-ones exponent with a zero
@@ -60,7 +61,7 @@ struct SentinelWords<T, 32> {
   __device__ __forceinline__ static u32 canonicalise(u32 w) {
     return (w & 0x7FFFFFFFu) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
   }
-  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return w == 0xFFFFFFFFu ? 1u : 0u; }
+  __device__ __forceinline__ static u32 anyEmpty(u32 w) { return w == Bits<T>::kSentinel ? 1u : 0u; }
 };
 
 template <typename T>
@@ -68,7 +69,7 @@ struct SentinelWords<T, 64> {
   __device__ __forceinline__ static u64 canonicalise(u64 w) {
     return (w & 0x7FFFFFFFFFFFFFFFull) > Bits<T>::kExpMask ? Bits<T>::kCanonicalNaN : w;
   }
-  __device__ __forceinline__ static u32 anyEmpty(u64 w) { return w == ~0ull ? 1u : 0u; }
+  __device__ __forceinline__ static u32 anyEmpty(u64 w) { return w == Bits<T>::kSentinel ? 1u : 0u; }
 };
 
 // A line as the words SentinelWords<T> works on.
@@ -113,8 +114,16 @@ struct ProtoSentinel {
   template <typename T>
   __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l); }
 
-  // The line is this thread's own scratch; see the header comment for how it is ordered.
-  __device__ __forceinline__ static void reset(Line* own) { st_volatile_line(own, ~0ull, ~0ull); }
+  // How a line travels. Volatile (relaxed, system scope), no fence: a line counts only when every
+  // element is data, so even a store torn at element granularity is never taken half-written.
+  __device__ __forceinline__ static void store(Line* p, const Line& l) { st<Order::Volatile, Scope::Sys>(p, l); }
+  __device__ __forceinline__ static Line load(const Line* p) { return ld<Order::Volatile, Scope::Sys>(p); }
+
+  static_assert((u32)~0ull == kSentinelF32 && (u16)~0ull == kSentinelBf16 && (u16)~0ull == kSentinelF16 &&
+                ~0ull == kSentinelF64, "an all-ones line is empty in every dtype (abi.py REST_BYTE)");
+  // Volatile, no fence here: it follows this thread's load of the same address (same-address
+  // order), and LLBuffer fences it before the next send (fence<peer_scope()>, header comment).
+  __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{~0ull, ~0ull}); }
 };
 
 }  // namespace sollat

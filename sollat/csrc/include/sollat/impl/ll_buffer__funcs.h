@@ -24,7 +24,7 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const Bu
   this->used = 0;
   this->resetPending = false;
 #pragma unroll
-  for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];
+  for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];  // weak: see commit()
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
@@ -50,7 +50,7 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::beforeSend()
   // Sentinel: a reset stored since the last send must land before this send, because this send
   // is what lets the peer write the reset line again (protocol_sentinel.h).
   if (Proto::kNeedsReset && this->resetPending) {
-    fence_before_peer_reuse();
+    fence<peer_scope()>();  // acq_rel at the peer's scope: the reset is performed before the send
     this->resetPending = false;
   }
 }
@@ -60,7 +60,7 @@ template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
-  st_volatile_line(peerLine(peer, i), l.lo, l.hi);
+  Proto::store(peerLine(peer, i), l);  // the protocol's order (no fence: see beforeSend)
   this->used |= 1u << i;
 }
 
@@ -75,7 +75,7 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   const long long off = sendOffset(i);
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
-    if (p < this->d.nranks && p != this->d.rank) st_volatile_line(this->d.base[p] + off, l.lo, l.hi);
+    if (p < this->d.nranks && p != this->d.rank) Proto::store(this->d.base[p] + off, l);
   this->used |= 1u << i;
   return Proto::template payload<T>(l);
 }
@@ -84,7 +84,7 @@ template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::poll(int src, int i, Line& l) {
   u32 seen = 0;
-  l = ld_volatile_line(ownLine(src, i));
+  l = Proto::load(ownLine(src, i));  // the protocol's order; completeness is Proto::check's
   const int r = Proto::template check<T>(l, this->d.sig, this->epoch[i], &seen);
   if (r < 0) this->fault->raise(kMismatch, this->d.rank, src, this->slot0 + i * kSlotStride, this->epoch[i], seen);
   return r;
@@ -119,7 +119,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
   while (pending) {
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)  // issue every load before looking at any result
-      if (pending & (1u << i)) lines[i] = ld_volatile_line(ownLine(peer, i));
+      if (pending & (1u << i)) lines[i] = Proto::load(ownLine(peer, i));
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (!(pending & (1u << i))) continue;
@@ -152,7 +152,7 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(u
   for (int p = 0; p < kMaxRanks; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-      if (pending & (1u << (p * kSlots + i))) lines[p][i] = ld_volatile_line(ownLine(p, i));
+      if (pending & (1u << (p * kSlots + i))) lines[p][i] = Proto::load(ownLine(p, i));
 }
 
 // Checks every pending line of `lines`: clears the bits of complete ones and resets those lines
@@ -291,7 +291,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::advanceEpoch
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::commit() {
 #pragma unroll
-  for (int i = 0; i < kSlots; ++i) this->d.epochs[this->slot0 + i * kSlotStride] = this->epoch[i];
+  for (int i = 0; i < kSlots; ++i)  // weak stores: the kernel boundary orders them before the next call's loads
+    this->d.epochs[this->slot0 + i * kSlotStride] = this->epoch[i];
 }
 
 }  // namespace sollat
