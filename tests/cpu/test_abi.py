@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from sollat import abi, build, layout
+from sollat import abi, algorithms, build, layout
 from sollat.algorithms import ALGORITHMS
 from sollat.dtypes import DTYPES
 
@@ -103,6 +103,11 @@ def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:
             kernel = abi.KERNELS[name]  # every entry point is a kernel of the contract
             defined.add(name)
             assert f"constexpr int kBuffers = {abi.kernel_buffers_name(kernel)};" in text, f.name
+    for alg in algorithms.RMSNORM_ALGORITHMS.values():  # the fused kernel defines its own entry points
+        text = build.kernel_source(alg.kernel_file)
+        assert f"constexpr int kBuffers = {abi.kernel_buffers_name(abi.KERNELS[alg.kernel])};" in text, alg.kernel_file
+        assert f"{alg.kernel}_pg(" in text and f"{alg.kernel}_vr(" in text, alg.kernel_file
+        defined.add(alg.kernel)
     assert defined == set(abi.KERNELS)
     for alg in ALGORITHMS.values():
         assert alg.buffers == abi.KERNELS[alg.kernel].buffers
