@@ -219,7 +219,7 @@ class _CommBase(DeviceState):
             choice = self._choices.get(key)
             if choice is None:
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
-                                       nccl_available=False, available=tuple(rmsnorm.ALGOS))
+                                       handovers=frozenset(), available=tuple(rmsnorm.ALGOS))
                 self._choices[key] = choice
             return rmsnorm.ALGOS[choice]
         return rmsnorm.internal_name(algo)

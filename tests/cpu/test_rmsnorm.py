@@ -352,3 +352,12 @@ def test_experimental_op_is_off_unless_opted_in(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(rmsnorm.EXPERIMENTAL_ENV, "1")
     with pytest.raises(sollat.UnsupportedError, match="needs xs as a list of 2 tensors"):  # past the gate
         c.all_reduce_rmsnorm([x] * 3, [res] * 2, w)
+
+
+def test_auto_resolves_through_the_tuning_table() -> None:
+    """algo="auto" picks a fused one-shot algorithm from the AllReduce table at every size (never a
+    library path: the fused op has none)."""
+    c = fake_virtual(2)
+    for nbytes in (4, 1024, 1 << 20, 64 << 20):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            assert c._rmsnorm_resolve("auto", nbytes, dtype) in algorithms.RMSNORM_ALGORITHMS
