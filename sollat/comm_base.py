@@ -7,7 +7,7 @@ communicators are ``communicator.py`` (one process per GPU) and ``virtual.py`` (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,28 +175,13 @@ class _CommBase(DeviceState):
         alg.check(dt.torch_dtype, op)
         rmax = algorithms.max_ranks_template(self.world_size)
         lines = alg.lines_per_rank(n, dt, self.world_size)
-        max_blocks = self.max_blocks
-        while True:
+        kernel_file = self._kernel_files.get(name, alg.kernel_file)
+
+        def build_for(max_blocks: int) -> tuple[layout.Geometry, Any]:
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
-            defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
-                                                real_ranks=self._entry == "pg")
-            defines.update(self._defines)
-            kernel_file = self._kernel_files.get(name, alg.kernel_file)
-            kernel = build.get_kernel(kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
-            config = self._launch_config(geo.blocks, geo.threads)
-            if self._co_resident(kernel, config, geo.blocks, geo.threads):
-                break
-            if self._entry == "pg":
-                # Real ranks must cut every call identically (epochs agree only then), so the
-                # grid may not depend on this GPU's occupancy: refuse instead of re-planning.
-                raise UnsupportedError(f"all_reduce: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
-                                       f"on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
-            if max_blocks == 1:
-                raise UnsupportedError(f"all_reduce: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
-                                       f"cannot be co-resident on {self.gpu_name}")
-            per_sm = self._blocks_per_sm(kernel, geo.threads)
-            max_blocks = max(1, (per_sm * self._num_sms) // self._launch_ranks)
-            max_blocks = min(max_blocks, geo.blocks - 1)
+            return geo, self._kernel(alg, kernel_file, dt, op, rmax, geo.slots)
+
+        geo, kernel, config = self._fitting_launch("all_reduce", build_for, self.max_blocks)
         sig = algorithms.signature(alg, dt, op, n)
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
@@ -233,24 +218,11 @@ class _CommBase(DeviceState):
         alg = algorithms.RMSNORM_ALGORITHMS[name]
         alg.check(dt.torch_dtype, "sum", rmsnorm.OPNAME)
         rmax = algorithms.max_ranks_template(self.world_size)
-        max_blocks = alg.max_blocks
-        while True:  # as _plan: fewer blocks (more rows per block) until every block fits at once
+        def build_for(max_blocks: int) -> tuple[rmsnorm.RowGeometry, Any]:  # fewer blocks: more rows per block
             geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks)
-            defines = algorithms.kernel_defines(alg, dt, "sum", rmax, geo.slots, self._test_hooks,
-                                                real_ranks=self._entry == "pg")
-            defines.update(self._defines)
-            kernel = build.get_kernel(alg.kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
-            config = self._launch_config(geo.blocks, geo.threads)
-            if self._co_resident(kernel, config, geo.blocks, geo.threads):
-                break
-            if self._entry == "pg":
-                raise UnsupportedError(f"{rmsnorm.OPNAME}: {geo.blocks} blocks of {geo.threads} threads do not fit "
-                                       f"at once on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
-            if geo.blocks == 1:
-                raise UnsupportedError(f"{rmsnorm.OPNAME}: {self._launch_ranks} ranks x 1 block of {geo.threads} "
-                                       f"threads cannot be co-resident on {self.gpu_name}")
-            per_sm = self._blocks_per_sm(kernel, geo.threads)
-            max_blocks = max(1, min((per_sm * self._num_sms) // self._launch_ranks, geo.blocks - 1))
+            return geo, self._kernel(alg, alg.kernel_file, dt, "sum", rmax, geo.slots)
+
+        geo, kernel, config = self._fitting_launch(rmsnorm.OPNAME, build_for, alg.max_blocks)
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": rows * hidden, "st": self._state.data_ptr(), "region_off": self._region_off[name],
@@ -277,6 +249,32 @@ class _CommBase(DeviceState):
             self._calls[key] = entry
         assert not isinstance(entry, str)
         return entry
+
+    def _kernel(self, alg: Algorithm, kernel_file: str, dt: DType, op: str, rmax: int, slots: int) -> Any:
+        """The compiled entry point of one instantiation (this communicator's extra defines included)."""
+        defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg")
+        defines.update(self._defines)
+        return build.get_kernel(kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+
+    def _fitting_launch(self, opname: str, build_for: Callable[[int], tuple[Any, Any]],
+                        max_blocks: int) -> tuple[Any, Any, Any]:
+        """(geometry, kernel, launch config) for at most ``max_blocks`` blocks per rank, every block
+        co-resident (block b of a rank waits for block b of the others). Virtual ranks retry with
+        fewer blocks; real ranks must cut every call identically (epochs agree only then), so their
+        grid may not depend on this GPU's occupancy: they refuse instead."""
+        while True:
+            geo, kernel = build_for(max_blocks)
+            config = self._launch_config(geo.blocks, geo.threads)
+            if self._co_resident(kernel, config, geo.blocks, geo.threads):
+                return geo, kernel, config
+            if self._entry == "pg":
+                raise UnsupportedError(f"{opname}: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
+                                       f"on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
+            if geo.blocks == 1:
+                raise UnsupportedError(f"{opname}: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
+                                       f"cannot be co-resident on {self.gpu_name}")
+            per_sm = self._blocks_per_sm(kernel, geo.threads)
+            max_blocks = max(1, min((per_sm * self._num_sms) // self._launch_ranks, geo.blocks - 1))
 
     def _blocks_per_sm(self, kernel: Any, threads: int) -> int:
         key = (id(kernel), threads)
