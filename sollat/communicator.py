@@ -70,12 +70,14 @@ class Communicator(_CommBase):
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
         names = algorithm_names(algorithms)
-        blocks = checked_max_blocks(max_blocks, "Communicator",
-                                    default=layout.default_max_blocks_real(dist.get_world_size(group)))
+        blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
         if torch_twoshot_bytes is not None and (isinstance(torch_twoshot_bytes, bool) or not isinstance(
                 torch_twoshot_bytes, int) or torch_twoshot_bytes < 0):
             raise UnsupportedError(f"Communicator: torch_twoshot_bytes must be an integer >= 0, got {torch_twoshot_bytes!r}")
         dev = cuda_device(None, "Communicator")
+        if not blocks:  # every block of a rank must be resident at once: no more blocks than SMs
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            blocks = min(sms, layout.default_max_blocks_real(dist.get_world_size(group)))
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)

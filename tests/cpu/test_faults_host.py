@@ -50,6 +50,29 @@ def test_virtual_device_is_validated_before_the_gpu_check(device: object, match:
         sollat.VirtualCommunicator(2, device=device)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value, env, match", [(0, None, "1..128"), (129, None, "1..128"), (2.0, None, "1..128"),
+                                               (True, None, "1..128"), (None, "x", r"\$SOLLAT_MAX_BLOCKS"),
+                                               (None, "0", r"\$SOLLAT_MAX_BLOCKS")])
+def test_max_blocks_is_validated_before_the_gpu_check(monkeypatch, value: object, env: str | None, match: str) -> None:
+    if env is not None:
+        monkeypatch.setenv("SOLLAT_MAX_BLOCKS", env)
+    with pytest.raises(sollat.UnsupportedError, match=match):
+        sollat.VirtualCommunicator(2, max_blocks=value)  # type: ignore[arg-type]
+
+
+def test_max_blocks_defaults(monkeypatch) -> None:
+    from sollat import layout
+    from sollat.validate import checked_max_blocks
+
+    monkeypatch.delenv("SOLLAT_MAX_BLOCKS", raising=False)
+    assert checked_max_blocks(None, "t", default=16) == 16
+    assert checked_max_blocks(64, "t", default=16) == 64
+    monkeypatch.setenv("SOLLAT_MAX_BLOCKS", "32")
+    assert checked_max_blocks(None, "t", default=16) == 32 and checked_max_blocks(8, "t", default=16) == 8
+    # real ranks: 128 blocks at 2 ranks, ranks x blocks = 256 beyond (scratch stays the same size)
+    assert [layout.default_max_blocks_real(w) for w in (2, 3, 4, 8)] == [128, 85, 64, 32]
+
+
 def test_no_gpu_is_an_unsupported_error(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(sollat.UnsupportedError, match="no CUDA device"):
