@@ -43,7 +43,8 @@ class _CommBase(DeviceState):
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
-               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int) -> None:
+               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
+               customs: Sequence[Algorithm] = ()) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
         self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
         self.device = device
@@ -75,20 +76,19 @@ class _CommBase(DeviceState):
         self._num_sms: int = props.multi_processor_count
 
         # Region offsets inside every rank's scratch: the control block (fault record), then one
-        # region per algorithm.
+        # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
+        self._customs = {a.name: a for a in customs}
+        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs))
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
-        for name in algorithms.region_names(self._algos):
-            self._region_off[name] = off
-            off += algorithms.region_algorithm(name).scratch_bytes(world_size, algorithms.region_blocks(name, max_blocks))
+        for reg in self._regions:
+            self._region_off[reg.name] = off
+            off += reg.alg.scratch_bytes(world_size, reg.blocks)
         self.scratch_bytes_per_rank = off
         self._scratch_ptrs = scratch_ptrs
-        # Epoch counters, one set per algorithm, per launch-rank (device memory, starts at 0).
-        self._epochs = {
-            name: torch.zeros(launch_ranks * algorithms.region_algorithm(name).epoch_words(
-                algorithms.region_blocks(name, max_blocks)), dtype=torch.int32, device=device)
-            for name in algorithms.region_names(self._algos)
-        }
+        # Epoch counters, one set per region, per launch-rank (device memory, starts at 0).
+        self._epochs = {reg.name: torch.zeros(launch_ranks * reg.alg.epoch_words(reg.blocks), dtype=torch.int32,
+                                              device=device) for reg in self._regions}
         # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
         # thread of this process that meets a fault, so the host can look without a sync.
         self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
@@ -171,7 +171,8 @@ class _CommBase(DeviceState):
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        alg = ALGORITHMS[name]
+        alg = ALGORITHMS.get(name) or self._customs[name]
+        what = getattr(alg, "opname", "all_reduce")
         alg.check(dt.torch_dtype, op)
         rmax = algorithms.max_ranks_template(self.world_size)
         lines = alg.lines_per_rank(n, dt, self.world_size)
@@ -181,18 +182,20 @@ class _CommBase(DeviceState):
             defines = algorithms.kernel_defines(alg, dt, op, rmax, geo.slots, self._test_hooks,
                                                 real_ranks=self._entry == "pg")
             defines.update(self._defines)
-            kernel_file = self._kernel_files.get(name, alg.kernel_file)
-            kernel = build.get_kernel(kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+            entry = f"{alg.kernel}_{self._entry}"
+            source = getattr(alg, "source", "")
+            kernel = (build.get_source_kernel(source, alg.kernel, entry, defines=defines) if source else
+                      build.get_kernel(self._kernel_files.get(name, alg.kernel_file), entry, defines=defines))
             config = self._launch_config(geo.blocks, geo.threads)
             if self._co_resident(kernel, config, geo.blocks, geo.threads):
                 break
             if self._entry == "pg":
                 # Real ranks must cut every call identically (epochs agree only then), so the
                 # grid may not depend on this GPU's occupancy: refuse instead of re-planning.
-                raise UnsupportedError(f"all_reduce: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
+                raise UnsupportedError(f"{what}: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
                                        f"on {self.gpu_name}; sollat needs a GPU with at least {geo.blocks} SMs")
             if max_blocks == 1:
-                raise UnsupportedError(f"all_reduce: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
+                raise UnsupportedError(f"{what}: {self._launch_ranks} ranks x 1 block of {geo.threads} threads "
                                        f"cannot be co-resident on {self.gpu_name}")
             per_sm = self._blocks_per_sm(kernel, geo.threads)
             max_blocks = max(1, (per_sm * self._num_sms) // self._launch_ranks)
