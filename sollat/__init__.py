@@ -4,10 +4,13 @@
 >>> y = comm.all_reduce(x)                          # algo="auto"
 >>> vcomm = sollat.VirtualCommunicator(4)           # 4 ranks on this one GPU
 >>> ys = vcomm.all_reduce([x0, x1, x2, x3])
+>>> # your own kernel, written with the device API (docs/custom-collectives.md)
+>>> coll = sollat.custom.Collective("maxabs", pathlib.Path("maxabs.cu"))
 """
 
 from __future__ import annotations
 
+from . import custom
 from .algorithms import ALGORITHMS
 from .communicator import Communicator, VirtualCommunicator
 from .errors import (
@@ -30,6 +33,7 @@ __all__ = [
     "UnsupportedError",
     "VirtualCommunicator",
     "__version__",
+    "custom",
 ]
 
 

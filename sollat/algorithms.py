@@ -121,9 +121,51 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
+@dataclass(frozen=True)
+class CustomAlgorithm(Algorithm):
+    """A user-written collective (``sollat.custom.Collective``) as the planner sees it: its source
+    is compiled instead of a file of csrc/kernels, its buffer count is the user's (not abi.KERNELS),
+    and it takes no reduction op (its kernel brings its own)."""
+
+    source: str = ""
+    n_buffers: int = 1
+    gathers: bool = False  # the output is world_size times the input (rank r's data at r * n)
+
+    @property
+    def buffers(self) -> int:
+        return self.n_buffers
+
+    @property
+    def opname(self) -> str:
+        return f"run({self.kernel!r})"
+
+    def check(self, dtype: torch.dtype, op: str, opname: str = "") -> None:
+        if dtype not in self.dtypes:
+            ok = ", ".join(sorted(str(d).replace("torch.", "") for d in self.dtypes))
+            raise UnsupportedError(f"{opname or self.opname}: collective {self.kernel!r} does not support dtype "
+                                   f"{dtype}; it was registered with dtypes {ok}")
+
+
+@dataclass(frozen=True)
+class Region:
+    """One scratch region (and epoch array) of a communicator."""
+
+    name: str  # key of _region_off / _epochs
+    alg: Algorithm
+    blocks: int  # blocks per rank it is sized for
+
+
+def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = ()) -> tuple[Region, ...]:
+    """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
+    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks), then the user-written
+    collectives registered at construction (``max_blocks``)."""
+    return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
+            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items())
+            + tuple(Region(a.name, a, max_blocks) for a in customs))
+
+
 def region_names(names: tuple[str, ...]) -> tuple[str, ...]:
-    """Every algorithm that gets a scratch region and epochs: the enabled AllReduce algorithms,
-    then every fused RMSNorm algorithm."""
+    """The built-in regions' names (``regions`` without user collectives)."""
     return tuple(names) + tuple(RMSNORM_ALGORITHMS)
 
 
@@ -152,7 +194,6 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
     Communicator), else virtual ranks sharing one GPU (``_vr``)."""
     d = {
         "SOLLAT_T": dt.cxx,
-        "SOLLAT_OP": {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op],
         "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
@@ -160,6 +201,10 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
         "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",
     }
+    if op:  # a user-written collective takes none (op ""): its kernel brings its own operator
+        d["SOLLAT_OP"] = {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op]
+    if isinstance(alg, CustomAlgorithm):
+        d["SOLLAT_BUFFERS"] = str(alg.buffers)  # the kernel's kBuffers (the _vr entry's epoch stride)
     if alg.unit_user_bytes:
         # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).

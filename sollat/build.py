@@ -271,5 +271,37 @@ def get_kernel(filename: str, kernel_name: str, *, defines: Mapping[str, str] | 
     return load_module(filename, defines=defines).get_kernel(kernel_name)
 
 
+def source_digest(source: str) -> str:
+    """sha256 of a kernel source (user-written collectives: part of their module and cubin keys)."""
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def load_source(source: str, *, name: str, arch: str | None = None, defines: Mapping[str, str] | None = None) -> Any:
+    """Compile (or fetch) CUDA C++ ``source`` (a user-written collective, sollat.custom) with
+    sollat's options and include path, and load it as a ``cuda.core`` ObjectCode. The cubin cache
+    key covers the source text (cache_key), so an edited source is always recompiled."""
+    from cuda.core import ObjectCode
+
+    arch = arch or device_arch()
+    key = (f"source:{source_digest(source)}", arch, tuple(sorted((defines or {}).items())))
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            cubin = compile_cubin(source, name=name, arch=arch, defines=defines)
+            mod = ObjectCode.from_cubin(cubin, name=name)
+            _modules[key] = mod
+    return mod
+
+
+def get_source_kernel(source: str, name: str, kernel_name: str, *, defines: Mapping[str, str] | None = None) -> Any:
+    """Kernel ``kernel_name`` of ``source`` (``load_source``) on the current device's arch."""
+    mod = load_source(source, name=name, defines=defines)
+    try:
+        return mod.get_kernel(kernel_name)
+    except Exception as exc:
+        raise RuntimeError(f"sollat: the source of {name!r} compiled but has no kernel {kernel_name!r}; its entry "
+                           f"points must come from SOLLAT_DEFINE_ENTRY_POINTS({name}, SOLLAT_T, body) ({exc})") from exc
+
+
 def kernel_files() -> Iterable[str]:
     return sorted(p.name for p in KERNEL_DIR.glob("*.cu"))

@@ -43,7 +43,8 @@ class _CommBase(DeviceState):
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
-               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int) -> None:
+               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
+               customs: Sequence[Algorithm] = ()) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
         self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
         self.device = device
@@ -75,20 +76,19 @@ class _CommBase(DeviceState):
         self._num_sms: int = props.multi_processor_count
 
         # Region offsets inside every rank's scratch: the control block (fault record), then one
-        # region per algorithm.
+        # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
+        self._customs = {a.name: a for a in customs}
+        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs))
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
-        for name in algorithms.region_names(self._algos):
-            self._region_off[name] = off
-            off += algorithms.region_algorithm(name).scratch_bytes(world_size, algorithms.region_blocks(name, max_blocks))
+        for reg in self._regions:
+            self._region_off[reg.name] = off
+            off += reg.alg.scratch_bytes(world_size, reg.blocks)
         self.scratch_bytes_per_rank = off
         self._scratch_ptrs = scratch_ptrs
-        # Epoch counters, one set per algorithm, per launch-rank (device memory, starts at 0).
-        self._epochs = {
-            name: torch.zeros(launch_ranks * algorithms.region_algorithm(name).epoch_words(
-                algorithms.region_blocks(name, max_blocks)), dtype=torch.int32, device=device)
-            for name in algorithms.region_names(self._algos)
-        }
+        # Epoch counters, one set per region, per launch-rank (device memory, starts at 0).
+        self._epochs = {reg.name: torch.zeros(launch_ranks * reg.alg.epoch_words(reg.blocks), dtype=torch.int32,
+                                              device=device) for reg in self._regions}
         # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
         # thread of this process that meets a fault, so the host can look without a sync.
         self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
@@ -171,7 +171,8 @@ class _CommBase(DeviceState):
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        alg = ALGORITHMS[name]
+        alg = ALGORITHMS.get(name) or self._customs[name]
+        what = getattr(alg, "opname", "all_reduce")
         alg.check(dt.torch_dtype, op)
         rmax = algorithms.max_ranks_template(self.world_size)
         lines = alg.lines_per_rank(n, dt, self.world_size)
@@ -181,7 +182,7 @@ class _CommBase(DeviceState):
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             return geo, self._kernel(alg, kernel_file, dt, op, rmax, geo.slots)
 
-        geo, kernel, config = self._fitting_launch("all_reduce", build_for, self.max_blocks)
+        geo, kernel, config = self._fitting_launch(what, build_for, self.max_blocks)
         sig = algorithms.signature(alg, dt, op, n)
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
@@ -250,11 +251,16 @@ class _CommBase(DeviceState):
         assert not isinstance(entry, str)
         return entry
 
-    def _kernel(self, alg: Algorithm, kernel_file: str, dt: DType, op: str, rmax: int, slots: int) -> Any:
-        """The compiled entry point of one instantiation (this communicator's extra defines included)."""
+    def _kernel(self, alg: Any, kernel_file: str, dt: DType, op: str, rmax: int, slots: int) -> Any:
+        """The compiled entry point of one instantiation (this communicator's extra defines included);
+        a user-written collective (sollat.custom) is built from its own source."""
         defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg")
         defines.update(self._defines)
-        return build.get_kernel(kernel_file, f"{alg.kernel}_{self._entry}", defines=defines)
+        entry = f"{alg.kernel}_{self._entry}"
+        source = getattr(alg, "source", "")
+        if source:
+            return build.get_source_kernel(source, alg.kernel, entry, defines=defines)
+        return build.get_kernel(kernel_file, entry, defines=defines)
 
     def _fitting_launch(self, opname: str, build_for: Callable[[int], tuple[Any, Any]],
                         max_blocks: int) -> tuple[Any, Any, Any]:

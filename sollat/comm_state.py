@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import abi, faults, launch, layout
-from .algorithms import region_algorithm, region_blocks, region_names
+from .algorithms import Algorithm, Region, regions
 
 _STATE_FMT = abi.STATE_FORMAT  # CommState (abi.py, rendered into abi.h)
 
@@ -27,6 +27,7 @@ class DeviceState:
     timeout_s: float
     debug: bool
     _algos: tuple[str, ...]
+    _regions: tuple[Region, ...]
     _region_off: dict[str, int]
     _scratch_ptrs: list[int]
     _epochs: dict[str, torch.Tensor]
@@ -55,10 +56,9 @@ class DeviceState:
         LL 0, as flag 0 is never valid; sentinel all ones, empty in every dtype)."""
         for v in views:
             v[:layout.CONTROL_BYTES].zero_()
-            for name in region_names(self._algos):
-                alg = region_algorithm(name)
-                off = self._region_off[name]
-                v[off:off + alg.scratch_bytes(self.world_size, region_blocks(name, self.max_blocks))].fill_(abi.REST_BYTE[alg.proto])
+            for reg in self._regions:
+                off = self._region_off[reg.name]
+                v[off:off + reg.alg.scratch_bytes(self.world_size, reg.blocks)].fill_(abi.REST_BYTE[reg.alg.proto])
 
     def check(self, sync: bool = True) -> None:
         """Raise the fault recorded by an earlier call of any rank, if any.
@@ -137,11 +137,12 @@ class DeviceState:
         torch.cuda.synchronize(self.device)
 
 
-def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int) -> int:
-    """Control block plus one region per algorithm, the fused RMSNorm ones included (the offsets
-    _setup assigns)."""
-    return layout.CONTROL_BYTES + sum(region_algorithm(a).scratch_bytes(world_size, region_blocks(a, max_blocks))
-                                      for a in region_names(tuple(names)))
+def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int,
+                           customs: Sequence[Algorithm] = ()) -> int:
+    """Control block plus one region per algorithm, the fused RMSNorm ones and the user-written
+    collectives included (the offsets _setup assigns)."""
+    return layout.CONTROL_BYTES + sum(r.alg.scratch_bytes(world_size, r.blocks)
+                                      for r in regions(tuple(names), max_blocks, tuple(customs)))
 
 
 def _record_view(scratch: torch.Tensor) -> torch.Tensor:

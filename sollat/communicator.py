@@ -23,8 +23,10 @@ from typing import Any
 import torch
 
 from . import agree, faults, handover, launch, layout, rmsnorm, select
-from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS, _CommBase
+from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS
+from .comm_custom import CustomCalls
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
+from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
 from .errors import SollatError, UnsupportedError
 from .registry import lookup_comm
@@ -42,25 +44,26 @@ __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommuni
            "default_timeout_s", "launch", "lookup_comm"]
 
 
-class Communicator(_CommBase):
+class Communicator(CustomCalls):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
-    torch_twoshot_bytes=None)``
+    torch_twoshot_bytes=None, collectives=None)``
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
     IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
     library is faster, ``algo="auto"`` hands the call over (``sollat.handover``): to torch
     symmetric memory's two-shot (its buffer is sized for the table's largest such message, or
     ``torch_twoshot_bytes`` when larger) or to ``torch.distributed.all_reduce`` on ``group``,
-    which also serves everything above the table.
+    which also serves everything above the table. ``collectives`` registers user-written
+    collectives (``sollat.custom``; the same list on every rank, agreed on; run them with ``run``).
     """
 
     _entry = "pg"
 
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
-                 torch_twoshot_bytes: int | None = None) -> None:
+                 torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None) -> None:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -70,6 +73,7 @@ class Communicator(_CommBase):
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
         names = algorithm_names(algorithms)
+        customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
         blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
         if torch_twoshot_bytes is not None and (isinstance(torch_twoshot_bytes, bool) or not isinstance(
                 torch_twoshot_bytes, int) or torch_twoshot_bytes < 0):
@@ -82,10 +86,10 @@ class Communicator(_CommBase):
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
         check_world_size(ws, "Communicator")
-        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks), dtype=torch.uint8, device=dev)
+        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs), dtype=torch.uint8, device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
         ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks)
+        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs)
         store = agree.default_store(self.group)
         if store is not None:
             self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
@@ -131,8 +135,10 @@ class Communicator(_CommBase):
                                    "; ".join(f"rank {r}: {why}" for r, why in broken))
         select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
-                              f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}",
-                              "the communicator's timeout, algorithms, max_blocks and torch_twoshot_bytes")
+                              f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
+                              f"collectives {';'.join(c.describe() for c in self._collectives.values())}",
+                              "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes and "
+                              "collectives (name:protocol:options:source hash)")
 
     @property
     def handovers(self) -> tuple[str, ...]:
@@ -236,6 +242,28 @@ class Communicator(_CommBase):
         self._launch(plan, (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr()))
         self._after_call()
         return y, r_out
+
+    def run(self, collective: Collective | str, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(collective, tensor, *, out=None) -> Tensor``
+
+        Runs a user-written collective registered at construction (``sollat.custom``) on this
+        rank's ``tensor``; returns this rank's output (the input's shape, or ``[world_size,
+        *shape]`` for ``output="gather"``). Every rank must make the same call. Same checks, fault
+        handling, stream ordering and CUDA-graph capture as ``all_reduce``; not traceable by
+        ``torch.compile`` yet (wrap the call in ``torch.compiler.disable``).
+        """
+        alg = self._collective(collective, compiling=torch.compiler.is_compiling())
+        self._before_call()
+        dt = self._run_tensor(alg, tensor, "tensor")
+        x = tensor if tensor.is_contiguous() else tensor.contiguous()
+        y = self._run_out(alg, x, out, "out")
+        n = x.numel()
+        if n == 0:
+            return y
+        plan = self._run_plan(alg, n, dt)
+        self._launch(plan, (x.data_ptr(), y.data_ptr()))
+        self._after_call()
+        return y
 
     def reset(self) -> None:
         """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank."""

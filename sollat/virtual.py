@@ -9,24 +9,27 @@ from collections.abc import Sequence
 import torch
 
 from . import layout, rmsnorm
-from .comm_base import MAX_ELEMENTS, _CommBase
+from .comm_base import MAX_ELEMENTS
+from .comm_custom import CustomCalls
 from .comm_state import _record_view, scratch_bytes_per_rank
+from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
 from .errors import UnsupportedError
 from .validate import algorithm_names, check_world_size, checked_max_blocks, cuda_device, timeout
 
 
-class VirtualCommunicator(_CommBase):
+class VirtualCommunicator(CustomCalls):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
     ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
-    cluster_ranks=None, max_blocks=None)``
+    cluster_ranks=None, max_blocks=None, collectives=None)``
 
     Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
     (checked with the occupancy API), since block b of each rank waits for block b of the others.
     With ``cluster_ranks`` (default on; ``SOLLAT_CLUSTER_RANKS=0`` turns it off) small grids launch
     block b of every rank as one thread-block cluster, which the hardware co-schedules on one GPC
-    (see ``_clustered``). The kernels are the same either way.
+    (see ``_clustered``). The kernels are the same either way. ``collectives`` registers
+    user-written collectives (``sollat.custom``; run them with ``run``).
     """
 
     _entry = "vr"
@@ -34,17 +37,18 @@ class VirtualCommunicator(_CommBase):
     def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
                  timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None,
-                 max_blocks: int | None = None) -> None:
+                 max_blocks: int | None = None, collectives: Sequence[Collective] | None = None) -> None:
         check_world_size(world_size, "VirtualCommunicator")
+        customs = self._register_collectives(checked_collectives(collectives, "VirtualCommunicator"))
         timeout_value = timeout(timeout_s)
         names = algorithm_names(algorithms)
         blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=layout.MAX_BLOCKS_VIRTUAL)
         dev = cuda_device(device, "VirtualCommunicator")
-        per_rank = scratch_bytes_per_rank(world_size, names, blocks)
+        per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs)
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks)
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)
@@ -226,6 +230,41 @@ class VirtualCommunicator(_CommBase):
         self._launch(plan, tuple(ptrs))
         self._after_call()
         return ys, rs
+
+    def run(self, collective: Collective | str, tensors: Sequence[torch.Tensor], *,
+            out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """``run(collective, tensors, *, out=None) -> list[Tensor]``
+
+        Runs a user-written collective registered at construction (``sollat.custom``): one launch
+        for every rank, ``tensors[r]`` rank r's input (same shape and dtype on every rank), returns
+        every rank's output (the input's shape, or ``[world_size, *shape]`` for ``output="gather"``).
+        Same checks, fault handling, stream ordering and CUDA-graph capture as ``all_reduce``;
+        not traceable by ``torch.compile`` yet (wrap the call in ``torch.compiler.disable``).
+        """
+        alg = self._collective(collective, compiling=torch.compiler.is_compiling())
+        self._before_call()
+        ws = self.world_size
+        for what, seq in (("tensors", tensors), ("out", out)):
+            if seq is not None and (isinstance(seq, torch.Tensor) or len(seq) != ws):
+                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
+                raise UnsupportedError(f"{alg.opname}: a VirtualCommunicator of {ws} ranks needs {what} as a list of "
+                                       f"{ws} tensors, got {got}")
+        dt = self._run_tensor(alg, tensors[0], "tensors[0]")
+        ins = []
+        for r, t in enumerate(tensors):
+            self._run_tensor(alg, t, f"tensors[{r}]")
+            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+                raise UnsupportedError(f"{alg.opname}: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
+                                       f"{tuple(tensors[0].shape)} {tensors[0].dtype}; every rank must pass the same")
+            ins.append(t if t.is_contiguous() else t.contiguous())
+        outs = [self._run_out(alg, ins[r], None if out is None else out[r], f"out[{r}]") for r in range(ws)]
+        n = ins[0].numel()
+        if n == 0:
+            return outs
+        plan = self._run_plan(alg, n, dt)
+        self._launch(plan, (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad))
+        self._after_call()
+        return outs
 
     def reset(self) -> None:
         """Clear a recorded fault and return every buffer and epoch to its initial state."""
