@@ -33,7 +33,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--proto", choices=("ll", "sentinel"), default="ll")
     ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--n", type=int, default=100_003)
+    ap.add_argument("--elements", type=int, default=100_003)
     args = ap.parse_args()
     coll = collective(args.proto)
     if not torch.cuda.is_available():
@@ -43,11 +43,11 @@ def main() -> None:
         return
     comm = sollat.VirtualCommunicator(args.ranks, collectives=[coll])
     for dtype in DTYPES:
-        xs = [torch.randn(args.n, device="cuda").to(dtype) for _ in range(args.ranks)]
+        xs = [torch.randn(args.elements, device="cuda").to(dtype) for _ in range(args.ranks)]
         ys = comm.run(coll, xs)
         ref = reference(xs)
         same = all(torch.equal(y.view(torch.uint8), ref.view(torch.uint8)) for y in ys)
-        print(f"allgather {args.proto} {dtype} n={args.n} on {args.ranks} virtual ranks: "
+        print(f"allgather {args.proto} {dtype} n={args.elements} on {args.ranks} virtual ranks: "
               f"{'bitwise equal to the reference' if same else 'DIFFERS from the reference'}")
     comm.check()
 
