@@ -1,7 +1,8 @@
 """``python -m sollat tune``: measure every algorithm on this machine and write the selection table.
 
 With one GPU it tunes virtual ranks (``--ranks``); under torchrun it tunes the real group and
-also measures NCCL, so the table falls back to NCCL wherever NCCL is faster. Timing is the
+also measures the library paths (NCCL, torch symmetric memory's two-shot) as ``auto`` runs them, so the
+table hands a size over wherever a library is faster. Timing is the
 benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls, median).
 The table is written to the user cache (``select.user_table_dir()``), keyed by GPU model, world
 size, mode (``"real"`` under torchrun, ``"virtual"`` otherwise) and interconnect, where
