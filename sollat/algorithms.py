@@ -164,23 +164,6 @@ def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, .
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
 
-def region_names(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The built-in regions' names (``regions`` without user collectives)."""
-    return tuple(names) + tuple(RMSNORM_ALGORITHMS)
-
-
-def region_blocks(name: str, max_blocks: int) -> int:
-    """Blocks per rank region ``name`` is sized for: the communicator's ``max_blocks`` for an
-    AllReduce algorithm, the fused RMSNorm algorithm's own (one block per row)."""
-    return max_blocks if name in ALGORITHMS else RMSNORM_ALGORITHMS[name].max_blocks
-
-
-def region_algorithm(name: str) -> Algorithm:
-    """An AllReduce or fused RMSNorm algorithm by its (internal) name."""
-    alg = ALGORITHMS.get(name)
-    return alg if alg is not None else RMSNORM_ALGORITHMS[name]
-
-
 def max_ranks_template(nranks: int) -> int:
     for r in (2, 4, 8):
         if nranks <= r:

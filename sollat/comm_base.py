@@ -79,6 +79,7 @@ class _CommBase(DeviceState):
         # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
         self._customs = {a.name: a for a in customs}
         self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs))
+        self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
         for reg in self._regions:
@@ -187,7 +188,7 @@ class _CommBase(DeviceState):
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[name],
-            "lines_per_src": layout.lines_per_src(self.max_blocks), "epochs": self._epochs[name].data_ptr(),
+            "lines_per_src": layout.lines_per_src(self._region_blocks[name]), "epochs": self._epochs[name].data_ptr(),
             "sig": sig, "rank": self._rank_arg(), "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride})
         params = abi.VR_PARAMS if self._entry == "vr" else abi.PG_PARAMS
         n_ptrs = len(params) - len(abi.TAIL_PARAMS)  # inputs, outputs
@@ -227,7 +228,7 @@ class _CommBase(DeviceState):
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": rows * hidden, "st": self._state.data_ptr(), "region_off": self._region_off[name],
-            "lines_per_src": layout.lines_per_src(alg.max_blocks), "epochs": self._epochs[name].data_ptr(),
+            "lines_per_src": layout.lines_per_src(self._region_blocks[name]), "epochs": self._epochs[name].data_ptr(),
             "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits), "rank": self._rank_arg(),
             "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride, "hidden": hidden,
             "eps_bits": eps_bits}, abi.RMSNORM_TAIL_PARAMS)

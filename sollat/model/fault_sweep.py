@@ -16,7 +16,7 @@ from typing import Any
 
 from .config import Config, Fault, Mutation
 from .explore import exhaustive, random_runs
-from .sweep import Planted, SweepResult
+from .sweep import Planted, SweepResult, config_named, planted
 
 #: The fault-path mutations (each planted below, or proved harmless).
 FAULT_MUTATIONS = frozenset({Mutation.NO_PROPAGATION, Mutation.NO_REFUSAL, Mutation.NO_POISON,
@@ -80,8 +80,7 @@ FAULT_RANDOM: list[tuple[Config, int]] = [
 ]
 
 
-def _p(name: str, cfg: Config, kinds: tuple[str, ...], rule: str) -> Planted:
-    return Planted(name, replace(cfg, name=name), frozenset(kinds), rule)
+_p = planted
 
 
 _ABSENT = Config(calls=(1, 1, 1), faults=(absent(1, 0),), reset_at=2)
@@ -133,13 +132,4 @@ def fault_sweep(seed: int = 0, scale: float = 1.0) -> SweepResult:
 
 
 def find_fault_config(name: str) -> Config:
-    for c in FAULT_EXHAUSTIVE:
-        if c.name == name:
-            return c
-    for c, _ in FAULT_RANDOM:
-        if c.name == name:
-            return c
-    for p in FAULT_PLANTED + FAULT_BENIGN:
-        if p.name == name:
-            return p.config
-    raise KeyError(name)
+    return config_named(name, FAULT_EXHAUSTIVE, FAULT_RANDOM, FAULT_PLANTED + FAULT_BENIGN)

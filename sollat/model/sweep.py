@@ -92,8 +92,12 @@ class Planted:
     rule: str  # the rule it breaks (for the docs and the printed report)
 
 
-def _p(name: str, cfg: Config, kinds: Iterable[str], rule: str) -> Planted:
+def planted(name: str, cfg: Config, kinds: Iterable[str], rule: str) -> Planted:
+    """A planted bug named ``name`` (its configuration takes the name too)."""
     return Planted(name, replace(cfg, name=name), frozenset(kinds), rule)
+
+
+_p = planted
 
 
 _O_LL = Config(algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1))
@@ -310,14 +314,14 @@ def check_planted(planted: Planted, *, random_runs_budget: int = 3000, seed: int
     return exhaustive(planted.config), random_runs(planted.config, random_runs_budget, seed)
 
 
-def find_config(name: str) -> Config:
-    for c in EXHAUSTIVE:
+def config_named(name: str, exhaustive_configs: Sequence[Config], random_configs: Sequence[tuple[Config, int]],
+                 planted: Sequence[Planted]) -> Config:
+    """The configuration called ``name`` among a sweep's exhaustive, random and planted ones."""
+    for c in [*exhaustive_configs, *(c for c, _ in random_configs), *(p.config for p in planted)]:
         if c.name == name:
             return c
-    for c, _ in RANDOM:
-        if c.name == name:
-            return c
-    for p in PLANTED + BENIGN:
-        if p.name == name:
-            return p.config
     raise KeyError(name)
+
+
+def find_config(name: str) -> Config:
+    return config_named(name, EXHAUSTIVE, RANDOM, PLANTED + BENIGN)

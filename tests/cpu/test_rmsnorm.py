@@ -135,7 +135,7 @@ def test_fused_algorithms_are_not_allreduce_algorithms() -> None:
     assert not set(algorithms.RMSNORM_ALGORITHMS) & set(algorithms.ALGORITHMS)
     with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
         algorithms.get("rmsnorm_oneshot_ll")
-    names = algorithms.region_names(("oneshot_ll",))
+    names = tuple(r.name for r in algorithms.regions(("oneshot_ll",), 16))
     assert names == ("oneshot_ll", *algorithms.RMSNORM_ALGORITHMS)
     from sollat.comm_state import scratch_bytes_per_rank
 
