@@ -33,6 +33,7 @@ from .registry import lookup_comm
 from .validate import (
     algorithm_names,
     check_world_size,
+    checked_byte_count,
     checked_max_blocks,
     cuda_device,
     default_timeout_s,
@@ -75,9 +76,7 @@ class Communicator(CustomCalls):
         names = algorithm_names(algorithms)
         customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
         blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
-        if torch_twoshot_bytes is not None and (isinstance(torch_twoshot_bytes, bool) or not isinstance(
-                torch_twoshot_bytes, int) or torch_twoshot_bytes < 0):
-            raise UnsupportedError(f"Communicator: torch_twoshot_bytes must be an integer >= 0, got {torch_twoshot_bytes!r}")
+        twoshot_asked = checked_byte_count(torch_twoshot_bytes, "torch_twoshot_bytes", "Communicator")
         dev = cuda_device(None, "Communicator")
         if not blocks:  # every block of a rank must be resident at once: no more blocks than SMs
             sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -97,7 +96,8 @@ class Communicator(CustomCalls):
         torch.cuda.synchronize(dev)
         dist.barrier(group=self.group)  # every rank's scratch is initialised before anyone sends
         self._torch_twoshot: handover.TorchTwoShot | None = None
-        self._agree_on_setup(torch_twoshot_bytes or 0)
+        self._torch_twoshot_bytes = self._torch_twoshot_capacity(twoshot_asked)
+        self._agree_on_setup()
         if self._torch_twoshot_bytes:  # collective, and the same size on every rank (agreed above)
             self._torch_twoshot = handover.TorchTwoShot(self.group, dev, self._torch_twoshot_bytes)
 
@@ -110,17 +110,20 @@ class Communicator(CustomCalls):
     def _record_args(self) -> tuple[int, int]:
         return self._scratch_ptrs[self.rank] + layout.FAULT_RECORD_OFFSET, 0
 
-    def _agree_on_setup(self, torch_twoshot_bytes: int = 0) -> None:
-        """Every rank must select from the same table and time out alike, or `auto` could send one
-        rank to NCCL and another to a sollat kernel (both would hang). Sets the torch two-shot
-        buffer size: the table's largest torch_twoshot message or ``torch_twoshot_bytes``."""
-        self._torch_twoshot_bytes = 0
-        if handover.torch_twoshot_available():
-            try:
-                need = self._selection_table().handover_bytes(select.TORCH_TWOSHOT)
-            except SollatError:
-                need = 0  # reported below, by the agreement on the table
-            self._torch_twoshot_bytes = max(need, torch_twoshot_bytes)
+    def _torch_twoshot_capacity(self, asked: int) -> int:
+        """Bytes of the torch two-shot buffer: the table's largest torch_twoshot message or
+        ``asked``, whichever is larger (0 when this torch has no two-shot op)."""
+        if not handover.torch_twoshot_available():
+            return 0
+        try:
+            need = self._selection_table().handover_bytes(select.TORCH_TWOSHOT)
+        except SollatError:
+            need = 0  # a table that cannot be read is reported by _agree_on_setup, on every rank
+        return max(need, asked)
+
+    def _agree_on_setup(self) -> None:
+        """Every rank must select from the same table, time out alike and size its buffers alike,
+        or `auto` could send one rank to NCCL and another to a sollat kernel (both would hang)."""
         if isinstance(self._agreement, agree.NoAgreement):
             return
         try:

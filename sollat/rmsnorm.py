@@ -16,6 +16,7 @@ reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
 from __future__ import annotations
 
 import math
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -34,8 +35,6 @@ EXPERIMENTAL_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM"
 
 
 def require_opt_in() -> None:
-    import os
-
     if os.environ.get(EXPERIMENTAL_ENV) != "1":
         raise UnsupportedError(
             "all_reduce_rmsnorm is experimental and off: its first 2-GPU run found 3 of 144 calls whose output "

@@ -4,6 +4,7 @@ on any machine)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -48,8 +49,6 @@ def algorithm_names(names: Sequence[str] | None) -> tuple[str, ...]:
 def checked_max_blocks(value: object, who: str, *, default: int) -> int:
     """``max_blocks=`` as given, else ``$SOLLAT_MAX_BLOCKS``, else ``default``: the blocks per rank
     a communicator sizes its scratch for (larger messages then run in fewer in-kernel passes)."""
-    import os
-
     src = "max_blocks"
     if value is None and os.environ.get("SOLLAT_MAX_BLOCKS"):
         value, src = os.environ["SOLLAT_MAX_BLOCKS"], "$SOLLAT_MAX_BLOCKS"
@@ -61,6 +60,15 @@ def checked_max_blocks(value: object, who: str, *, default: int) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= layout.MAX_BLOCKS_LIMIT:
         raise UnsupportedError(f"{who}: {src} must be an integer 1..{layout.MAX_BLOCKS_LIMIT}, got {value!r}")
+    return value
+
+
+def checked_byte_count(value: object, what: str, who: str) -> int:
+    """An optional size in bytes (``None``: 0): an integer >= 0."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnsupportedError(f"{who}: {what} must be an integer >= 0, got {value!r}")
     return value
 
 

@@ -211,7 +211,7 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
 
     def make(rank: int, colls: list[Collective], seq: int) -> Communicator:
         c = Communicator.__new__(Communicator)
-        c.timeout_s, c._algos, c.max_blocks = 30.0, ("oneshot_ll",), 16
+        c.timeout_s, c._algos, c.max_blocks, c._torch_twoshot_bytes = 30.0, ("oneshot_ll",), 16, 0
         c._agreement = agree.Agreement(store, "custom-setup", rank, 2, 5.0, seq=seq)
         c._selection_table = lambda: table  # type: ignore[method-assign]
         c._register_collectives(colls)

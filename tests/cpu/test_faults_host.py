@@ -175,7 +175,7 @@ def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkey
 
     def make(rank: int, table_or_error: object, seq: int) -> Communicator:
         c = Communicator.__new__(Communicator)
-        c.timeout_s, c._algos, c.max_blocks = 30.0, ("oneshot_ll",), 16
+        c.timeout_s, c._algos, c.max_blocks, c._torch_twoshot_bytes = 30.0, ("oneshot_ll",), 16, 0
         c._agreement = agree.Agreement(store, "setup", rank, 2, 5.0, seq=seq)
 
         def table() -> select.Table:
