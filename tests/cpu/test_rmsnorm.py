@@ -4,7 +4,9 @@ functions torch.compile uses, the row geometry, the host reference, and NVRTC co
 from __future__ import annotations
 
 import io
+import math
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -275,6 +277,37 @@ def test_reference_is_rmsnorm_of_the_sum() -> None:
         rr = r.double()
         y64 = rr * torch.rsqrt(rr.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
         assert torch.allclose(y.double(), y64, rtol=tol, atol=tol)
+
+
+def _nearest_float32(exact: Fraction, square: bool = False) -> float:
+    """The float32 nearest to ``exact`` (or, with ``square``, to its square root), found in
+    rational arithmetic: a float library's rounding is what is under test, so none is trusted."""
+    guess = np.float32(math.sqrt(exact) if square else float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+
+    def distance(c: np.float32) -> Fraction:  # |c - x|; for a root |c - sqrt q| = |c^2 - q| / (c + sqrt q)
+        f = Fraction(float(c))
+        return abs(f * f - exact) / (f + Fraction(math.sqrt(exact))) if square else abs(f - exact)
+
+    return float(min(candidates, key=distance))
+
+
+@pytest.mark.parametrize("hidden", [4096, 5120, 7])
+def test_row_rstd_is_correctly_rounded_at_every_step(hidden: int) -> None:
+    """The reference's 1 / sqrt(total / hidden + eps) is the kernel's (div.rn, add.rn, sqrt.rn,
+    div.rn): every step the float32 nearest to the exact result, found in rational arithmetic.
+    torch's float32 sqrt on the CPU fails this on some machines: the first 2-GPU run's three
+    'mismatches' were the reference's last bit, not the kernel's."""
+    gen = torch.Generator().manual_seed(3)
+    total = (torch.rand(1500, generator=gen, dtype=torch.float64) * 1e4).to(torch.float32)
+    eps = 1e-6
+    got = rmsnorm.row_rstd(total, hidden, eps)
+    e = Fraction(rmsnorm.eps_float32(eps))
+    for t, g in zip(total.tolist(), got.tolist(), strict=True):
+        mean = _nearest_float32(Fraction(t) / hidden)
+        shifted = _nearest_float32(Fraction(mean) + e)
+        root = _nearest_float32(Fraction(shifted), square=True)
+        assert g == _nearest_float32(1 / Fraction(root)), (t, g)
 
 
 def test_reference_order_is_the_geometry_order() -> None:
