@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -88,7 +89,8 @@ def precompile(arch: str | None = None, jobs: int = 8) -> int:
             for w in work:
                 _compile_one(w)
         else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
+            # spawn, not fork: the caller may already hold a CUDA context (a forked child must not use it)
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
                 list(pool.map(_compile_one, work))
     except RuntimeError as exc:
         raise PrecompileError(f"NVRTC failed for {arch}: {_first_error(str(exc))}") from exc
