@@ -100,7 +100,7 @@ def test_in_place_misaligned_and_non_contiguous() -> None:
     ys = c.run(coll, xs)
     for y in ys:
         assert_bitwise(y, ref, "maxabs misaligned inputs")
-    outs = [torch.empty(10002, device=DEV)[1:] for _ in range(r)]  # misaligned outputs
+    outs = [torch.full((10001,), float("nan"), device=DEV)[1:] for _ in range(r)]  # misaligned, poisoned outputs
     c.run(coll, xs, out=outs)
     for y in outs:
         assert_bitwise(y, ref, "maxabs misaligned outputs")
