@@ -216,9 +216,7 @@ class Communicator(CustomCalls):
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
         one-shot kernel (``algo``: ``auto``, ``oneshot_ll`` or ``oneshot_sentinel``), never NCCL.
-        Experimental: off unless ``$SOLLAT_EXPERIMENTAL_RMSNORM=1`` (``rmsnorm.require_opt_in``).
         """
-        rmsnorm.require_opt_in()
         if torch.compiler.is_compiling():
             from . import ops
 

@@ -16,7 +16,6 @@ reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
 from __future__ import annotations
 
 import math
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -27,18 +26,6 @@ from . import layout
 from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
 from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
-
-# Off unless this is "1" until the fused kernel has passed the real-rank suite. Its first run on 2
-# H200s (2026-11-30, docs/benchmarks.md run 15) flagged 3 of 144 calls; the kernel was right and the
-# reference's float32 sqrt was not correctly rounded (now `row_rstd`).
-EXPERIMENTAL_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM"
-
-
-def require_opt_in() -> None:
-    if os.environ.get(EXPERIMENTAL_ENV) != "1":
-        raise UnsupportedError(
-            "all_reduce_rmsnorm is experimental and off until it has passed the 2-GPU suite. Set "
-            f"{EXPERIMENTAL_ENV}=1 to use it anyway, or call all_reduce and then your RMSNorm.")
 
 OPNAME = "all_reduce_rmsnorm"
 MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this a row is refused)

@@ -177,9 +177,7 @@ class VirtualCommunicator(CustomCalls):
         same shape, ``weight`` one ``[hidden]`` tensor for every rank or a list of R. Returns every
         rank's normalised output and updated residual (``residual_out=residuals`` updates them in
         place; ``out=xs`` writes the outputs over the inputs). Every rank's results are identical.
-        Experimental: off unless ``$SOLLAT_EXPERIMENTAL_RMSNORM=1`` (``rmsnorm.require_opt_in``).
         """
-        rmsnorm.require_opt_in()
         weights = [weight] * self.world_size if isinstance(weight, torch.Tensor) else list(weight)
         if torch.compiler.is_compiling():
             from . import ops

@@ -20,12 +20,6 @@ CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)
 
 
-
-@pytest.fixture(autouse=True)
-def _opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused op is experimental (off by default, rmsnorm.require_opt_in): these tests opt in."""
-    monkeypatch.setenv(rmsnorm.EXPERIMENTAL_ENV, "1")
-
 def args(rows: int = 3, hidden: int = 8, dtype: torch.dtype = torch.bfloat16):
     return torch.zeros(rows, hidden, dtype=dtype), torch.zeros(rows, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
 
@@ -373,18 +367,6 @@ def test_every_rmsnorm_instantiation_compiles_with_at_most_8_bytes_of_spills() -
         report = _ptxas_report(d)
         spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", report)]
         assert len(spills) == 2 and max(spills) <= 8, (d, spills)
-
-
-def test_experimental_op_is_off_unless_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Until a GPU run passes, the fused op refuses by default, saying how to opt in."""
-    c = fake_virtual(2)
-    x, res, w = args()
-    monkeypatch.delenv(rmsnorm.EXPERIMENTAL_ENV, raising=False)
-    with pytest.raises(sollat.UnsupportedError, match=f"experimental.*{rmsnorm.EXPERIMENTAL_ENV}=1"):
-        c.all_reduce_rmsnorm([x, x], [res, res], w)
-    monkeypatch.setenv(rmsnorm.EXPERIMENTAL_ENV, "1")
-    with pytest.raises(sollat.UnsupportedError, match="needs xs as a list of 2 tensors"):  # past the gate
-        c.all_reduce_rmsnorm([x] * 3, [res] * 2, w)
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:

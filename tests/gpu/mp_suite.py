@@ -472,7 +472,6 @@ def rmsnorm_values(s: Suite) -> None:
     with the residual updated in place; bitwise against sollat.rmsnorm.reference and across ranks."""
     from sollat import rmsnorm
 
-    os.environ[rmsnorm.EXPERIMENTAL_ENV] = "1"  # experimental, off by default (rmsnorm.require_opt_in)
     comm = s.main
     calls = 0
     for algo in rmsnorm.ALGOS:

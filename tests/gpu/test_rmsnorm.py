@@ -34,12 +34,6 @@ INT_OF = {2: torch.int16, 4: torch.int32}
 _comms: dict[int, sollat.VirtualCommunicator] = {}
 
 
-
-@pytest.fixture(autouse=True)
-def _opt_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fused op is experimental (off by default, rmsnorm.require_opt_in): these tests opt in."""
-    monkeypatch.setenv(rmsnorm.EXPERIMENTAL_ENV, "1")
-
 def comm(r: int) -> sollat.VirtualCommunicator:
     if r not in _comms:
         _comms[r] = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
