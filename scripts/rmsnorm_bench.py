@@ -79,10 +79,12 @@ class Case:
         return list(t.unbind(0)) if self.virtual else t
 
     def all_reduce(self, i: int) -> None:
+        i %= SETS
         self.comm.all_reduce(self._split(self.xs[i]), out=self._split(self.ys[i]))
 
     def fused(self, algo: str) -> Callable[[int], None]:
         def call(i: int) -> None:
+            i %= SETS
             res = self._split(self.res[i])
             self.comm.all_reduce_rmsnorm(self._split(self.xs[i]), res, self.w, EPS, algo,
                                          out=self._split(self.ys[i]), residual_out=res)
@@ -90,6 +92,7 @@ class Case:
 
     def unfused(self, post: Callable[..., Any], nccl: bool = False) -> Callable[[int], None]:
         def call(i: int) -> None:
+            i %= SETS
             if nccl:  # NCCL reduces in place: xs[i] holds the sum
                 import torch.distributed as dist
 
