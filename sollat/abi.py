@@ -33,6 +33,11 @@ LINE_BYTES = 16  # one vector store
 WARP = 32
 
 PARITIES = 2  # copies of every line (double buffering by epoch parity)
+# Fused RMSNorm: most blocks that share one row (a thread-block cluster; 8 is the portable size),
+# and most threads per block (its __launch_bounds__: at 512 threads, 128 registers per thread, the
+# 16-bit sentinel 8-rank entries spilled up to 40 bytes; at 256 none spills).
+RMSNORM_MAX_ROW_BLOCKS = 8
+RMSNORM_MAX_THREADS = 256
 
 # Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes).
 PAYLOAD_BYTES: dict[str, int] = {"ll": 8, "sentinel": 16}
@@ -237,6 +242,9 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
+        "// Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.",
+        _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
+                                   ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
         "// LL128 warp-unit (ll128.h names them in namespace ll128).",
         _enum("LL128Unit", [("kLL128LineBytes", LL128_LINE_BYTES), ("kLL128LinesPerUnit", LL128_LINES_PER_UNIT),
                             ("kLL128DisplacedLane", LL128_DISPLACED_LANE), ("kLL128DataLanes", LL128_DATA_LANES)]),

@@ -104,19 +104,22 @@ ALGORITHMS: dict[str, Algorithm] = {
 
 
 # Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot,
-# one block per token row. Not AllReduce algorithms (``algo="auto"`` of all_reduce never sees
-# them), but each has its own scratch region and epochs in every communicator, like those.
+# a cluster of blocks per token row. Not AllReduce algorithms (``algo="auto"`` of all_reduce never
+# sees them), but each has its own scratch region and epochs in every communicator, like those,
+# of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each (rmsnorm.row_geometry).
+RMSNORM_MAX_BLOCKS = 32
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
-        Algorithm("rmsnorm_oneshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm", "ll", 16, True, False,
+        Algorithm("rmsnorm_oneshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm", "ll", RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, a cluster of blocks per token row"),
         # 16-bit sentinel packs with 2 slots spill (40-172 bytes, ptxas -v): one slot only.
-        Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", 16, True, False,
+        Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", RMSNORM_MAX_BLOCKS,
+                  True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)),
-                  doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, one block per token row"),
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, a cluster of blocks per token row"),
     )
 }
 

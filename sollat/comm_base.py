@@ -271,8 +271,9 @@ class _CommBase(DeviceState):
         grid may not depend on this GPU's occupancy: they refuse instead."""
         while True:
             geo, kernel = build_for(max_blocks)
-            config = self._launch_config(geo.blocks, geo.threads)
-            if self._co_resident(kernel, config, geo.blocks, geo.threads):
+            row_blocks = getattr(geo, "row_blocks", 1)  # the fused RMSNorm's row clusters
+            config = self._launch_config(geo.blocks, geo.threads, row_blocks)
+            if self._co_resident(kernel, config, geo.blocks, geo.threads, row_blocks):
                 return geo, kernel, config
             if self._entry == "pg":
                 raise UnsupportedError(f"{opname}: {geo.blocks} blocks of {geo.threads} threads do not fit at once "
@@ -298,14 +299,25 @@ class _CommBase(DeviceState):
         R >= 4 (docs/benchmarks.md, run 12; the cause of the slowdown was not measured)."""
         return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
 
-    def _launch_config(self, blocks: int, threads: int) -> Any:
-        """Grid (blocks, launch ranks) with PDL on; a rank cluster where ``_clustered``."""
+    def _launch_config(self, blocks: int, threads: int, row_blocks: int = 1) -> Any:
+        """Grid (blocks, launch ranks) with PDL on; a rank cluster where ``_clustered``; with
+        ``row_blocks`` > 1 (the fused RMSNorm) clusters of that many consecutive blocks of a rank."""
+        if row_blocks > 1:  # cuda.core counts clusters in the grid
+            return launch.launch_config((blocks // row_blocks, self._launch_ranks), threads, pdl=True,
+                                        cluster=(row_blocks, 1))
         if self._clustered(blocks):
             return launch.launch_config((blocks, 1), threads, pdl=True, cluster=(1, self._launch_ranks))
         return launch.launch_config((blocks, self._launch_ranks), threads, pdl=True)
 
-    def _co_resident(self, kernel: Any, config: Any, blocks: int, threads: int) -> bool:
+    def _co_resident(self, kernel: Any, config: Any, blocks: int, threads: int, row_blocks: int = 1) -> bool:
         """Whether every block of the launch can run at once (each waits for its peers' blocks)."""
+        if row_blocks > 1:
+            key = (id(kernel), threads, blocks, row_blocks, "row clusters")
+            v = self._occupancy.get(key)
+            if v is None:
+                v = kernel.occupancy.max_active_clusters(config, stream=launch.current_stream(self.device))
+                self._occupancy[key] = v
+            return (blocks // row_blocks) * self._launch_ranks <= v
         if self._clustered(blocks):
             key = (id(kernel), threads, blocks, "clusters")
             v = self._occupancy.get(key)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import layout
+from . import abi, layout
 from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
 from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
@@ -34,42 +34,61 @@ DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel"}
 
 
+# Lines one block of a row takes at most before the row is split over more blocks of a cluster
+# (up to abi.RMSNORM_MAX_ROW_BLOCKS): a row in one block waits on one SM's loads and polls.
+ROW_LINES_PER_BLOCK = 256
+
+
 @dataclass(frozen=True)
 class RowGeometry:
-    """How one call is cut: identical on every rank (a pure function of the call and world size).
+    """How one call is cut: identical on every rank (a pure function of the call, the world size
+    and the block limit).
 
-    Block b takes rows b, b + blocks, ...; line l of a row (``elems_per_line`` elements) belongs to
-    pass ``l // (threads * slots)``, slot ``l // threads % slots``, thread ``l % threads``."""
+    A row belongs to one cluster of ``row_blocks`` blocks; cluster c takes rows c, c + clusters,
+    ... (``blocks // row_blocks`` clusters). Line l of a row (``elems_per_line`` elements) belongs
+    to pass ``l // (row_blocks * slots * threads)``, block ``l // (slots * threads) % row_blocks``
+    of the cluster, slot ``l // threads % slots``, thread ``l % threads``."""
 
-    blocks: int
-    threads: int  # multiple of 32, <= 512
+    blocks: int  # per rank, a multiple of row_blocks
+    threads: int  # multiple of 32, <= abi.RMSNORM_MAX_THREADS
     slots: int  # lines per thread per pass (kernel template kSlots)
     passes: int  # exchanges per row, each one epoch of the thread's channels
     row_lines: int
     elems_per_line: int
+    row_blocks: int = 1  # blocks per row: the launch's cluster width (1, 2, 4, 8)
 
 
 def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: int,
                  max_blocks: int | None = None) -> RowGeometry:
-    """One block per row (up to ``max_blocks``, default the algorithm's); the fewest slots that
-    hold the row in one pass of at most 512 threads, else the algorithm's most slots and several
-    passes."""
+    """Blocks per row: the fewest (a power of two) that leave each at most ROW_LINES_PER_BLOCK
+    lines, but no more than abi.RMSNORM_MAX_ROW_BLOCKS and no more than leave every row its own
+    cluster within ``max_blocks`` (default the algorithm's): rows that wait for each other cost a
+    round trip each, more lines per block do not. Then, for one block's share, the fewest slots
+    that hold it in one pass of at most abi.RMSNORM_MAX_THREADS threads, else the algorithm's most slots and several
+    passes; as many row clusters as rows, up to ``max_blocks`` blocks in all."""
+    limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
+    widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, limit // max(1, rows)))
+    row_blocks = 1
+    while 2 * row_blocks <= widest and layout.ceil_div(row_lines, row_blocks) > ROW_LINES_PER_BLOCK:
+        row_blocks *= 2
+    share = layout.ceil_div(row_lines, row_blocks)
     max_slots = alg.max_slots(max_ranks_template(world_size))
     slots = 1
-    while 2 * slots <= max_slots and row_lines > slots * layout.MAX_THREADS:
+    while 2 * slots <= max_slots and share > slots * abi.RMSNORM_MAX_THREADS:
         slots *= 2
-    threads = min(layout.MAX_THREADS, layout.ceil_div(layout.ceil_div(row_lines, slots), layout.WARP) * layout.WARP)
-    passes = layout.ceil_div(row_lines, threads * slots)
-    blocks = max(1, min(rows, alg.max_blocks if max_blocks is None else max_blocks))
-    return RowGeometry(blocks, threads, slots, passes, row_lines, epl)
+    threads = min(abi.RMSNORM_MAX_THREADS, layout.ceil_div(layout.ceil_div(share, slots), layout.WARP) * layout.WARP)
+    passes = layout.ceil_div(row_lines, row_blocks * threads * slots)
+    clusters = max(1, min(rows, limit // row_blocks))
+    return RowGeometry(clusters * row_blocks, threads, slots, passes, row_lines, epl, row_blocks)
 
 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
     """``row_geometry`` by public algorithm name (``oneshot_ll`` / ``oneshot_sentinel``), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
-    once; the reduction order does not depend on the block count)."""
+    once; the reduction order depends on the block count only through ``row_blocks``, which is
+    the same unless fewer than abi.RMSNORM_MAX_ROW_BLOCKS blocks fit)."""
     return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
 
 
@@ -228,20 +247,22 @@ def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tens
     r = (acc + residual.detach().cpu().to(f32).reshape(-1, hidden)).to(dtype)
     v = r.to(f32)
     rows = v.shape[0]
-    t, s, p, e = geo.threads, geo.slots, geo.passes, geo.elems_per_line
-    assert p * s * t * e >= hidden, "geometry does not cover the row"
-    padded = torch.zeros(rows, p * s * t * e, dtype=f32)
+    t, s, p, e, k = geo.threads, geo.slots, geo.passes, geo.elems_per_line, geo.row_blocks
+    assert p * k * s * t * e >= hidden, "geometry does not cover the row"
+    padded = torch.zeros(rows, p * k * s * t * e, dtype=f32)
     padded[:, :hidden] = v
     sq = padded * padded
-    # element ((pass * slots + slot) * threads + thread) * elems + k; each thread sums its own
-    # elements in (pass, slot, k) order, starting from 0
-    per_thread = sq.view(rows, p, s, t, e).permute(0, 3, 1, 2, 4).reshape(rows, t, p * s * e)
-    ss = torch.zeros(rows, t, dtype=f32)
-    for j in range(per_thread.shape[2]):
-        ss = ss + per_thread[:, :, j]
-    # pairwise tree over adjacent threads, zeros up to 1024 (warp butterfly, then over warps)
-    tree = torch.zeros(rows, 1024, dtype=f32)
-    tree[:, :t] = ss
+    # element (((pass * row_blocks + block) * slots + slot) * threads + thread) * elems + i; each
+    # thread of each block sums its own elements in (pass, slot, i) order, starting from 0
+    per_thread = sq.view(rows, p, k, s, t, e).permute(0, 2, 4, 1, 3, 5).reshape(rows, k, t, p * s * e)
+    ss = torch.zeros(rows, k, t, dtype=f32)
+    for j in range(per_thread.shape[3]):
+        ss = ss + per_thread[..., j]
+    # pairwise tree over adjacent threads, zeros up to 1024 per block (warp butterfly, then over
+    # warps), then over the cluster's blocks in order: one tree over k x 1024, block-major
+    tree = torch.zeros(rows, k, 1024, dtype=f32)
+    tree[:, :, :t] = ss
+    tree = tree.reshape(rows, k * 1024)
     while tree.shape[1] > 1:
         tree = tree[:, 0::2] + tree[:, 1::2]
     total = tree[:, 0]

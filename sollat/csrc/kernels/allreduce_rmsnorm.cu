@@ -9,23 +9,30 @@
 // over the row in a fixed order (below), so every rank's outputs are bitwise identical and a
 // reference on the host can reproduce them bit for bit (tests/gpu/test_rmsnorm.py).
 //
-// Cut: one block per row (block b takes rows b, b + gridDim.x, ...); a row is row_lines lines
-// (line = kElems elements of the row), line (p * kSlots + i) * blockDim.x + threadIdx.x belongs
-// to pass p, slot i of the thread. Each pass is one epoch of the thread's line-channels: bcast
-// the own lines, recvReduce in rank order (exactly as allreduce_oneshot.cu), add the residual.
-// After the last pass the block sums ss:
+// Cut: a row belongs to one thread-block cluster of k blocks (k = the launch's cluster width in x,
+// 1, 2, 4 or 8; rmsnorm.row_geometry picks it): cluster c takes rows c, c + clusters, ...; a row is
+// row_lines lines (line = kElems elements of the row), and line ((p * k + j) * kSlots + i) *
+// blockDim.x + threadIdx.x belongs to pass p, block j of the cluster, slot i of the thread. Each
+// pass is one epoch of the thread's line-channels: bcast the own lines, recvReduce in rank order
+// (exactly as allreduce_oneshot.cu), add the residual. After the last pass the cluster sums ss:
 //   * per thread: ss = ss + v * v over its elements in order (pass, slot, element), from 0;
 //   * per warp: a butterfly (shfl_xor 1, 2, 4, 8, 16), i.e. a pairwise tree over adjacent lanes
 //     (a + b == b + a bitwise, so every lane holds the same bits);
-//   * over warps: the per-warp sums (zeros past the last warp) summed by the same tree.
-// That is a pairwise tree over the per-thread sums padded with zeros to 1024 threads. Every add
+//   * over warps: the per-warp sums (zeros past the last warp) summed by the same tree;
+//   * over the cluster's blocks (k > 1): each block stores its total into every block's shared
+//     memory (DSMEM), one cluster barrier, and every block sums the k totals by the same tree.
+// That is a pairwise tree over the per-thread sums padded with zeros to 1024 threads per block, the
+// blocks in cluster order (k x 1024 entries). Every add
 // and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into an FMA);
 // the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
 //
-// Faults: refused() at entry (NaN into every output this thread owns, nothing sent); a thread
+// Faults: refused() at entry (NaN into every output this thread owns, nothing sent; a cluster of
+// k > 1 votes first, so its blocks refuse together or not at all); a thread
 // whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending, and the
-// block learns of it at the row's __syncthreads_or: then every thread of the block writes NaN
-// into its lines of both outputs from that row on, and nobody commits epochs.
+// block learns of it at the row's __syncthreads_or and the cluster at the row's exchange: then
+// every thread of the cluster writes NaN into its lines of both outputs from that row on, and
+// nobody commits epochs. A block never leaves while a sibling may still store into its shared
+// memory: every exit is after a cluster barrier that all of the cluster's stores precede.
 //
 // Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
 // (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4); SOLLAT_OP is
@@ -36,6 +43,7 @@
 using namespace sollat;
 
 constexpr int kBuffers = kArRmsnormBuffers;  // abi.h (sollat/abi.py KERNELS)
+constexpr int kMaxRowBlocks = kRmsnormMaxRowBlocks;  // abi.h (sollat/abi.py): the widest row cluster
 
 namespace {
 
@@ -60,6 +68,43 @@ __device__ __forceinline__ float warp_tree_sum(float v) {
   return v;
 }
 
+// The row's thread-block cluster (PTX special registers, sm_90): k = blocks per row (1 when the
+// launch has no cluster or a cluster across virtual ranks only), j = this block's place in it.
+__device__ __forceinline__ int row_cluster_width() {
+  u32 v; asm("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(v)); return (int)v;
+}
+__device__ __forceinline__ int row_cluster_index() {
+  u32 v; asm("mov.u32 %0, %%cluster_ctaid.x;" : "=r"(v)); return (int)v;
+}
+__device__ __forceinline__ u32 cluster_block_rank() {
+  u32 v; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v)); return v;
+}
+
+// Store v into the same __shared__ word of block `rank` of this cluster (DSMEM). Ordering: the
+// cluster barrier below (arrive.release / wait.acquire) makes it visible to that block's reads.
+__device__ __forceinline__ void st_cluster(u32* local_word, u32 rank, u32 v) {
+  const u32 local = (u32)__cvta_generic_to_shared(local_word);
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+}
+
+// Every thread of every block of the cluster: the release orders this thread's earlier (DSMEM)
+// stores before the arrival, the acquire orders the reads after the wait behind every arrival.
+// Not .aligned: callers arrive straight from a branch on threadIdx.x (no convergence promised).
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// One word from every block of a k-block cluster to all of them: block j's `mine` lands in slot
+// [j] of every block's `slots` (threads 0..k-1 of block j each store to one block), then one
+// cluster barrier. Every thread of the cluster must call it.
+__device__ __forceinline__ void cluster_all_gather(u32* slots, int k, int j, u32 mine) {
+  const u32 first = cluster_block_rank() - (u32)j;  // x is the fastest cluster dimension
+  if ((int)threadIdx.x < k) st_cluster(&slots[j], first + threadIdx.x, mine);
+  cluster_barrier();
+}
+
 }  // namespace
 
 template <typename T, class Proto, int kMaxRanks, int kSlots>
@@ -72,14 +117,21 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   constexpr int kBytes = (int)sizeof(P);
   __shared__ float warp_sums[2][kWarpSize];  // by row parity: a fast warp's next row never
                                              // overwrites sums a slow warp has not read yet
+  __shared__ u32 block_totals[2][kMaxRowBlocks];  // by row parity, as warp_sums: [j] from block j
+  __shared__ u32 block_faults[2][kMaxRowBlocks];
 
   const u64 rows = a.n / hidden;
+  const int k = row_cluster_width();
+  const int j = row_cluster_index();
+  const u32 row_step = gridDim.x / (u32)k;  // clusters in the grid
   const int row_lines = (int)((hidden + kElems - 1) / kElems);
   const int threads = (int)blockDim.x;
-  const int passes = (row_lines + threads * kSlots - 1) / (threads * kSlots);
+  const int passes = (row_lines + k * threads * kSlots - 1) / (k * threads * kSlots);  // as rmsnorm.row_geometry
   const int lane = (int)threadIdx.x & (kWarpSize - 1);
   const int warp = (int)threadIdx.x / kWarpSize;
-  auto line_of = [&](int p, int i) { return (p * kSlots + i) * threads + (int)threadIdx.x; };
+  const int pass_lines = k * kSlots * threads;                     // lines of a row per pass
+  const int line0 = j * kSlots * threads + (int)threadIdx.x;        // this thread's first line
+  auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
   // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
   auto active_in = [&](int p) {
     int n = 0;
@@ -101,7 +153,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // A faulted or refused call: NaN into this thread's lines of both outputs from row `first` on.
   auto poison_from = [&](u64 first) {
     const P nan = nan_pack<T, kBytes>();
-    for (u64 row = first; row < rows; row += gridDim.x)
+    for (u64 row = first; row < rows; row += row_step)
       for (int p = 0; p < passes; ++p)
 #pragma unroll
         for (int i = 0; i < kSlots; ++i) {
@@ -114,25 +166,33 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   };
 
   // The first input loads go out before the buffer is set up (as in the one-shot AllReduce).
-  const u64 first_row = blockIdx.x;
+  const u32 first_row = blockIdx.x / (u32)k;
   P own[kSlots];
   int active = active_in(0);
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i < active) own[i] = load_row(in, first_row, line_of(0, i));
-  if (refused(a)) return poison_from(first_row);
+  if (k == 1) {
+    if (refused(a)) return poison_from(first_row);
+  } else {  // the whole cluster refuses or none of it (a block must not leave while siblings run)
+    const bool block_refuses = __syncthreads_or(refused(a));
+    cluster_all_gather(block_faults[1], k, j, block_refuses ? 1u : 0u);  // parity 1: the first row uses 0
+    bool any = false;
+    for (int b = 0; b < k; ++b) any |= block_faults[1][b] != 0u;
+    if (any) return poison_from(first_row);
+  }
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
           slot_index(blockIdx.x, 0, threadIdx.x));
 
   int parity = 0;
-  for (u64 row = first_row; row < rows; row += gridDim.x, parity ^= 1) {
+  for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
     float ss = 0.0f;
     bool ok = true;
     P kept[kSlots];  // the last pass's r and weight stay in registers for the normalisation
     P wt[kSlots];
     for (int p = 0; p < passes; ++p) {
-      if (p > 0 || row != first_row) {
+      if (p > 0 || row != (u64)first_row) {
         active = active_in(p);
 #pragma unroll
         for (int i = 0; i < kSlots; ++i)
@@ -163,11 +223,11 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
         if (i >= active) continue;
         P r;
 #pragma unroll
-        for (int k = 0; k < kElems; ++k) r.v[k] = from_acc<T>(add_rn(acc[i].v[k], to_acc(r_in[i].v[k])));
+        for (int e = 0; e < kElems; ++e) r.v[e] = from_acc<T>(add_rn(acc[i].v[e], to_acc(r_in[i].v[e])));
         store_row(res_out, row, line_of(p, i), r);
 #pragma unroll
-        for (int k = 0; k < kElems; ++k) {
-          const float v = to_acc(r.v[k]);  // past the row's end: 0 + 0, adds nothing to ss
+        for (int e = 0; e < kElems; ++e) {
+          const float v = to_acc(r.v[e]);  // past the row's end: 0 + 0, adds nothing to ss
           ss = add_rn(ss, mul_rn(v, v));
         }
         kept[i] = r;
@@ -178,8 +238,23 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     // Sum of squares over the block, and whether any thread of the block met a fault.
     const float mine = warp_tree_sum(ss);
     if (lane == 0) warp_sums[parity][warp] = mine;
-    if (__syncthreads_or(!ok)) return poison_from(row);
-    const float total = warp_tree_sum(lane < threads / kWarpSize ? warp_sums[parity][lane] : 0.0f);
+    bool bad = __syncthreads_or(!ok);
+    float total = warp_tree_sum(lane < threads / kWarpSize ? warp_sums[parity][lane] : 0.0f);
+    if (k > 1) {  // over the cluster: every block gets every block's total and fault bit
+      // Two gathers share one barrier: the fault words go first (no barrier of their own), then
+      // the totals' gather, whose barrier orders both.
+      if ((int)threadIdx.x < k)
+        st_cluster(&block_faults[parity][j], cluster_block_rank() - (u32)j + threadIdx.x, bad ? 1u : 0u);
+      cluster_all_gather(block_totals[parity], k, j, __float_as_uint(total));
+      for (int b = 0; b < k; ++b) bad |= block_faults[parity][b] != 0u;
+      // Pairwise over adjacent blocks, zeros past k (read from shared memory as needed: an array
+      // of eight totals in registers made ptxas spill).
+      auto tb = [&](int b) { return b < k ? __uint_as_float(block_totals[parity][b]) : 0.0f; };
+      static_assert(kMaxRowBlocks == 8, "the tree below is written out for 8 blocks");
+      total = add_rn(add_rn(add_rn(tb(0), tb(1)), add_rn(tb(2), tb(3))),
+                     add_rn(add_rn(tb(4), tb(5)), add_rn(tb(6), tb(7))));
+    }
+    if (bad) return poison_from(row);
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
 
     for (int p = 0; p < passes; ++p) {
@@ -194,7 +269,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
         const P w = last ? wt[i] : load_row(weight, 0, line);
         P y;
 #pragma unroll
-        for (int k = 0; k < kElems; ++k) y.v[k] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[k]), rstd), to_acc(w.v[k])));
+        for (int e = 0; e < kElems; ++e) y.v[e] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[e]), rstd), to_acc(w.v[e])));
         store_row(out, row, line, y);
       }
     }
@@ -211,7 +286,7 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
 
 // Entry points, as SOLLAT_DEFINE_ENTRY_POINTS (collective.h) defines them for the AllReduce, with
 // three more tensors per rank and the row length and eps after the common tail.
-extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
   if (!sollat::prologue(st, rank)) return;
   const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);  // as collective.h: the record, before the first send
   sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),
@@ -219,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_p
   ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight);
 }
 
-extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) ar_rmsnorm_vr(SOLLAT_RMSNORM_VR_PARAMS) {
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_vr(SOLLAT_RMSNORM_VR_PARAMS) {
   const int y = blockIdx.y;
   const int rank = rank_base + y;
   if (!sollat::prologue(st, rank)) return;

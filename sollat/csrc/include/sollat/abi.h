@@ -26,6 +26,8 @@ constexpr int kFaultWords = 8;
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
 enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1 };
 enum Parity : int { kParities = 2 };
+// Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.
+enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };
 // LL128 warp-unit (ll128.h names them in namespace ll128).
 enum LL128Unit : int { kLL128LineBytes = 128, kLL128LinesPerUnit = 4, kLL128DisplacedLane = 31, kLL128DataLanes = 31 };
 
