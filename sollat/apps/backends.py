@@ -21,6 +21,8 @@ spec                      what runs
                           ``auto`` when the algorithm only adds, as LL128 atomic does).
 ``reference`` / ``cpu``   virtual ranks only: a rank-order sum in torch, 16-bit types accumulated in
                           fp32 and rounded once, the same arithmetic as sollat's deterministic kernels.
+``sollat_fused[:<algo>]`` decode only: sollat, with each AllReduce that a residual add and RMSNorm
+                          follow fused with them into one ``all_reduce_rmsnorm`` call (``fused.py``).
 ``noop``                  returns the inputs: a stand-in used to time a step without its AllReduces,
                           and the exact AllReduce of a world of one.
 ========================  ===========================================================================
@@ -29,23 +31,27 @@ spec                      what runs
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 OPS: tuple[str, ...] = ("sum", "max", "min")
-KINDS: tuple[str, ...] = ("nccl", "sollat", "reference", "cpu", "noop")
+KINDS: tuple[str, ...] = ("nccl", "sollat", "sollat_fused", "reference", "cpu", "noop")
+SOLLAT_KINDS: tuple[str, ...] = ("sollat", "sollat_fused")  # need a CUDA device; take an algorithm
 
 
 @dataclass(frozen=True)
 class CallRecord:
-    """One traced AllReduce call: its op, dtype and the message size of one rank in bytes."""
+    """One traced AllReduce call: its op, dtype and the message size of one rank in bytes; for a fused
+    AllReduce + RMSNorm (``fused.FUSED_OP``) also the row length and eps."""
 
     op: str
     dtype: torch.dtype
     nbytes: int
+    hidden: int = 0
+    eps: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,8 @@ class BackendSpec:
 
     @property
     def label(self) -> str:
-        if self.kind == "sollat":
-            return "sollat" if self.algo == "auto" else f"sollat:{self.algo}"
+        if self.kind in SOLLAT_KINDS:
+            return self.kind if self.algo == "auto" else f"{self.kind}:{self.algo}"
         return self.kind
 
 
@@ -67,12 +73,17 @@ def parse_backend_spec(spec: str) -> BackendSpec:
     if kind not in KINDS:
         raise ValueError(f"backend {spec!r}: unknown kind {kind!r}; expected one of {', '.join(KINDS)} "
                          f"or sollat:<algorithm>")
-    if kind == "sollat":
+    if kind in SOLLAT_KINDS:
         if sep and not algo:
-            raise ValueError(f"backend {spec!r}: missing algorithm name after 'sollat:'")
-        return BackendSpec("sollat", algo or "auto")
+            raise ValueError(f"backend {spec!r}: missing algorithm name after '{kind}:'")
+        if kind == "sollat_fused":
+            from .fused import check_fused_algo
+
+            check_fused_algo(algo or "auto")
+        return BackendSpec(kind, algo or "auto")
     if sep:
-        raise ValueError(f"backend {spec!r}: only sollat takes an algorithm (sollat:<algorithm>)")
+        raise ValueError(f"backend {spec!r}: only sollat and sollat_fused take an algorithm "
+                         f"(sollat:<algorithm>)")
     return BackendSpec(kind, "")
 
 
@@ -134,6 +145,17 @@ class AllReduceBackend:
     def rank_order_for(self, calls: Sequence[CallRecord]) -> bool:
         """Whether every one of ``calls`` reduces in rank order (see ``rank_order``)."""
         return self.rank_order
+
+    def replay_call(self, call: CallRecord, device: torch.device) -> Callable[[], None]:
+        """A function that makes ``call`` again (same op, dtype and size) on zero buffers of its own:
+        one step's AllReduces timed alone."""
+        n = call.nbytes // torch.empty((), dtype=call.dtype).element_size()
+        bufs = [torch.zeros(n, dtype=call.dtype, device=device) for _ in range(self.n_local)]
+
+        def run() -> None:
+            self.all_reduce(bufs, op=call.op)
+
+        return run
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[list[CallRecord]]:
@@ -306,8 +328,12 @@ def make_backend(spec: BackendSpec | str, *, world_size: int, device: torch.devi
             return NcclBackend(group)
         if spec.kind == "sollat":
             return SollatDistBackend(group, spec.algo)
+        if spec.kind == "sollat_fused":
+            from .fused import SollatFusedDistBackend
+
+            return SollatFusedDistBackend(group, spec.algo)
         raise ValueError(f"backend {spec.label!r} runs only with virtual ranks (--virtual-tp); "
-                         f"under torchrun use nccl or sollat")
+                         f"under torchrun use nccl, sollat or sollat_fused")
     if spec.kind in ("reference", "cpu"):
         return ReferenceBackend(world_size, name=spec.kind)
     if spec.kind == "nccl":
@@ -315,6 +341,10 @@ def make_backend(spec: BackendSpec | str, *, world_size: int, device: torch.devi
         return ReferenceBackend(world_size, name="nccl(reference)")
     if device.type != "cuda":
         raise ValueError(f"backend {spec.label!r} needs a CUDA device, got {device}")
+    if spec.kind == "sollat_fused":
+        from .fused import SollatFusedVirtualBackend
+
+        return SollatFusedVirtualBackend(world_size, device, spec.algo)
     return SollatVirtualBackend(world_size, device, spec.algo)
 
 

@@ -137,6 +137,9 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     for spec in backends:
         if spec.kind == "noop":
             parser.error("backend noop is only used internally, to time an iteration without AllReduce")
+        if spec.kind == "sollat_fused":
+            parser.error(f"backend {spec.label} fuses AllReduce with a residual add and RMSNorm; CG has "
+                         "nothing to fuse (use sollat or sollat:<algorithm>)")
         if spec.kind == "sollat" and not on_gpu:
             parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
         if distributed and spec.kind in ("reference", "cpu"):

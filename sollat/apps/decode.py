@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from .backends import (
+    SOLLAT_KINDS,
     AllReduceBackend,
     BackendSpec,
     CallRecord,
@@ -109,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check-steps", type=int, default=4,
                    help="teacher-forced steps whose logits are compared between backends")
     p.add_argument("--backends", default=None,
-                   help="comma-separated: nccl, sollat, sollat:<algorithm>, reference (virtual ranks); "
-                        "the first is the baseline (default: nccl,sollat; cpu on a CPU device)")
+                   help="comma-separated: nccl, sollat, sollat:<algorithm>, sollat_fused (AllReduce + "
+                        "residual add + RMSNorm fused), sollat_fused:<algorithm>, reference (virtual "
+                        "ranks); the first is the baseline (default: nccl,sollat; cpu on a CPU device)")
     p.add_argument("--virtual-tp", type=int, default=None, metavar="R",
                    help="run all R tensor-parallel ranks in this process on one device")
     p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
@@ -162,10 +164,11 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     for spec in backends:
         if spec.kind == "noop":
             parser.error("backend noop is only used internally, to time a step without AllReduce")
-        if spec.kind == "sollat" and not on_gpu:
+        if spec.kind in SOLLAT_KINDS and not on_gpu:
             parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
         if distributed and spec.kind in ("reference", "cpu"):
-            parser.error(f"backend {spec.label} runs only with --virtual-tp (under torchrun use nccl or sollat)")
+            parser.error(f"backend {spec.label} runs only with --virtual-tp "
+                         "(under torchrun use nccl, sollat or sollat_fused)")
     dtype = DTYPES[a.dtype] if a.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     return DecodeArgs(model=a.model, layers=cfg.n_layers, batch=a.batch, context=a.context, steps=a.steps,
                       warmup=a.warmup, check_steps=a.check_steps, backends=backends, distributed=distributed,
@@ -309,12 +312,11 @@ def time_steps(session: DecodeSession, n: int) -> list[float]:
 def time_allreduces(backend: AllReduceBackend, calls: Sequence[CallRecord], *, device: torch.device,
                     use_graph: bool, repeats: int = 20) -> float:
     """Median milliseconds of one step's AllReduces alone, back to back (``calls`` from a traced step)."""
-    bufs = [[torch.zeros(c.nbytes // torch.empty((), dtype=c.dtype).element_size(), dtype=c.dtype,
-                         device=device) for _ in range(backend.n_local)] for c in calls]
+    replays = [backend.replay_call(c, device) for c in calls]  # fused calls with their add + RMSNorm
 
     def run() -> None:
-        for c, b in zip(calls, bufs, strict=True):
-            backend.all_reduce(b, op=c.op)
+        for replay_one in replays:
+            replay_one()
 
     if device.type != "cuda":
         times = []
@@ -508,13 +510,13 @@ def run(args: DecodeArgs) -> dict[str, Any]:
 
     results: list[BackendResult] = []
     # The same step with every AllReduce a no-op: what the step costs without communication.
-    noop_ms: float | None = None
+    noop_itl: list[float] | None = None
     if args.tp > 1:
         sess = DecodeSession(model, make_backend("noop", world_size=args.tp, device=device,
                                                  distributed=args.distributed),
                              start_tokens=start, use_graph=args.graph, warmup=args.warmup)
         _run_steps(sess, args.warmup)
-        noop_ms = statistics.median(d.slowest(time_steps(sess, args.steps)))
+        noop_itl = d.slowest(time_steps(sess, args.steps))
         del sess
         _free(device)
 
@@ -549,7 +551,7 @@ def run(args: DecodeArgs) -> dict[str, Any]:
         del backend
         _free(device)
 
-    report = _report(args, d, results, base_label, base_logits, noop_ms)
+    report = _report(args, d, results, base_label, base_logits, noop_itl)
     report["memory_estimate_bytes"] = asdict(est)
     if args.json_path and d.rank == 0:
         with open(args.json_path, "w") as f:
@@ -569,8 +571,19 @@ def _free(device: torch.device) -> None:
 
 
 def _report(args: DecodeArgs, d: _Dist, results: list[BackendResult], base_label: str,
-            base_logits: list[torch.Tensor], noop_ms: float | None) -> dict[str, Any]:
+            base_logits: list[torch.Tensor], noop_itl: list[float] | None) -> dict[str, Any]:
     n_gpus = args.tp if args.distributed else 1
+    noop_ms = None if noop_itl is None else statistics.median(noop_itl)
+
+    def row(name: str, itl: list[float], share: float | None, alone: float | None) -> tuple[float, float, float,
+                                                                                            float | None]:
+        p50, p99 = statistics.median(itl), _percentile(itl, 99)
+        tps = args.batch * len(itl) / (sum(itl) / 1e3)
+        cost = None if args.price is None else cost_per_million_tokens(args.price, n_gpus, tps)
+        d.print(f"{name:<24}{p50:>11.3f}{p99:>11.3f}{tps:>10.1f}{'-' if share is None else f'{share:.1%}':>10}"
+                f"{'-' if alone is None else f'{alone:.3f}':>12}{'-' if cost is None else f'{cost:.2f}':>9}")
+        return p50, p99, tps, cost
+
     timing_note = ("" if args.distributed or args.tp == 1 else
                    "  (virtual ranks: all ranks share one device, so times are not a TP measurement)")
     d.print(f"\ntiming: {args.steps} steps after {args.warmup} warm-up, "
@@ -583,14 +596,9 @@ def _report(args: DecodeArgs, d: _Dist, results: list[BackendResult], base_label
                            "backends": [s.label for s in args.backends], "n_gpus": n_gpus,
                            "noop_step_ms": noop_ms, "results": {}, "checks": {}}
     for r in results:
-        p50, p99 = statistics.median(r.itl_ms), _percentile(r.itl_ms, 99)
-        tps = args.batch * len(r.itl_ms) / (sum(r.itl_ms) / 1e3)
+        p50 = statistics.median(r.itl_ms)
         share = None if noop_ms is None else max(0.0, (p50 - noop_ms) / p50)
-        cost = None if args.price is None else cost_per_million_tokens(args.price, n_gpus, tps)
-        d.print(f"{r.name:<24}{p50:>11.3f}{p99:>11.3f}{tps:>10.1f}"
-                f"{'-' if share is None else f'{share:.1%}':>10}"
-                f"{r.isolated_ar_ms if noop_ms is not None else float('nan'):>12.3f}"
-                f"{'-' if cost is None else f'{cost:.2f}':>9}")
+        p50, p99, tps, cost = row(r.name, r.itl_ms, share, None if noop_ms is None else r.isolated_ar_ms)
         out["results"][r.name] = {
             "itl_ms_p50": p50, "itl_ms_p99": p99, "tokens_per_s": tps, "ar_share": share,
             "isolated_ar_ms_per_step": r.isolated_ar_ms, "cost_per_million_tokens": cost,
@@ -598,6 +606,10 @@ def _report(args: DecodeArgs, d: _Dist, results: list[BackendResult], base_label
             "allreduce_calls": [{"op": c.op, "dtype": str(c.dtype), "bytes": c.nbytes, "algorithm": a}
                                 for c, a in zip(r.calls, r.algorithms, strict=True)],
             "rank_order": r.rank_order, "itl_ms": r.itl_ms}
+    if noop_itl is not None:  # the reference step: every AllReduce a no-op (add and RMSNorm unfused)
+        p50, p99, tps, cost = row("no AllReduce (noop)", noop_itl, None, None)
+        out["noop"] = {"itl_ms_p50": p50, "itl_ms_p99": p99, "tokens_per_s": tps, "cost_per_million_tokens": cost,
+                       "itl_ms": noop_itl}
     if results:
         d.print(f"AllReduces: {describe_calls(results[0].calls, results[0].algorithms)}")
         if noop_ms is not None:

@@ -15,7 +15,9 @@ Sharding (Megatron-LM):
   ``min`` of the indices that reach it, so ties go to the lowest index as in ``torch.argmax``).
 
 A decode step therefore makes ``2 * n_layers`` AllReduces of ``batch * hidden`` elements, plus two of
-``batch`` fp32 values.
+``batch`` fp32 values. Each of the ``2 * n_layers`` is followed by the residual add and the next
+RMSNorm (the next sublayer's, or the final norm after the last layer); a backend that fuses them
+(``fused.FusedRMSNormBackend``, the ``sollat_fused`` spec) does all three in one call.
 
 Weights are generated in blocks, one per KV head, from seeds that name the block; rank r of TP holds
 blocks ``r*n_kv/tp .. (r+1)*n_kv/tp - 1``. The model is therefore the same for every TP that divides
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from .backends import AllReduceBackend
+from .fused import FusedRMSNormBackend
 
 GIB = 1 << 30
 
@@ -329,17 +332,26 @@ class TPDecoder:
         sin = self.sin.index_select(0, pos)
         invalid = self.positions > pos  # positions not yet written are masked out
         x0 = F.embedding(tokens, self.shared.embed)
-        xs = [x0 for _ in self.ranks]
+        xs = [x0 for _ in self.ranks]  # the residual stream
+        hs = [rms_norm(x, self.shared.attn_norm[0], cfg.norm_eps) for x in xs]  # the normed input of a layer
+        norms = self.shared
         for layer in range(cfg.n_layers):
-            partial = [self._attention(i, layer, rms_norm(x, self.shared.attn_norm[layer], cfg.norm_eps),
-                                       cos, sin, pos, invalid) for i, x in enumerate(xs)]
-            xs = [x + y for x, y in zip(xs, backend.all_reduce(partial), strict=True)]
-            partial = [self._mlp(i, layer, rms_norm(x, self.shared.mlp_norm[layer], cfg.norm_eps))
-                       for i, x in enumerate(xs)]
-            xs = [x + y for x, y in zip(xs, backend.all_reduce(partial), strict=True)]
-        logits = [F.linear(rms_norm(x, self.shared.final_norm, cfg.norm_eps), self.shards[i].lm_head)
-                  for i, x in enumerate(xs)]
+            partial = [self._attention(i, layer, h, cos, sin, pos, invalid) for i, h in enumerate(hs)]
+            hs, xs = self._add_norm(backend, partial, xs, norms.mlp_norm[layer])
+            partial = [self._mlp(i, layer, h) for i, h in enumerate(hs)]
+            after = norms.attn_norm[layer + 1] if layer + 1 < cfg.n_layers else norms.final_norm
+            hs, xs = self._add_norm(backend, partial, xs, after)
+        logits = [F.linear(h, self.shards[i].lm_head) for i, h in enumerate(hs)]
         return StepOutput(logits=logits, next_tokens=self._greedy(logits, backend))
+
+    def _add_norm(self, backend: AllReduceBackend, partial: list[torch.Tensor], xs: list[torch.Tensor],
+                  weight: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A fusion point: ``(rms_norm(x + allreduce(partial)) * weight, x + allreduce(partial))`` per
+        local rank; one ``all_reduce_rmsnorm`` call when the backend fuses, else AllReduce, add, norm."""
+        if isinstance(backend, FusedRMSNormBackend):
+            return backend.all_reduce_rmsnorm(partial, xs, weight, self.cfg.norm_eps)
+        xs = [x + y for x, y in zip(xs, backend.all_reduce(partial), strict=True)]
+        return [rms_norm(x, weight, self.cfg.norm_eps) for x in xs], xs
 
     def _attention(self, i: int, layer: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    pos: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:

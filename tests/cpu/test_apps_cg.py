@@ -103,6 +103,7 @@ def test_argument_errors(capsys: pytest.CaptureFixture[str]) -> None:
         (["--grid", "4", "--virtual-ranks", "8"], {}, "cannot split 4 planes"),
         (["--backends", "sollat"], {}, "needs a CUDA device"),
         (["--backends", "noop"], {}, "only used internally"),
+        (["--backends", "sollat_fused"], {}, "CG has nothing to fuse"),
         (["--virtual-ranks", "2"], {"WORLD_SIZE": "2", "RANK": "0"}, "do not combine it with torchrun"),
         (["--backends", "cpu"], {"WORLD_SIZE": "2", "RANK": "0"}, "only with --virtual-ranks"),
         (["--check-single-rank"], {"WORLD_SIZE": "2", "RANK": "0"}, "use --virtual-ranks"),

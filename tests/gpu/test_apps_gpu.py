@@ -5,11 +5,20 @@
   unsharded model's tokens; logits must agree with the unsharded model within LOGIT_TOL, greedy
   tokens wherever the top-two margin exceeds twice that, and every rank-order (deterministic)
   path must give bitwise the same logits as the reference and as each other.
+* decode, fused: the same check for ``sollat_fused`` (auto and each fused algorithm forced), whose
+  step makes one ``all_reduce_rmsnorm`` per layer sync point; its replays are reproducible bitwise.
+  With two or more GPUs, the app under torchrun with nccl, sollat and sollat_fused.
 * CG: virtual 2 and 4 ranks reproduce the single-rank residual history within HISTORY_TOL with the
   same iteration count; rank-order paths are bitwise equal to each other.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +27,7 @@ from sollat.apps import cg, decode
 from sollat.apps.backends import make_backend
 from sollat.apps.cg import HISTORY_TOL, Solver, compare_histories
 from sollat.apps.decode import LOGIT_TOL, DecodeSession, compare_logits
+from sollat.apps.fused import FUSED_OP
 from sollat.apps.llama import TPDecoder, full_logits, preset
 from sollat.apps.poisson import PoissonCG
 
@@ -102,6 +112,89 @@ def test_decode_virtual_tp_matches_unsharded(tp: int, unsharded: tuple[list[torc
         assert same, f"{s} is a rank-order path but its logits differ from the reference"
     del model
     release()
+
+
+def fused_specs() -> list[str]:
+    from sollat import rmsnorm
+
+    return ["sollat_fused"] + [f"sollat_fused:{a}" for a in rmsnorm.ALGOS]
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_decode_virtual_tp_fused_matches_unsharded(tp: int,
+                                                   unsharded: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
+    """sollat_fused (AllReduce + residual add + next RMSNorm in one kernel, CUDA graphs) against the
+    unsharded model: within the tolerance, never required bitwise (it rounds once fewer than the
+    unfused path and sums the squares in its own order)."""
+    from sollat import rmsnorm
+
+    base, inputs = unsharded
+    model = new_model(tp)
+    for spec in fused_specs():
+        backend = make_backend(spec, world_size=tp, device=DEV, distributed=False)
+        sess = DecodeSession(model, backend, start_tokens=inputs[0], use_graph=True)
+        assert sess.graph is not None
+        assert [c.op for c in sess.calls] == [FUSED_OP] * (2 * CFG.n_layers) + ["max", "min"]
+        assert (sess.calls[0].nbytes, sess.calls[0].hidden) == (BATCH * CFG.hidden * 2, CFG.hidden)
+        algo = backend.algorithm_for(sess.calls[0])
+        assert algo in rmsnorm.ALGOS and (spec == "sollat_fused" or spec.endswith(":" + algo))
+        logits, tokens = [], []
+        for i in range(STEPS):
+            logits.append(full_logits(sess.step(force_tokens=inputs[i].to(DEV))).cpu())
+            tokens.append(sess.tokens.cpu().clone())
+        cmp = compare_logits(base, logits, TOL, tokens)
+        print(f"\ndecode TP {tp} {spec} [{algo}]: max|logit diff| vs unsharded {cmp.max_abs_diff:.4g} "
+              f"(tol {TOL}); greedy equal {cmp.tokens_equal}/{cmp.tokens_compared} where margin > {2 * TOL}")
+        assert cmp.max_abs_diff <= TOL
+        assert cmp.ok and cmp.tokens_compared > 0
+        assert cmp.sampler_exact
+        assert not backend.rank_order_for(sess.calls)
+        # the fused kernel has no atomics: replaying the first step again gives the same bits
+        sess.reset()
+        again = full_logits(sess.step(force_tokens=inputs[0].to(DEV))).cpu()
+        assert torch.equal(again, logits[0]), f"{spec}: a replay of step 0 changed the logits"
+        del sess, backend
+        release()
+    del model
+    release()
+
+
+def test_decode_cli_virtual_tp_fused(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = decode.main(["--virtual-tp", "2", "--layers", "1", "--context", "128", "--steps", "8", "--warmup", "2",
+                      "--check-steps", "2", "--check-unsharded", "--backends", "nccl,sollat,sollat_fused"])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 0 and "result: ok" in out
+    table = out.split("\ntiming:")[1].split("\nAllReduces:")[0].splitlines()[2:]
+    assert [line.split("  ")[0] for line in table] == ["nccl(reference)", "sollat", "sollat_fused",
+                                                        "no AllReduce (noop)"], table
+    assert "sum+rmsnorm" in out
+    release()
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs >= 2 GPUs")
+def test_decode_torchrun_two_gpus_fused(tmp_path: Path) -> None:
+    """The app under torchrun on 2 GPUs (sollat.Communicator.all_reduce_rmsnorm on real ranks),
+    teacher-forced against NCCL's tokens; exit status 0 only if every check passed."""
+    root = Path(__file__).parents[2]
+    env = dict(os.environ) | {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                              "NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1",
+                              "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    report = tmp_path / "decode.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "sollat.apps.decode", "--layers", "2", "--context", "256", "--steps", "16", "--warmup", "4",
+           "--check-steps", "4", "--backends", "nccl,sollat,sollat_fused", "--json", str(report)]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-6000:])
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["n_gpus"] == 2 and data["noop"]["itl_ms_p50"] > 0
+    fused = data["results"]["sollat_fused"]
+    ops = [c["op"] for c in fused["allreduce_calls"]]
+    assert ops == [FUSED_OP] * 4 + ["max", "min"]
+    assert fused["allreduce_calls"][0]["algorithm"] in ("oneshot_ll", "oneshot_sentinel")
+    assert data["checks"]["sollat_fused"]["ok"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
