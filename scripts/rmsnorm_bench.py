@@ -167,7 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replays", type=int, default=25)
     p.add_argument("--into", default=None, help="folder for rmsnorm-bench.json")
     p.add_argument("--commit", default=None)
+    p.add_argument("--row-lines", type=int, default=None,
+                   help="development: rmsnorm.ROW_LINES_PER_BLOCK for this run (how wide a row's cluster gets)")
     a = p.parse_args(argv)
+    if a.row_lines is not None:
+        rmsnorm.ROW_LINES_PER_BLOCK = a.row_lines  # read by every geometry (the kernel's and the reference's)
     env.apply_safety_env()
     dist_info = env.dist_info()
     dev = torch.device("cuda", dist_info.local_rank if dist_info else 0)

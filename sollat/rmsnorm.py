@@ -62,14 +62,17 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
                  max_blocks: int | None = None) -> RowGeometry:
     """Blocks per row: the fewest (a power of two) that leave each at most ROW_LINES_PER_BLOCK
     lines, but no more than abi.RMSNORM_MAX_ROW_BLOCKS and no more than leave every row its own
-    cluster within ``max_blocks`` (default the algorithm's): rows that wait for each other cost a
-    round trip each, more lines per block do not. Then, for one block's share, the fewest slots
-    that hold it in one pass of at most abi.RMSNORM_MAX_THREADS threads, else the algorithm's most slots and several
-    passes; as many row clusters as rows, up to ``max_blocks`` blocks in all."""
+    cluster within the algorithm's blocks: rows that wait for each other cost a round trip each,
+    more lines per block do not. Then, for one block's share, the fewest slots that hold it in one
+    pass of at most abi.RMSNORM_MAX_THREADS threads, else the algorithm's most slots and several
+    passes. As many row clusters as rows, up to ``max_blocks`` blocks in all (default the
+    algorithm's; a VirtualCommunicator passes fewer when not all fit at once), at least one."""
     limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
-    widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, limit // max(1, rows)))
+    # From the algorithm's blocks, not `limit`: the cut of a row (hence the order of the sum of
+    # squares, which the reference replays) must not depend on how many blocks fit at once.
+    widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, alg.max_blocks // max(1, rows)))
     row_blocks = 1
     while 2 * row_blocks <= widest and layout.ceil_div(row_lines, row_blocks) > ROW_LINES_PER_BLOCK:
         row_blocks *= 2
@@ -87,8 +90,7 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
     """``row_geometry`` by public algorithm name (``oneshot_ll`` / ``oneshot_sentinel``), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
-    once; the reduction order depends on the block count only through ``row_blocks``, which is
-    the same unless fewer than abi.RMSNORM_MAX_ROW_BLOCKS blocks fit)."""
+    once, never a narrower row cluster: the reduction order does not depend on the block count)."""
     return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
 
 

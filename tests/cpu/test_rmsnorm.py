@@ -15,6 +15,7 @@ import torch
 import sollat
 from sollat import abi, algorithms, build, instantiations, layout, ops, registry, rmsnorm
 from sollat.communicator import Communicator, VirtualCommunicator
+from sollat.dtypes import DTYPES
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)
@@ -268,6 +269,13 @@ def test_geometry_covers_each_line_of_a_row_once(algo: str, dtype: torch.dtype, 
             if layout.ceil_div(g.row_lines, k) > rmsnorm.ROW_LINES_PER_BLOCK:
                 assert k == abi.RMSNORM_MAX_ROW_BLOCKS or rows * 2 * k > alg.max_blocks
     assert rmsnorm.geometry(algo, dtype, 3, 64, r).blocks == 3  # a short row: one block per row
+    # fewer blocks at once (a virtual communicator's retry): fewer clusters, never narrower ones
+    full = rmsnorm.row_geometry(alg, DTYPES[dtype], 8, 8192, r)
+    for limit in range(1, alg.max_blocks):
+        g = rmsnorm.row_geometry(alg, DTYPES[dtype], 8, 8192, r, limit)
+        assert g.row_blocks == full.row_blocks and (g.threads, g.slots, g.passes) == (full.threads, full.slots,
+                                                                                       full.passes)
+        assert g.blocks == full.row_blocks * max(1, limit // full.row_blocks)
     assert rmsnorm.geometry(algo, dtype, 1, 8192, r).row_blocks > 1  # a decode row: a cluster
 
 
