@@ -24,7 +24,7 @@ constexpr int kFaultRecordOffset = 0;
 constexpr int kFaultWords = 8;
 
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
-enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1 };
+enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kAllgatherBuffers = 1, kReduceScatterBuffers = 1 };
 enum Parity : int { kParities = 2 };
 // LL128 warp-unit (ll128.h names them in namespace ll128).
 enum LL128Unit : int { kLL128LineBytes = 128, kLL128LinesPerUnit = 4, kLL128DisplacedLane = 31, kLL128DataLanes = 31 };
