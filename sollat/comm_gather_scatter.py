@@ -38,6 +38,8 @@ class GatherScatterCalls(_CommBase):
             raise UnsupportedError(f"reduce_scatter: op {op!r} is not supported; supported ops: {', '.join(OPS)}")
         if not isinstance(algo, str) or algo not in gather_scatter.ALGOS:
             raise UnsupportedError(f"{kind}: algo must be one of {', '.join(gather_scatter.ALGOS)}, got {algo!r}")
+        if algo == NCCL and self._entry != "pg":
+            raise UnsupportedError(f"{kind}: algo='nccl' needs a process group (Communicator), not a VirtualCommunicator")
 
     def _gs_tensor(self, kind: str, x: Any, what: str) -> DType:
         if not isinstance(x, torch.Tensor):
