@@ -3,7 +3,8 @@
     python3 examples/maxabs_allreduce.py            # 4 virtual ranks on GPU 0; without a GPU: compiles only
     python3 examples/maxabs_allreduce.py --proto sentinel --ranks 8
 
-docs/custom-collectives.md explains the kernel and the rules it follows. Not yet run on a GPU.
+docs/custom-collectives.md explains the kernel and the rules it follows. Its GPU test
+(tests/gpu/test_custom.py) passed on an H200 on 2026-11-30.
 """
 
 from __future__ import annotations

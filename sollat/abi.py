@@ -54,7 +54,8 @@ class Kernel:
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
-                                                  Kernel("ar_rmsnorm", 1))}
+                                                  Kernel("ar_rmsnorm", 1), Kernel("allgather", 1),
+                                                  Kernel("reduce_scatter", 1))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:

@@ -36,6 +36,10 @@ class Algorithm:
     # (empty: none). `tune` never puts such an algorithm into a real-rank table; algo= still runs it.
     rests_on: str = ""
     doc: str = ""
+    # Scratch region (and epoch array) it runs on: "" = its own, named after it. Kernels of one
+    # protocol may share one (GATHER_SCATTER_ALGORITHMS): a channel then simply carries the next
+    # epoch for whichever of them runs next, as one kernel's calls of different sizes do.
+    region: str = ""
 
     @property
     def buffers(self) -> int:
@@ -125,6 +129,44 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
 
 
 @dataclass(frozen=True)
+class GatherScatterAlgorithm(Algorithm):
+    """Built-in AllGather / ReduceScatter (``comm.all_gather`` / ``comm.reduce_scatter``;
+    sollat/gather_scatter.py): one-shot push kernels on a region shared by both collectives of a
+    protocol, sized for ``max_blocks`` blocks (not the communicator's)."""
+
+    opname: str = "all_gather"  # the public call, for messages
+
+    @property
+    def gathers(self) -> bool:
+        return self.opname == "all_gather"
+
+
+# Built-in AllGather and ReduceScatter: one shared region per protocol, sized for
+# GATHER_SCATTER_BLOCKS blocks per rank (2 x nranks MiB of scratch per rank for both regions).
+GATHER_SCATTER_BLOCKS = 16
+GATHER_SCATTER_ALGORITHMS: dict[str, GatherScatterAlgorithm] = {
+    a.name: a
+    for a in (
+        GatherScatterAlgorithm("all_gather_ll", "allgather.cu", "allgather", "ll", GATHER_SCATTER_BLOCKS, True, False,
+                               ops=frozenset({""}), region="gather_scatter_ll",
+                               doc="AllGather, one-shot push, LL protocol"),
+        GatherScatterAlgorithm("all_gather_sentinel", "allgather.cu", "allgather", "sentinel", GATHER_SCATTER_BLOCKS,
+                               True, False, ops=frozenset({""}), region="gather_scatter_sentinel",
+                               doc="AllGather, one-shot push, sentinel protocol"),
+        GatherScatterAlgorithm("reduce_scatter_ll", "reduce_scatter.cu", "reduce_scatter", "ll",
+                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_ll",
+                               opname="reduce_scatter",
+                               doc="ReduceScatter, one-shot push of each chunk to its owner, LL, rank-order reduction"),
+        GatherScatterAlgorithm("reduce_scatter_sentinel", "reduce_scatter.cu", "reduce_scatter", "sentinel",
+                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_sentinel",
+                               opname="reduce_scatter",
+                               doc="ReduceScatter, one-shot push of each chunk to its owner, sentinel, rank-order "
+                                   "reduction"),
+    )
+}
+
+
+@dataclass(frozen=True)
 class CustomAlgorithm(Algorithm):
     """A user-written collective (``sollat.custom.Collective``) as the planner sees it: its source
     is compiled instead of a file of csrc/kernels, its buffer count is the user's (not abi.KERNELS),
@@ -158,12 +200,18 @@ class Region:
     blocks: int  # blocks per rank it is sized for
 
 
-def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = ()) -> tuple[Region, ...]:
+def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = (),
+            gather_scatter: bool = False) -> tuple[Region, ...]:
     """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
-    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks), then the user-written
-    collectives registered at construction (``max_blocks``)."""
+    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks), with ``gather_scatter``
+    the built-in AllGather/ReduceScatter regions (one per protocol, at most GATHER_SCATTER_BLOCKS
+    blocks), then the user-written collectives registered at construction (``max_blocks``)."""
+    shared: dict[str, Region] = {}
+    for a in GATHER_SCATTER_ALGORITHMS.values() if gather_scatter else ():
+        shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
             + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items())
+            + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
 

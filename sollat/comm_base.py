@@ -44,7 +44,7 @@ class _CommBase(DeviceState):
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
                timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
-               customs: Sequence[Algorithm] = ()) -> None:
+               customs: Sequence[Algorithm] = (), gather_scatter: bool = False) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
         self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
         self.device = device
@@ -78,7 +78,8 @@ class _CommBase(DeviceState):
         # Region offsets inside every rank's scratch: the control block (fault record), then one
         # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
         self._customs = {a.name: a for a in customs}
-        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs))
+        self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
+        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter)
         self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
@@ -172,7 +173,8 @@ class _CommBase(DeviceState):
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        alg = ALGORITHMS.get(name) or self._customs[name]
+        alg = ALGORITHMS.get(name) or algorithms.GATHER_SCATTER_ALGORITHMS.get(name) or self._customs[name]
+        region = alg.region or name  # its scratch region and epochs (shared by some built-ins)
         what = getattr(alg, "opname", "all_reduce")
         alg.check(dt.torch_dtype, op)
         rmax = algorithms.max_ranks_template(self.world_size)
@@ -183,12 +185,12 @@ class _CommBase(DeviceState):
             geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             return geo, self._kernel(alg, kernel_file, dt, op, rmax, geo.slots)
 
-        geo, kernel, config = self._fitting_launch(what, build_for, self.max_blocks)
+        geo, kernel, config = self._fitting_launch(what, build_for, self._region_blocks[region])
         sig = algorithms.signature(alg, dt, op, n)
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
-            "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[name],
-            "lines_per_src": layout.lines_per_src(self._region_blocks[name]), "epochs": self._epochs[name].data_ptr(),
+            "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[region],
+            "lines_per_src": layout.lines_per_src(self._region_blocks[region]), "epochs": self._epochs[region].data_ptr(),
             "sig": sig, "rank": self._rank_arg(), "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride})
         params = abi.VR_PARAMS if self._entry == "vr" else abi.PG_PARAMS
         n_ptrs = len(params) - len(abi.TAIL_PARAMS)  # inputs, outputs

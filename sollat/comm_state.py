@@ -138,11 +138,11 @@ class DeviceState:
 
 
 def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int,
-                           customs: Sequence[Algorithm] = ()) -> int:
-    """Control block plus one region per algorithm, the fused RMSNorm ones and the user-written
-    collectives included (the offsets _setup assigns)."""
+                           customs: Sequence[Algorithm] = (), gather_scatter: bool = False) -> int:
+    """Control block plus one region per algorithm, the fused RMSNorm ones, the built-in
+    AllGather/ReduceScatter ones and the user-written collectives included (the offsets _setup assigns)."""
     return layout.CONTROL_BYTES + sum(r.alg.scratch_bytes(world_size, r.blocks)
-                                      for r in regions(tuple(names), max_blocks, tuple(customs)))
+                                      for r in regions(tuple(names), max_blocks, tuple(customs), gather_scatter))
 
 
 def _record_view(scratch: torch.Tensor) -> torch.Tensor:

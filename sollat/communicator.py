@@ -25,6 +25,7 @@ import torch
 from . import agree, faults, handover, launch, layout, rmsnorm, select
 from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS
 from .comm_custom import CustomCalls
+from .comm_gather_scatter import GatherScatterCalls
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
@@ -34,6 +35,7 @@ from .validate import (
     algorithm_names,
     check_world_size,
     checked_byte_count,
+    checked_flag,
     checked_max_blocks,
     cuda_device,
     default_timeout_s,
@@ -45,11 +47,11 @@ __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommuni
            "default_timeout_s", "launch", "lookup_comm"]
 
 
-class Communicator(CustomCalls):
+class Communicator(GatherScatterCalls, CustomCalls):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
-    torch_twoshot_bytes=None, collectives=None)``
+    torch_twoshot_bytes=None, collectives=None, gather_scatter=True)``
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
     IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
@@ -58,13 +60,16 @@ class Communicator(CustomCalls):
     ``torch_twoshot_bytes`` when larger) or to ``torch.distributed.all_reduce`` on ``group``,
     which also serves everything above the table. ``collectives`` registers user-written
     collectives (``sollat.custom``; the same list on every rank, agreed on; run them with ``run``).
+    ``gather_scatter`` gives ``all_gather`` / ``reduce_scatter`` their scratch (``sollat.gather_scatter``;
+    ``False``: none, and both calls go to torch.distributed).
     """
 
     _entry = "pg"
 
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
-                 torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None) -> None:
+                 torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None,
+                 gather_scatter: bool = True) -> None:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -75,6 +80,7 @@ class Communicator(CustomCalls):
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
         names = algorithm_names(algorithms)
         customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+        gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
         blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
         twoshot_asked = checked_byte_count(torch_twoshot_bytes, "torch_twoshot_bytes", "Communicator")
         dev = cuda_device(None, "Communicator")
@@ -85,10 +91,11 @@ class Communicator(CustomCalls):
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
         check_world_size(ws, "Communicator")
-        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs), dtype=torch.uint8, device=dev)
+        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs, gs), dtype=torch.uint8,
+                                   device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
         ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs)
+        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs)
         store = agree.default_store(self.group)
         if store is not None:
             self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
@@ -139,9 +146,10 @@ class Communicator(CustomCalls):
         select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
                               f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
-                              f"collectives {';'.join(c.describe() for c in self._collectives.values())}",
-                              "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes and "
-                              "collectives (name:protocol:options:source hash)")
+                              f"collectives {';'.join(c.describe() for c in self._collectives.values())}; "
+                              f"gather_scatter {self._gather_scatter}",
+                              "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes, "
+                              "collectives (name:protocol:options:source hash) and gather_scatter")
 
     @property
     def handovers(self) -> tuple[str, ...]:
@@ -262,6 +270,57 @@ class Communicator(CustomCalls):
         if n == 0:
             return y
         plan = self._run_plan(alg, n, dt)
+        self._launch(plan, (x.data_ptr(), y.data_ptr()))
+        self._after_call()
+        return y
+
+    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
+        """``all_gather(tensor, *, out=None, algo="auto") -> Tensor`` of shape ``[world_size, *tensor.shape]``
+
+        Rank r's ``tensor`` at ``[r]`` on every rank (``out`` may also have the concatenated shape
+        of ``torch.distributed.all_gather_into_tensor``). ``algo``: ``"auto"`` (``sollat.gather_scatter``'s
+        size rule: LL, sentinel, or torch.distributed for large messages), ``"ll"``, ``"sentinel"`` or
+        ``"nccl"``. Every rank must make the same call. Same checks, faults, stream ordering and
+        CUDA-graph capture as ``all_reduce``; not traceable by ``torch.compile`` yet.
+        """
+        self._gs_args("all_gather", "", algo)
+        self._before_call()
+        dt = self._gs_tensor("all_gather", tensor, "tensor")
+        x = tensor if tensor.is_contiguous() else tensor.contiguous()
+        y = self._gs_out("all_gather", x, out, "out")
+        self._gs_no_overlap("all_gather", [x], y, "out")
+        return self._gs_launch("all_gather", x, y, dt, "", algo)
+
+    def reduce_scatter(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None, op: str = "sum",
+                       algo: str = "auto") -> torch.Tensor:
+        """``reduce_scatter(tensor, *, out=None, op="sum", algo="auto") -> Tensor``
+
+        Splits ``tensor`` along dim 0 into ``world_size`` chunks (dim 0 must be a multiple of
+        ``world_size``) and returns the reduction over ranks of chunk ``rank``, of shape
+        ``[tensor.shape[0] // world_size, *tensor.shape[1:]]``: rank order 0..R-1, fp32 accumulation
+        for 16-bit types (``gather_scatter.reduce_scatter_reference`` bitwise) on sollat's kernels;
+        a call handed to torch.distributed (``algo="nccl"``, or ``"auto"`` above the size rule) has
+        NCCL's arithmetic. ``op``: sum, max, min. Otherwise as ``all_gather``.
+        """
+        self._gs_args("reduce_scatter", op, algo)
+        self._before_call()
+        dt = self._gs_tensor("reduce_scatter", tensor, "tensor")
+        x = tensor if tensor.is_contiguous() else tensor.contiguous()
+        y = self._gs_out("reduce_scatter", x, out, "out")
+        self._gs_no_overlap("reduce_scatter", [x], y, "out")
+        return self._gs_launch("reduce_scatter", x, y, dt, op, algo)
+
+    def _gs_launch(self, kind: str, x: torch.Tensor, y: torch.Tensor, dt: DType, op: str, algo: str) -> torch.Tensor:
+        n = x.numel()
+        if n == 0:
+            return y
+        plan = self._gs_plan(kind, n, dt, op, algo)
+        if isinstance(plan, str):  # torch.distributed, where it beats sollat's kernels (handover.py)
+            if kind == "all_gather":
+                handover.nccl_all_gather(x, y, self.group)
+            else:
+                handover.nccl_reduce_scatter(x, y, op, self.group)
+            return y
         self._launch(plan, (x.data_ptr(), y.data_ptr()))
         self._after_call()
         return y

@@ -1,7 +1,9 @@
 """Library paths that ``algo="auto"`` hands a size range to where they beat sollat's kernels
 (``select.HANDOVERS``; real ranks only):
 
-* ``"nccl"``: ``torch.distributed.all_reduce`` on the communicator's group;
+* ``"nccl"``: ``torch.distributed.all_reduce`` on the communicator's group (and, for the built-in
+  AllGather / ReduceScatter above their size rule, ``all_gather_into_tensor`` /
+  ``reduce_scatter_tensor``: ``sollat.gather_scatter``);
 * ``"torch_twoshot"``: torch symmetric memory's two-shot all-reduce
   (``torch.ops.symm_mem.two_shot_all_reduce_out``) on a symmetric buffer this module owns: the
   input is copied in (one device copy), the result is written straight to the output.
@@ -64,5 +66,24 @@ def nccl_all_reduce(x: torch.Tensor, y: torch.Tensor, op: str, group: Any) -> No
 
     if y.data_ptr() != x.data_ptr():
         y.copy_(x)
-    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op],
-                    group=group)
+    dist.all_reduce(y, op=_reduce_op(op), group=group)
+
+
+def _reduce_op(op: str) -> Any:
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+
+
+def nccl_all_gather(x: torch.Tensor, y: torch.Tensor, group: Any) -> None:
+    """``y`` (contiguous, ``world_size * x.numel()`` elements) = every rank's ``x``, rank order."""
+    import torch.distributed as dist
+
+    dist.all_gather_into_tensor(y.view(-1), x.reshape(-1), group=group)
+
+
+def nccl_reduce_scatter(x: torch.Tensor, y: torch.Tensor, op: str, group: Any) -> None:
+    """``y`` (contiguous, ``x.numel() / world_size`` elements) = reduction over ranks of this rank's chunk."""
+    import torch.distributed as dist
+
+    dist.reduce_scatter_tensor(y.view(-1), x.reshape(-1), op=_reduce_op(op), group=group)

@@ -45,9 +45,10 @@ def check_arch(arch: str) -> str:
 
 def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
     """(kernel file, defines) for every (algorithm, dtype, op, max ranks, slots) combination, the fused
-    RMSNorm kernels included."""
+    RMSNorm kernels and the built-in AllGather / ReduceScatter included."""
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-    for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
+    for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values(),
+                *algorithms.GATHER_SCATTER_ALGORITHMS.values()):
         for dtype in alg.dtypes:
             dt = DTYPES[dtype]
             for op in sorted(alg.ops):

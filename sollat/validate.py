@@ -63,6 +63,12 @@ def checked_max_blocks(value: object, who: str, *, default: int) -> int:
     return value
 
 
+def checked_flag(value: object, what: str, who: str) -> bool:
+    if not isinstance(value, bool):
+        raise UnsupportedError(f"{who}: {what} must be True or False, got {value!r}")
+    return value
+
+
 def checked_byte_count(value: object, what: str, who: str) -> int:
     """An optional size in bytes (``None``: 0): an integer >= 0."""
     if value is None:

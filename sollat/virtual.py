@@ -11,25 +11,34 @@ import torch
 from . import layout, rmsnorm
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
+from .comm_gather_scatter import GatherScatterCalls
 from .comm_state import _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
 from .errors import UnsupportedError
-from .validate import algorithm_names, check_world_size, checked_max_blocks, cuda_device, timeout
+from .validate import (
+    algorithm_names,
+    check_world_size,
+    checked_flag,
+    checked_max_blocks,
+    cuda_device,
+    timeout,
+)
 
 
-class VirtualCommunicator(CustomCalls):
+class VirtualCommunicator(GatherScatterCalls, CustomCalls):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
     ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
-    cluster_ranks=None, max_blocks=None, collectives=None)``
+    cluster_ranks=None, max_blocks=None, collectives=None, gather_scatter=True)``
 
     Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
     (checked with the occupancy API), since block b of each rank waits for block b of the others.
     With ``cluster_ranks`` (default on; ``SOLLAT_CLUSTER_RANKS=0`` turns it off) small grids launch
     block b of every rank as one thread-block cluster, which the hardware co-schedules on one GPC
     (see ``_clustered``). The kernels are the same either way. ``collectives`` registers
-    user-written collectives (``sollat.custom``; run them with ``run``).
+    user-written collectives (``sollat.custom``; run them with ``run``); ``gather_scatter`` gives
+    ``all_gather`` / ``reduce_scatter`` their scratch (``sollat.gather_scatter``).
     """
 
     _entry = "vr"
@@ -37,18 +46,20 @@ class VirtualCommunicator(CustomCalls):
     def __init__(self, world_size: int, device: torch.device | str | int | None = None, *,
                  timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None,
-                 max_blocks: int | None = None, collectives: Sequence[Collective] | None = None) -> None:
+                 max_blocks: int | None = None, collectives: Sequence[Collective] | None = None,
+                 gather_scatter: bool = True) -> None:
         check_world_size(world_size, "VirtualCommunicator")
         customs = self._register_collectives(checked_collectives(collectives, "VirtualCommunicator"))
+        gs = checked_flag(gather_scatter, "gather_scatter", "VirtualCommunicator")
         timeout_value = timeout(timeout_s)
         names = algorithm_names(algorithms)
         blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=layout.MAX_BLOCKS_VIRTUAL)
         dev = cuda_device(device, "VirtualCommunicator")
-        per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs)
+        per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs, gs)
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs)
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs, gs)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)
@@ -260,6 +271,58 @@ class VirtualCommunicator(CustomCalls):
         if n == 0:
             return outs
         plan = self._run_plan(alg, n, dt)
+        self._launch(plan, (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad))
+        self._after_call()
+        return outs
+
+    def all_gather(self, tensors: Sequence[torch.Tensor], *, out: Sequence[torch.Tensor] | None = None,
+                   algo: str = "auto") -> list[torch.Tensor]:
+        """``all_gather(tensors, *, out=None, algo="auto") -> list[Tensor]``
+
+        ``tensors[r]`` is rank r's input (same shape and dtype on every rank); every returned
+        tensor is ``[world_size, *shape]`` with ``tensors[r]`` at ``[r]``. ``algo``: ``"auto"``
+        (``sollat.gather_scatter``'s size rule), ``"ll"`` or ``"sentinel"``.
+        """
+        self._gs_args("all_gather", "", algo)
+        return self._gs_virtual("all_gather", tensors, out, "", algo)
+
+    def reduce_scatter(self, tensors: Sequence[torch.Tensor], *, out: Sequence[torch.Tensor] | None = None,
+                       op: str = "sum", algo: str = "auto") -> list[torch.Tensor]:
+        """``reduce_scatter(tensors, *, out=None, op="sum", algo="auto") -> list[Tensor]``
+
+        ``tensors[r]`` is rank r's input, dim 0 a multiple of world_size; returned tensor j is the
+        rank-order reduction of chunk j of dim 0 (``gather_scatter.reduce_scatter_reference``
+        bitwise), shape ``[shape[0] // world_size, *shape[1:]]``.
+        """
+        self._gs_args("reduce_scatter", op, algo)
+        return self._gs_virtual("reduce_scatter", tensors, out, op, algo)
+
+    def _gs_virtual(self, kind: str, tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None, op: str,
+                    algo: str) -> list[torch.Tensor]:
+        self._before_call()
+        ws = self.world_size
+        for what, seq in (("tensors", tensors), ("out", out)):
+            if seq is not None and (isinstance(seq, torch.Tensor) or len(seq) != ws):
+                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
+                raise UnsupportedError(f"{kind}: a VirtualCommunicator of {ws} ranks needs {what} as a list of "
+                                       f"{ws} tensors, got {got}")
+        dt = self._gs_tensor(kind, tensors[0], "tensors[0]")
+        ins = []
+        for r, t in enumerate(tensors):
+            self._gs_tensor(kind, t, f"tensors[{r}]")
+            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+                raise UnsupportedError(f"{kind}: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
+                                       f"{tuple(tensors[0].shape)} {tensors[0].dtype}; every rank must pass the same")
+            ins.append(t if t.is_contiguous() else t.contiguous())
+        outs = [self._gs_out(kind, ins[r], None if out is None else out[r], f"out[{r}]") for r in range(ws)]
+        if out is not None:
+            for r, o in enumerate(outs):
+                self._gs_no_overlap(kind, ins + outs[:r] + outs[r + 1:], o, f"out[{r}]")
+        n = ins[0].numel()
+        if n == 0:
+            return outs
+        plan = self._gs_plan(kind, n, dt, op, algo)
+        assert not isinstance(plan, str)  # a VirtualCommunicator never hands over
         self._launch(plan, (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad))
         self._after_call()
         return outs

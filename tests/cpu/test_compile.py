@@ -16,7 +16,7 @@ def test_every_instantiation_compiles_for_sm90(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     work = list(instantiations.all_instantiations())
     files = {f for f, _ in work}
-    assert {"allreduce_oneshot.cu", "allreduce_twoshot.cu"} <= files
+    assert {"allreduce_oneshot.cu", "allreduce_twoshot.cu", "allgather.cu", "reduce_scatter.cu"} <= files
     count = instantiations.precompile("sm_90", jobs=2)
     assert count == len(work) >= 100
     cubins = list((tmp_path / "cubin").glob("*.cubin"))  # $SOLLAT_CACHE_DIR/cubin

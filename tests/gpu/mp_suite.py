@@ -3,8 +3,8 @@
     python -m torch.distributed.run --standalone --nproc-per-node=N tests/gpu/mp_suite.py [--only a,b]
 
 Sections (default: all but ``skew``; ``--only`` or ``SOLLAT_MP_SECTIONS`` picks, ``SOLLAT_MP_SKIP``
-drops): values, rmsnorm, auto, graphs, straggler, mismatch, dead_peer, graph_fault, two_comms, streams,
-tear, and ``skew`` (compile skew: run it in its own launch with a fresh empty SOLLAT_CACHE_DIR).
+drops): values, rmsnorm, gather_scatter, auto, graphs, straggler, mismatch, dead_peer, graph_fault, two_comms,
+streams, tear, and ``skew`` (compile skew: run it in its own launch with a fresh empty SOLLAT_CACHE_DIR).
 (The option is ``--only``: torchrun abbreviates its own options anywhere on the line, and ``--only``
 is a prefix of none of them.)
 
@@ -498,6 +498,53 @@ def rmsnorm_values(s: Suite) -> None:
                     calls += 1
     comm.check()
     s.log(f"{calls} calls checked")
+
+
+@section("gather_scatter", 120)
+def gather_scatter_values(s: Suite) -> None:
+    """comm.all_gather / comm.reduce_scatter on real ranks: LL, sentinel and auto (which hands large
+    messages to torch.distributed) x dtype x size x input class x op, into poisoned (NaN) outputs,
+    every other call a misaligned view. all_gather bitwise against torch.stack of every rank's input
+    (and across ranks: every rank holds the same bits); reduce_scatter bitwise against the
+    rank-order reference of this rank's chunk (a call auto hands to NCCL: max/min bitwise, sum
+    within the summation bound)."""
+    from sollat import gather_scatter as gs
+
+    comm = s.main
+    w = s.world
+    calls = 0
+    for algo in ("ll", "sentinel", "auto"):
+        for dt in DTYPES:
+            for n in (1, 3, 1000, 4097, 65537, 300007):
+                for kind in (("randn", "mix") if algo != "auto" else ("randn",)):
+                    what = f"gather_scatter {algo} {dname(dt)} n={n} {kind}"
+                    shift = 3 if calls % 2 else 0  # misaligned output views (and guard elements around them)
+                    xs = s.inputs(kind, n, dt, what, "all_gather")
+                    obuf = torch.full((w * n + 8,), NAN, dtype=dt, device=s.dev)
+                    y = comm.all_gather(xs[s.rank], out=obuf[shift:shift + w * n].view(w, n), algo=algo)
+                    want = gs.all_gather_reference(xs)
+                    if int(ref.bitwise_bad(y, want)):
+                        s.fail(f"{what} all_gather: {ref.first_difference(y, want)}")
+                    s.expect(bool(torch.isnan(obuf[:shift]).all()) and bool(torch.isnan(obuf[shift + w * n:]).all()),
+                             f"{what} all_gather: wrote outside the output view")
+                    s.add_digest(f"{what} all_gather", y)
+                    op = ("sum", "max", "min")[calls % 3]
+                    xr = s.inputs(kind, w * n, dt, what, "reduce_scatter", op)
+                    obuf = torch.full((n + 8,), NAN, dtype=dt, device=s.dev)
+                    y = comm.reduce_scatter(xr[s.rank], out=obuf[shift:shift + n], op=op, algo=algo)
+                    want = gs.reduce_scatter_reference(xr, op)[s.rank]
+                    handed = algo == "auto" and gs.resolve("reduce_scatter", "auto", n * esize(dt), library=True,
+                                                           enabled=True) == "nccl"
+                    if handed and op == "sum":
+                        bad = int(ref.sum_bound_bad(y, [x.view(w, n)[s.rank] for x in xr]))
+                        s.expect(bad == 0, f"{what} reduce_scatter (NCCL) {op}: {bad} elements outside the bound")
+                    elif int(ref.bitwise_bad(y, want)):
+                        s.fail(f"{what} reduce_scatter {op}: {ref.first_difference(y, want)}")
+                    s.expect(bool(torch.isnan(obuf[:shift]).all()) and bool(torch.isnan(obuf[shift + n:]).all()),
+                             f"{what} reduce_scatter: wrote outside the output view")
+                    calls += 1
+    comm.check()
+    s.log(f"{calls} all_gather + reduce_scatter pairs checked")
 
 
 AUTO_BYTES = tuple(4 << (2 * k) for k in range(13))  # 4 B .. 64 MiB

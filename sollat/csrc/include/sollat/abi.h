@@ -24,7 +24,7 @@ constexpr int kFaultRecordOffset = 0;
 constexpr int kFaultWords = 8;
 
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
-enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1 };
+enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kAllgatherBuffers = 1, kReduceScatterBuffers = 1 };
 enum Parity : int { kParities = 2 };
 // Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };

@@ -1,0 +1,93 @@
+"""The built-in AllGather and ReduceScatter on a communicator (``sollat.gather_scatter`` has the
+shape rules, the size rule and the references): argument checks, the output tensor, and the plan
+of one call (cached; a new call shape is compiled and agreed on by every rank before its first
+launch, as for ``all_reduce``). Both communicators mix it in; their ``all_gather`` /
+``reduce_scatter`` methods add the tensor handling of their calling convention and launch through
+``_CommBase._launch`` (stream ordering, CUDA-graph capture).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import gather_scatter
+from .comm_base import MAX_ELEMENTS, _CommBase, _Plan
+from .dtypes import DTYPES, OPS, DType
+from .errors import UnsupportedError
+from .select import NCCL
+
+
+class GatherScatterCalls(_CommBase):
+    """``all_gather`` / ``reduce_scatter`` support shared by ``Communicator`` and ``VirtualCommunicator``."""
+
+    _gather_scatter: bool = False  # set by _setup (read-only default)
+
+    @property
+    def gather_scatter(self) -> bool:
+        """Whether this communicator has the built-in AllGather/ReduceScatter scratch regions."""
+        return self._gather_scatter
+
+    def _gs_args(self, kind: str, op: str, algo: str) -> None:
+        """The call's op and algo (before any tensor is looked at), and torch.compile."""
+        if torch.compiler.is_compiling():
+            raise UnsupportedError(f"{kind}: has no torch.compile custom op yet; call it outside the compiled region "
+                                   "or wrap it in torch.compiler.disable")
+        if kind == "reduce_scatter" and op not in OPS:
+            raise UnsupportedError(f"reduce_scatter: op {op!r} is not supported; supported ops: {', '.join(OPS)}")
+        if not isinstance(algo, str) or algo not in gather_scatter.ALGOS:
+            raise UnsupportedError(f"{kind}: algo must be one of {', '.join(gather_scatter.ALGOS)}, got {algo!r}")
+        if algo == NCCL and self._entry != "pg":
+            raise UnsupportedError(f"{kind}: algo='nccl' needs a process group (Communicator), not a VirtualCommunicator")
+
+    def _gs_tensor(self, kind: str, x: Any, what: str) -> DType:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{kind}: {what} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != self.device:
+            raise UnsupportedError(f"{kind}: {what} is on {x.device}; this communicator is on {self.device}")
+        dt = DTYPES.get(x.dtype)
+        if dt is None:
+            ok = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
+            raise UnsupportedError(f"{kind}: {what} has dtype {x.dtype}; supported: {ok}")
+        if x.numel() > MAX_ELEMENTS:
+            raise UnsupportedError(f"{kind}: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
+        return dt
+
+    def _gs_out(self, kind: str, x: torch.Tensor, out: Any, what: str) -> torch.Tensor:
+        """``out`` checked (or a new tensor): contiguous, on this device, the input's dtype, the
+        call's output shape (all_gather also takes the concatenated shape). Must not overlap ``x``."""
+        ws = self.world_size
+        shape = (gather_scatter.gather_shape(x.shape, ws) if kind == "all_gather"
+                 else gather_scatter.scatter_shape(x.shape, ws))
+        if out is None:
+            return torch.empty(shape, dtype=x.dtype, device=x.device)
+        self._gs_tensor(kind, out, what)
+        fits = (gather_scatter.gather_out_ok(out.shape, x.shape, ws) if kind == "all_gather"
+                else tuple(out.shape) == shape)
+        if not fits or out.dtype != x.dtype or not out.is_contiguous():
+            raise UnsupportedError(f"{kind}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
+                                   f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
+        return out
+
+    @staticmethod
+    def _gs_no_overlap(kind: str, ins: list[torch.Tensor], out: torch.Tensor, what: str) -> None:
+        """Other threads (and, on virtual ranks, other ranks) write ``out`` while inputs are read."""
+        o0, o1 = out.data_ptr(), out.data_ptr() + out.numel() * out.element_size()
+        for x in ins:
+            x0 = x.data_ptr()
+            if out.numel() and x.numel() and o0 < x0 + x.numel() * x.element_size() and x0 < o1:
+                raise UnsupportedError(f"{kind}: {what} overlaps an input or another output; each output must be a separate tensor")
+
+    def _gs_plan(self, kind: str, n: int, dt: DType, op: str, algo: str) -> _Plan | str:
+        """Plan of one call or ``"nccl"`` (cached). A new call shape is compiled, then agreed on by
+        every rank (agree.py) before its first launch."""
+        key = ("gather_scatter", kind, n, dt.torch_dtype, op, algo)
+        entry = self._calls.get(key)
+        if entry is None:
+            nbytes = gather_scatter.bytes_per_peer(kind, n, dt.size, self.world_size)
+            name = gather_scatter.resolve(kind, algo, nbytes, library=self._entry == "pg", enabled=self._gather_scatter)
+            entry = NCCL if name == NCCL else self._plan(name, dt, op, n)
+            self._agreement.agree(f"{kind}:{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
+            self._calls[key] = entry
+        return entry
