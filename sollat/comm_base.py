@@ -200,6 +200,11 @@ class _CommBase(DeviceState):
         return plan
 
     # ---- fused AllReduce + residual add + RMSNorm (rmsnorm.py, kernels/allreduce_rmsnorm.cu) --------
+    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype) -> str:
+        """What ``all_reduce_rmsnorm(algo="auto")`` picks for ``nbytes`` of ``x`` (a public name)."""
+        name = self._rmsnorm_resolve("auto", nbytes, dtype)
+        return next(public for public, internal in rmsnorm.ALGOS.items() if internal == name)
+
     def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
         """Internal algorithm name. ``auto`` follows the AllReduce table among the one-shot
         algorithms (the fused kernel is one-shot: LL or sentinel by size, never NCCL)."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -253,19 +253,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         alg = self._collective(collective, compiling=torch.compiler.is_compiling())
         self._before_call()
         ws = self.world_size
-        for what, seq in (("tensors", tensors), ("out", out)):
-            if seq is not None and (isinstance(seq, torch.Tensor) or len(seq) != ws):
-                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
-                raise UnsupportedError(f"{alg.opname}: a VirtualCommunicator of {ws} ranks needs {what} as a list of "
-                                       f"{ws} tensors, got {got}")
-        dt = self._run_tensor(alg, tensors[0], "tensors[0]")
-        ins = []
-        for r, t in enumerate(tensors):
-            self._run_tensor(alg, t, f"tensors[{r}]")
-            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
-                raise UnsupportedError(f"{alg.opname}: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
-                                       f"{tuple(tensors[0].shape)} {tensors[0].dtype}; every rank must pass the same")
-            ins.append(t if t.is_contiguous() else t.contiguous())
+        dt, ins = self._rank_inputs(alg.opname, tensors, out, lambda t, what: self._run_tensor(alg, t, what))
         outs = [self._run_out(alg, ins[r], None if out is None else out[r], f"out[{r}]") for r in range(ws)]
         n = ins[0].numel()
         if n == 0:
@@ -301,19 +289,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
                     algo: str) -> list[torch.Tensor]:
         self._before_call()
         ws = self.world_size
-        for what, seq in (("tensors", tensors), ("out", out)):
-            if seq is not None and (isinstance(seq, torch.Tensor) or len(seq) != ws):
-                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
-                raise UnsupportedError(f"{kind}: a VirtualCommunicator of {ws} ranks needs {what} as a list of "
-                                       f"{ws} tensors, got {got}")
-        dt = self._gs_tensor(kind, tensors[0], "tensors[0]")
-        ins = []
-        for r, t in enumerate(tensors):
-            self._gs_tensor(kind, t, f"tensors[{r}]")
-            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
-                raise UnsupportedError(f"{kind}: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
-                                       f"{tuple(tensors[0].shape)} {tensors[0].dtype}; every rank must pass the same")
-            ins.append(t if t.is_contiguous() else t.contiguous())
+        dt, ins = self._rank_inputs(kind, tensors, out, lambda t, what: self._gs_tensor(kind, t, what))
         outs = [self._gs_out(kind, ins[r], None if out is None else out[r], f"out[{r}]") for r in range(ws)]
         if out is not None:
             for r, o in enumerate(outs):
@@ -326,6 +302,26 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         self._launch(plan, (*[t.data_ptr() for t in ins], *self._pad, *[o.data_ptr() for o in outs], *self._pad))
         self._after_call()
         return outs
+
+    def _rank_inputs(self, opname: str, tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None,
+                     check: Callable[[torch.Tensor, str], DType]) -> tuple[DType, list[torch.Tensor]]:
+        """One tensor per rank (and, if given, one output per rank), each passing ``check``, all of
+        one shape and dtype; returns the dtype and the inputs made contiguous."""
+        ws = self.world_size
+        for what, seq in (("tensors", tensors), ("out", out)):
+            if seq is not None and (isinstance(seq, torch.Tensor) or len(seq) != ws):
+                got = "a single tensor" if isinstance(seq, torch.Tensor) else f"{len(seq)} tensors"
+                raise UnsupportedError(f"{opname}: a VirtualCommunicator of {ws} ranks needs {what} as a list of "
+                                       f"{ws} tensors, got {got}")
+        dt = check(tensors[0], "tensors[0]")
+        ins = []
+        for r, t in enumerate(tensors):
+            check(t, f"tensors[{r}]")
+            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+                raise UnsupportedError(f"{opname}: tensors[{r}] is {tuple(t.shape)} {t.dtype} but tensors[0] is "
+                                       f"{tuple(tensors[0].shape)} {tensors[0].dtype}; every rank must pass the same")
+            ins.append(t if t.is_contiguous() else t.contiguous())
+        return dt, ins
 
     def reset(self) -> None:
         """Clear a recorded fault and return every buffer and epoch to its initial state."""

@@ -1,6 +1,6 @@
 """Tensor-parallel decode of a Llama-3.1-70B-shaped model with a switchable AllReduce.
 
-    torchrun --nproc-per-node 4 -m sollat.apps.decode --backends nccl,sollat --context 65536 --price 10
+    torchrun --nproc-per-node 4 -m sollat.apps.decode --backends nccl,sollat,sollat_fused --context 65536 --price 10
     python -m sollat.apps.decode --virtual-tp 4 --layers 2 --context 512 --check-unsharded
 
 Under torchrun every process is one TP rank on its own GPU. With ``--virtual-tp R`` all R ranks run in
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default=None,
                    help="comma-separated: nccl, sollat, sollat:<algorithm>, sollat_fused (AllReduce + "
                         "residual add + RMSNorm fused), sollat_fused:<algorithm>, reference (virtual "
-                        "ranks); the first is the baseline (default: nccl,sollat; cpu on a CPU device)")
+                        "ranks); the first is the baseline (default: nccl,sollat,sollat_fused; cpu on a CPU device)")
     p.add_argument("--virtual-tp", type=int, default=None, metavar="R",
                    help="run all R tensor-parallel ranks in this process on one device")
     p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     except ValueError as e:
         parser.error(str(e))
     on_gpu = torch.device(device).type == "cuda"
-    default_backends = "nccl,sollat" if on_gpu else "cpu"
+    default_backends = "nccl,sollat,sollat_fused" if on_gpu else "cpu"
     try:
         backends = parse_backend_list(a.backends or default_backends)
     except ValueError as e:

@@ -109,11 +109,7 @@ class _SollatFused(_SollatMixin, FusedRMSNormBackend):
             return "auto" if select is None else str(select(call.nbytes, call.dtype, call.op))
         if self.algo != "auto":
             return self.algo
-        # What ``auto`` resolves to (comm_base has no public name for it yet; "auto" if it is missing).
-        resolve = getattr(self.comm, "_rmsnorm_resolve", None)
-        if resolve is None:
-            return "auto"
-        return str(resolve("auto", call.nbytes, call.dtype)).removeprefix("rmsnorm_")
+        return str(self.comm.selected_rmsnorm_algorithm(call.nbytes, call.dtype))
 
     def rank_order_for(self, calls: Sequence[CallRecord]) -> bool:
         return False  # see the module docstring: never bitwise equal to an unfused backend

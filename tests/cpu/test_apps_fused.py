@@ -64,8 +64,8 @@ class FakeVirtualComm:
         both = [fused_reference(xs, residuals[r], weight, eps, name, self.world) for r in range(self.world)]
         return [y for y, _ in both], [r for _, r in both]
 
-    def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
-        return "rmsnorm_" + (self.auto if algo == "auto" else algo)
+    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype) -> str:
+        return self.auto
 
 
 def model(tp: int, dtype: torch.dtype = torch.float32, ranks: Sequence[int] | None = None) -> TPDecoder:

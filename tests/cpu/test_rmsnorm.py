@@ -407,3 +407,5 @@ def test_auto_resolves_through_the_tuning_table() -> None:
     for nbytes in (4, 1024, 1 << 20, 64 << 20):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
             assert c._rmsnorm_resolve("auto", nbytes, dtype) in algorithms.RMSNORM_ALGORITHMS
+            assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype)] == c._rmsnorm_resolve("auto", nbytes,
+                                                                                                   dtype)
