@@ -30,10 +30,7 @@ class GatherScatterCalls(_CommBase):
         return self._gather_scatter
 
     def _gs_args(self, kind: str, op: str, algo: str) -> None:
-        """The call's op and algo (before any tensor is looked at), and torch.compile."""
-        if torch.compiler.is_compiling():
-            raise UnsupportedError(f"{kind}: has no torch.compile custom op yet; call it outside the compiled region "
-                                   "or wrap it in torch.compiler.disable")
+        """The call's op and algo (before any tensor is looked at)."""
         if kind == "reduce_scatter" and op not in OPS:
             raise UnsupportedError(f"reduce_scatter: op {op!r} is not supported; supported ops: {', '.join(OPS)}")
         if not isinstance(algo, str) or algo not in gather_scatter.ALGOS:
@@ -69,6 +66,14 @@ class GatherScatterCalls(_CommBase):
             raise UnsupportedError(f"{kind}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
                                    f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
         return out
+
+    def _gs_into(self, kind: str, y: torch.Tensor, out: Any, x: torch.Tensor, what: str) -> torch.Tensor:
+        """Under torch.compile: the custom op's new ``y``, copied into ``out`` when one is given
+        (checked like an eager ``out``; the compiler may turn the copy back into a direct write)."""
+        if out is None:
+            return y
+        self._gs_out(kind, x, out, what)
+        return out.copy_(y.reshape(out.shape))
 
     @staticmethod
     def _gs_no_overlap(kind: str, ins: list[torch.Tensor], out: torch.Tensor, what: str) -> None:

@@ -281,15 +281,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
         of ``torch.distributed.all_gather_into_tensor``). ``algo``: ``"auto"`` (``sollat.gather_scatter``'s
         size rule: LL, sentinel, or torch.distributed for large messages), ``"ll"``, ``"sentinel"`` or
         ``"nccl"``. Every rank must make the same call. Same checks, faults, stream ordering and
-        CUDA-graph capture as ``all_reduce``; not traceable by ``torch.compile`` yet.
+        CUDA-graph capture as ``all_reduce``; ``torch.compile`` keeps it in its graph (``sollat::gather_scatter``).
         """
         self._gs_args("all_gather", "", algo)
-        self._before_call()
-        dt = self._gs_tensor("all_gather", tensor, "tensor")
-        x = tensor if tensor.is_contiguous() else tensor.contiguous()
-        y = self._gs_out("all_gather", x, out, "out")
-        self._gs_no_overlap("all_gather", [x], y, "out")
-        return self._gs_launch("all_gather", x, y, dt, "", algo)
+        return self._gs_call("all_gather", tensor, out, "", algo)
 
     def reduce_scatter(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None, op: str = "sum",
                        algo: str = "auto") -> torch.Tensor:
@@ -303,14 +298,18 @@ class Communicator(GatherScatterCalls, CustomCalls):
         NCCL's arithmetic. ``op``: sum, max, min. Otherwise as ``all_gather``.
         """
         self._gs_args("reduce_scatter", op, algo)
-        self._before_call()
-        dt = self._gs_tensor("reduce_scatter", tensor, "tensor")
-        x = tensor if tensor.is_contiguous() else tensor.contiguous()
-        y = self._gs_out("reduce_scatter", x, out, "out")
-        self._gs_no_overlap("reduce_scatter", [x], y, "out")
-        return self._gs_launch("reduce_scatter", x, y, dt, op, algo)
+        return self._gs_call("reduce_scatter", tensor, out, op, algo)
 
-    def _gs_launch(self, kind: str, x: torch.Tensor, y: torch.Tensor, dt: DType, op: str, algo: str) -> torch.Tensor:
+    def _gs_call(self, kind: str, tensor: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the custom op (sollat/ops.py), which comes back here eagerly
+            from . import ops
+
+            return self._gs_into(kind, ops.gather_scatter(tensor, self.comm_id, kind, op, algo), out, tensor, "out")
+        self._before_call()
+        dt = self._gs_tensor(kind, tensor, "tensor")
+        x = tensor if tensor.is_contiguous() else tensor.contiguous()
+        y = self._gs_out(kind, x, out, "out")
+        self._gs_no_overlap(kind, [x], y, "out")
         n = x.numel()
         if n == 0:
             return y

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import gather_scatter as gs
 from .registry import lookup_comm
 
 
@@ -61,3 +62,29 @@ def all_reduce_rmsnorm_virtual(xs: list[torch.Tensor], residuals: list[torch.Ten
 def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor], comm_id: int, eps: float,
       algo: str) -> list[torch.Tensor]:
     return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]
+
+
+def _gs_shape(kind: str, shape: torch.Size, world_size: int) -> tuple[int, ...]:
+    return gs.gather_shape(shape, world_size) if kind == "all_gather" else gs.scatter_shape(shape, world_size)
+
+
+@torch.library.custom_op("sollat::gather_scatter", mutates_args=())
+def gather_scatter(x: torch.Tensor, comm_id: int, kind: str, op: str, algo: str) -> torch.Tensor:
+    """``all_gather`` (kind "all_gather") or ``reduce_scatter`` of one rank, into a new tensor."""
+    return lookup_comm(comm_id)._gs_call(kind, x, None, op, algo)  # type: ignore[attr-defined]
+
+
+@gather_scatter.register_fake
+def _(x: torch.Tensor, comm_id: int, kind: str, op: str, algo: str) -> torch.Tensor:
+    return x.new_empty(_gs_shape(kind, x.shape, lookup_comm(comm_id).world_size))  # type: ignore[attr-defined]
+
+
+@torch.library.custom_op("sollat::gather_scatter_virtual", mutates_args=())
+def gather_scatter_virtual(xs: list[torch.Tensor], comm_id: int, kind: str, op: str, algo: str) -> list[torch.Tensor]:
+    return lookup_comm(comm_id)._gs_virtual(kind, xs, None, op, algo)  # type: ignore[attr-defined]
+
+
+@gather_scatter_virtual.register_fake
+def _(xs: list[torch.Tensor], comm_id: int, kind: str, op: str, algo: str) -> list[torch.Tensor]:
+    ws = lookup_comm(comm_id).world_size  # type: ignore[attr-defined]
+    return [x.new_empty(_gs_shape(kind, x.shape, ws)) for x in xs]

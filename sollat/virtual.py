@@ -287,9 +287,18 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
 
     def _gs_virtual(self, kind: str, tensors: Sequence[torch.Tensor], out: Sequence[torch.Tensor] | None, op: str,
                     algo: str) -> list[torch.Tensor]:
-        self._before_call()
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
+            self._before_call()
         ws = self.world_size
         dt, ins = self._rank_inputs(kind, tensors, out, lambda t, what: self._gs_tensor(kind, t, what))
+        if compiling:  # the custom op (sollat/ops.py), which comes back here eagerly
+            from . import ops
+
+            ys = ops.gather_scatter_virtual(ins, self.comm_id, kind, op, algo)
+            if out is None:
+                return ys
+            return [self._gs_into(kind, ys[r], out[r], ins[r], f"out[{r}]") for r in range(ws)]
         outs = [self._gs_out(kind, ins[r], None if out is None else out[r], f"out[{r}]") for r in range(ws)]
         if out is not None:
             for r, o in enumerate(outs):

@@ -226,3 +226,63 @@ def test_gather_scatter_false_refuses_sollat_paths_with_a_clear_error() -> None:
 def test_constructor_flag_is_checked_before_looking_for_a_gpu() -> None:
     with pytest.raises(UnsupportedError, match="gather_scatter must be True or False"):
         VirtualCommunicator(2, gather_scatter="yes")  # type: ignore[arg-type]
+
+
+# ---- torch.compile: the custom ops keep the calls in one graph -----------------------------------
+def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
+    """fullgraph=True (a graph break is an error): both communicators' all_gather and
+    reduce_scatter go through the sollat::gather_scatter ops, whose eager body here is the CPU
+    reference (a stand-in for the kernel); results and out= writes equal the eager ones."""
+    from sollat import registry
+    from sollat.communicator import Communicator
+
+    calls: list[str] = []
+    virt = _virtual(2, [])
+    peers = [torch.full((4, 3), 10.0), torch.full((4, 3), 20.0)]  # the other ranks' inputs, for the stand-in
+
+    def virtual_body(kind: str, xs: list[torch.Tensor], out: Any, op: str, algo: str) -> list[torch.Tensor]:
+        calls.append(f"virtual {kind}")
+        ys = [all_gather_reference(xs) for _ in xs] if kind == "all_gather" else reduce_scatter_reference(xs, op)
+        if out is None:
+            return [y.clone() for y in ys]
+        return [o.copy_(y.reshape(o.shape)) for o, y in zip(out, ys, strict=True)]
+
+    real = object.__new__(Communicator)
+    real.world_size, real.device, real._gather_scatter, real._entry = 2, torch.device("cpu"), True, "pg"
+
+    def real_body(kind: str, x: torch.Tensor, out: Any, op: str, algo: str) -> torch.Tensor:
+        calls.append(f"real {kind}")
+        xs = [x, peers[1]]  # this is rank 0
+        return all_gather_reference(xs) if kind == "all_gather" else reduce_scatter_reference(xs, op)[0].clone()
+
+    for c in (virt, real):
+        c.comm_id = registry.register(c)
+    virt_eager = VirtualCommunicator._gs_virtual
+    real_eager = Communicator._gs_call
+
+    def virt_dispatch(self: Any, kind: str, xs: Any, out: Any, op: str, algo: str) -> Any:
+        return virtual_body(kind, list(xs), out, op, algo) if not torch.compiler.is_compiling() else \
+            virt_eager(self, kind, xs, out, op, algo)
+
+    def real_dispatch(self: Any, kind: str, x: Any, out: Any, op: str, algo: str) -> Any:
+        return real_body(kind, x, out, op, algo) if not torch.compiler.is_compiling() else \
+            real_eager(self, kind, x, out, op, algo)
+
+    def step(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        g = real.all_gather(x)  # [2, 4, 3]
+        s = real.reduce_scatter(x, op="max")  # [2, 3]
+        vg = virt.all_gather([x, x * 2], out=[out, torch.empty_like(out)])
+        vs = virt.reduce_scatter([x, x + 1])
+        return g.sum() + s.sum() + vg[1].sum() + vs[0].sum() + vs[1].sum()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(VirtualCommunicator, "_gs_virtual", virt_dispatch)
+        mp.setattr(Communicator, "_gs_call", real_dispatch)
+        x = torch.randn(4, 3)
+        out_e, out_c = torch.empty(2, 4, 3), torch.empty(2, 4, 3)
+        expect = step(x, out_e)
+        n_eager = len(calls)
+        got = torch.compile(step, fullgraph=True, backend="eager")(x, out_c)
+    assert torch.equal(got, expect) and torch.equal(out_c, out_e)
+    assert len(calls) == 2 * n_eager  # the compiled graph ran every call through the ops
+    assert out_e[0].equal(x) and out_e[1].equal(x * 2)
