@@ -284,3 +284,22 @@ def test_argument_errors_on_the_gpu() -> None:
         c.all_gather([x, x], algo="nccl")
     with pytest.raises(sollat.UnsupportedError, match="not contiguous"):
         c.all_gather([x, x], out=[torch.empty(10, 2, device=DEV).t()] * 2)
+
+
+def test_torch_compile_keeps_both_ops() -> None:
+    """fullgraph=True: all_gather and reduce_scatter stay in the compiled graph (sollat::gather_scatter
+    ops) and give the eager bits."""
+    c = sollat.VirtualCommunicator(2, DEV, timeout_s=5.0)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        g = c.all_gather([a * 2, b], algo="ll")
+        s = c.reduce_scatter([a, b * 3], algo="sentinel")
+        return g[1].flatten() + torch.cat([s[0], s[1]]).repeat(2)
+
+    gen = torch.Generator(device=DEV).manual_seed(91)
+    a, b = (torch.randn(1000, device=DEV, generator=gen) for _ in range(2))
+    out = torch.compile(f, fullgraph=True)(a, b)
+    g = gs.all_gather_reference([a * 2, b])
+    s = gs.reduce_scatter_reference([a, b * 3], "sum")
+    assert_bitwise(out.cpu(), (g.flatten() + torch.cat([s[0], s[1]]).repeat(2)).cpu(), "torch.compile")
+    c.check()
