@@ -24,7 +24,7 @@ import torch
 import sollat
 from sollat import gather_scatter as gs
 from sollat.bench import env
-from sollat.bench.timing import calls_for, measure_floor, time_calls
+from sollat.bench.timing import calls_for, measure_floor, slowest_rank, time_calls
 
 SIZES = tuple(64 << (2 * k) for k in range(9))  # 64 B .. 4 MiB per rank
 ALGOS = ("ll", "sentinel", "auto")
@@ -61,16 +61,6 @@ def check(comm: Any, kind: str, virtual: bool, rank: int, xs: list[Any], algo: s
     return all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want, strict=True))
 
 
-def _slowest(t: float, virtual: bool) -> float:
-    if virtual:
-        return t
-    import torch.distributed as dist
-
-    got: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(got, t)
-    return max(got)
-
-
 def run_size(comm: Any, virtual: bool, ranks: int, rank: int, kind: str, nbytes: int, dtype: torch.dtype,
              dev: torch.device, replays: int, sync: Callable[[], None] | None) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(nbytes + (0 if kind == "all_gather" else 1))  # same on every rank
@@ -86,7 +76,7 @@ def run_size(comm: Any, virtual: bool, ranks: int, rank: int, kind: str, nbytes:
         fn = dist.all_gather_into_tensor if kind == "all_gather" else dist.reduce_scatter_tensor
         rows["nccl"] = lambda i: fn(outs[i % SETS], sets[i % SETS][rank])
     calls = calls_for(nbytes * ranks)
-    us = {name: _slowest(time_calls(fn, calls=calls, replays=replays, sync=sync, device=dev).stats.median, virtual)
+    us = {name: slowest_rank(time_calls(fn, calls=calls, replays=replays, sync=sync, device=dev).stats.median)
           for name, fn in rows.items()}
     return {"kind": kind, "ranks": ranks, "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."), "us": us,
             "checks": checks}

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 import sollat
 from sollat import rmsnorm
 from sollat.bench import env
-from sollat.bench.timing import measure_floor, time_calls
+from sollat.bench.timing import measure_floor, slowest_rank, time_calls
 
 SHAPES = ((1, 4096), (1, 8192), (4, 8192), (8, 4096), (8, 8192))  # (tokens, hidden): decode steps
 EPS = 1e-6
@@ -145,19 +145,9 @@ def run_one(comm: Any, virtual: bool, ranks: int, rank: int, tokens: int, hidden
     us = {}
     for name, fn in rows.items():
         t = time_calls(fn, calls=calls, replays=replays, sync=sync, device=dev).stats.median
-        us[name] = _slowest(t, virtual)
+        us[name] = slowest_rank(t)
     return {"ranks": ranks, "tokens": tokens, "hidden": hidden, "dtype": str(dtype).removeprefix("torch."),
             "us": us, "checks": checks}
-
-
-def _slowest(t: float, virtual: bool) -> float:
-    if virtual:
-        return t
-    import torch.distributed as dist
-
-    got: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(got, t)
-    return max(got)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,6 +86,18 @@ def time_calls(call: Callable[[int], None], *, calls: int, replays: int, warmup:
     return GraphTiming(per_call, calls, replays)
 
 
+def slowest_rank(value: float) -> float:
+    """The largest ``value`` over the ranks of the default process group (``value`` itself when
+    there is none): a collective is done when its last rank is."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    return max(got)
+
+
 def empty_kernel() -> Any:
     from ..build import get_kernel
 
