@@ -75,19 +75,19 @@ class Case:
         self.ys = [torch.full(shape, float("nan"), device=dev, dtype=dtype) for _ in range(SETS)]
         self.w = torch.randn(hidden, generator=gen, device=dev).to(dtype)
 
-    def _split(self, t: torch.Tensor) -> Any:
+    def per_rank(self, t: torch.Tensor) -> Any:
         return list(t.unbind(0)) if self.virtual else t
 
     def all_reduce(self, i: int) -> None:
         i %= SETS
-        self.comm.all_reduce(self._split(self.xs[i]), out=self._split(self.ys[i]))
+        self.comm.all_reduce(self.per_rank(self.xs[i]), out=self.per_rank(self.ys[i]))
 
     def fused(self, algo: str) -> Callable[[int], None]:
         def call(i: int) -> None:
             i %= SETS
-            res = self._split(self.res[i])
-            self.comm.all_reduce_rmsnorm(self._split(self.xs[i]), res, self.w, EPS, algo,
-                                         out=self._split(self.ys[i]), residual_out=res)
+            res = self.per_rank(self.res[i])
+            self.comm.all_reduce_rmsnorm(self.per_rank(self.xs[i]), res, self.w, EPS, algo,
+                                         out=self.per_rank(self.ys[i]), residual_out=res)
         return call
 
     def unfused(self, post: Callable[..., Any], nccl: bool = False) -> Callable[[int], None]:
