@@ -23,9 +23,10 @@ from typing import Any
 import torch
 
 from . import agree, faults, handover, launch, layout, rmsnorm, select
-from .comm_base import CLUSTER_MAX_BLOCKS, MAX_ELEMENTS
+from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
+from .comm_launch import CLUSTER_MAX_BLOCKS
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
