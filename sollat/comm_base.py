@@ -7,7 +7,7 @@ communicators are ``communicator.py`` (one process per GPU) and ``virtual.py`` (
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -329,6 +329,32 @@ class _CommBase(LaunchFitting, DeviceState):
         if x.numel() > MAX_ELEMENTS:
             raise UnsupportedError(f"all_reduce: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
         return dt
+
+    def _collective_tensor(self, opname: str, x: Any, what: str, dtype_of: Callable[[torch.dtype, str], DType]) -> DType:
+        """A tensor argument of a collective other than all_reduce: a tensor on this device, of a dtype
+        ``dtype_of(dtype, what)`` accepts (it raises a clear error otherwise), within MAX_ELEMENTS."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{opname}: {what} must be a torch.Tensor, got {type(x).__name__}")
+        if x.device != self.device:
+            raise UnsupportedError(f"{opname}: {what} is on {x.device}; this communicator is on {self.device}")
+        dt = dtype_of(x.dtype, what)
+        if x.numel() > MAX_ELEMENTS:
+            raise UnsupportedError(f"{opname}: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
+        return dt
+
+    def _collective_out(self, opname: str, x: torch.Tensor, out: Any, what: str, shape: tuple[int, ...],
+                        dtype_of: Callable[[torch.dtype, str], DType],
+                        fits: Callable[[tuple[int, ...]], bool] | None = None) -> torch.Tensor:
+        """``out`` checked (or a new tensor of ``shape``): contiguous, on this device, the input's
+        dtype, ``shape`` (or a shape ``fits`` accepts)."""
+        if out is None:
+            return torch.empty(shape, dtype=x.dtype, device=x.device)
+        self._collective_tensor(opname, out, what, dtype_of)
+        ok = fits(tuple(out.shape)) if fits is not None else tuple(out.shape) == shape
+        if not ok or out.dtype != x.dtype or not out.is_contiguous():
+            raise UnsupportedError(f"{opname}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
+                                   f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
+        return out
 
     def _guard(self) -> None:
         if self._faulted:

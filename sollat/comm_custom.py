@@ -7,13 +7,13 @@ launch through ``_CommBase._launch`` (stream ordering, CUDA-graph capture) like 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from .algorithms import CustomAlgorithm
-from .comm_base import MAX_ELEMENTS, _CommBase, _Plan
+from .comm_base import _CommBase, _Plan
 from .custom import Collective
 from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
@@ -53,15 +53,16 @@ class CustomCalls(_CommBase):
                                    "option needs a new communicator")
         return mine.algorithm
 
+    @staticmethod
+    def _run_dtype_of(alg: CustomAlgorithm) -> Callable[[torch.dtype, str], DType]:
+        def dtype_of(d: torch.dtype, what: str) -> DType:
+            alg.check(d, "")  # a clear error for a dtype the collective does not take
+            return DTYPES[d]
+
+        return dtype_of
+
     def _run_tensor(self, alg: CustomAlgorithm, x: Any, what: str) -> DType:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{alg.opname}: {what} must be a torch.Tensor, got {type(x).__name__}")
-        if x.device != self.device:
-            raise UnsupportedError(f"{alg.opname}: {what} is on {x.device}; this communicator is on {self.device}")
-        alg.check(x.dtype, "")
-        if x.numel() > MAX_ELEMENTS:
-            raise UnsupportedError(f"{alg.opname}: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
-        return DTYPES[x.dtype]
+        return self._collective_tensor(alg.opname, x, what, self._run_dtype_of(alg))
 
     def _run_out_shape(self, alg: CustomAlgorithm, x: torch.Tensor) -> tuple[int, ...]:
         return (self.world_size, *x.shape) if alg.gathers else tuple(x.shape)
@@ -69,14 +70,7 @@ class CustomCalls(_CommBase):
     def _run_out(self, alg: CustomAlgorithm, x: torch.Tensor, out: Any, what: str) -> torch.Tensor:
         """``out`` checked (or a new tensor): contiguous, on this device, the input's dtype and the
         collective's output shape. An input may be its own output where the kernel allows it."""
-        shape = self._run_out_shape(alg, x)
-        if out is None:
-            return torch.empty(shape, dtype=x.dtype, device=x.device)
-        self._run_tensor(alg, out, what)
-        if tuple(out.shape) != shape or out.dtype != x.dtype or not out.is_contiguous():
-            raise UnsupportedError(f"{alg.opname}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
-                                   f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
-        return out
+        return self._collective_out(alg.opname, x, out, what, self._run_out_shape(alg, x), self._run_dtype_of(alg))
 
     def _run_plan(self, alg: CustomAlgorithm, n: int, dt: DType) -> _Plan:
         """As ``_call_plan``: cached; a new call shape is compiled (the user's source, this

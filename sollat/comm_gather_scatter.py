@@ -8,12 +8,13 @@ launch, as for ``all_reduce``). Both communicators mix it in; their ``all_gather
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from . import gather_scatter
-from .comm_base import MAX_ELEMENTS, _CommBase, _Plan
+from .comm_base import _CommBase, _Plan
 from .dtypes import DTYPES, OPS, DType
 from .errors import UnsupportedError
 from .select import NCCL
@@ -38,34 +39,30 @@ class GatherScatterCalls(_CommBase):
         if algo == NCCL and self._entry != "pg":
             raise UnsupportedError(f"{kind}: algo='nccl' needs a process group (Communicator), not a VirtualCommunicator")
 
+    @staticmethod
+    def _gs_dtype_of(kind: str) -> Callable[[torch.dtype, str], DType]:
+        def dtype_of(d: torch.dtype, what: str) -> DType:
+            dt = DTYPES.get(d)
+            if dt is None:
+                ok = ", ".join(str(t).replace("torch.", "") for t in DTYPES)
+                raise UnsupportedError(f"{kind}: {what} has dtype {d}; supported: {ok}")
+            return dt
+
+        return dtype_of
+
     def _gs_tensor(self, kind: str, x: Any, what: str) -> DType:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{kind}: {what} must be a torch.Tensor, got {type(x).__name__}")
-        if x.device != self.device:
-            raise UnsupportedError(f"{kind}: {what} is on {x.device}; this communicator is on {self.device}")
-        dt = DTYPES.get(x.dtype)
-        if dt is None:
-            ok = ", ".join(str(d).replace("torch.", "") for d in DTYPES)
-            raise UnsupportedError(f"{kind}: {what} has dtype {x.dtype}; supported: {ok}")
-        if x.numel() > MAX_ELEMENTS:
-            raise UnsupportedError(f"{kind}: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
-        return dt
+        return self._collective_tensor(kind, x, what, self._gs_dtype_of(kind))
 
     def _gs_out(self, kind: str, x: torch.Tensor, out: Any, what: str) -> torch.Tensor:
         """``out`` checked (or a new tensor): contiguous, on this device, the input's dtype, the
-        call's output shape (all_gather also takes the concatenated shape). Must not overlap ``x``."""
+        call's output shape (all_gather also takes the concatenated shape)."""
         ws = self.world_size
-        shape = (gather_scatter.gather_shape(x.shape, ws) if kind == "all_gather"
-                 else gather_scatter.scatter_shape(x.shape, ws))
-        if out is None:
-            return torch.empty(shape, dtype=x.dtype, device=x.device)
-        self._gs_tensor(kind, out, what)
-        fits = (gather_scatter.gather_out_ok(out.shape, x.shape, ws) if kind == "all_gather"
-                else tuple(out.shape) == shape)
-        if not fits or out.dtype != x.dtype or not out.is_contiguous():
-            raise UnsupportedError(f"{kind}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
-                                   f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
-        return out
+        if kind == "all_gather":
+            return self._collective_out(kind, x, out, what, gather_scatter.gather_shape(x.shape, ws),
+                                        self._gs_dtype_of(kind),
+                                        lambda shape: gather_scatter.gather_out_ok(shape, x.shape, ws))
+        return self._collective_out(kind, x, out, what, gather_scatter.scatter_shape(x.shape, ws),
+                                    self._gs_dtype_of(kind))
 
     def _gs_into(self, kind: str, y: torch.Tensor, out: Any, x: torch.Tensor, what: str) -> torch.Tensor:
         """Under torch.compile: the custom op's new ``y``, copied into ``out`` when one is given

@@ -47,7 +47,6 @@ class LaunchFitting:
                                        f"cannot be co-resident on {self.gpu_name}")
             per_sm = self._blocks_per_sm(kernel, geo.threads)
             max_blocks = max(1, min((per_sm * self._num_sms) // self._launch_ranks, geo.blocks - 1))
-            row_blocks = getattr(geo, "row_blocks", 1)
             if max_blocks < row_blocks:  # a row's cluster is never cut smaller (it fixes the sum's order)
                 raise UnsupportedError(f"{opname}: {self._launch_ranks} ranks x a cluster of {row_blocks} blocks of "
                                        f"{geo.threads} threads cannot be co-resident on {self.gpu_name}")
@@ -79,19 +78,12 @@ class LaunchFitting:
 
     def _co_resident(self, kernel: Any, config: Any, blocks: int, threads: int, row_blocks: int = 1) -> bool:
         """Whether every block of the launch can run at once (each waits for its peers' blocks)."""
-        if row_blocks > 1:
-            key = (id(kernel), threads, blocks, row_blocks, "row clusters")
+        if row_blocks > 1 or self._clustered(blocks):  # launched as clusters: count those
+            clusters = (blocks // row_blocks) * self._launch_ranks if row_blocks > 1 else blocks
+            key = (id(kernel), threads, blocks, row_blocks, "clusters")
             v = self._occupancy.get(key)
             if v is None:
                 v = kernel.occupancy.max_active_clusters(config, stream=launch.current_stream(self.device))
                 self._occupancy[key] = v
-            return (blocks // row_blocks) * self._launch_ranks <= v
-        if self._clustered(blocks):
-            key = (id(kernel), threads, blocks, "clusters")
-            v = self._occupancy.get(key)
-            if v is None:
-                v = kernel.occupancy.max_active_clusters(config, stream=launch.current_stream(self.device))
-                self._occupancy[key] = v
-            return blocks <= v
+            return clusters <= v
         return blocks * self._launch_ranks <= self._blocks_per_sm(kernel, threads) * self._num_sms
-
