@@ -122,16 +122,17 @@ class _CommBase(LaunchFitting, DeviceState):
         return self._algos
 
     def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
-                           deterministic: bool = False) -> str:
+                           deterministic: bool = False, symmetric: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
-        ``"nccl"`` or ``"torch_twoshot"``, see ``sollat.handover``)."""
+        ``"nccl"``, ``"torch_twoshot"``, or with ``symmetric`` (an input from
+        ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.handover``)."""
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)
         if choice is None:
             choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
                                    handovers=self._handovers(), available=self._algos)
             self._choices[key] = choice
-        return choice
+        return self._symmetric_path(choice, "auto", nbytes, dtype, op) if symmetric else choice
 
     def _selection_table(self) -> select.Table:
         if self._table is None:  # read once per communicator; a new `tune` table needs a new one
@@ -298,23 +299,34 @@ class _CommBase(LaunchFitting, DeviceState):
         self._last_stream = stream
         self._last_stream_obj = new
 
-    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool) -> _Plan | str:
+    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool,
+                   symmetric: bool = False) -> _Plan | str:
         """Plan of one call, or the name of a library path (select.HANDOVERS) (cached: the eager hot path is one dict lookup). A new
         call shape is compiled here and then agreed on by every rank (agree.py) before its first
         launch: no peer's first-use compile can look like a hang, and a call that differs between
-        ranks is an error on every rank before anything runs."""
-        key = (n, dt.torch_dtype, op, algo, deterministic)
+        ranks is an error on every rank before anything runs. ``symmetric``: the input lives in
+        symmetric memory (``Communicator.empty``), which may change the library path; part of
+        the agreement, since the paths differ."""
+        key = (n, dt.torch_dtype, op, algo, deterministic, symmetric)
         entry = self._calls.get(key)
         if entry is None:
             name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
-            if name in select.HANDOVERS:
+            if symmetric:
+                name = self._symmetric_path(name, algo, n * dt.size, dt.torch_dtype, op)
+            if name in select.HANDOVERS or name == select.TORCH_TWOSHOT_ZERO_COPY:
                 self._check_handover(name, n * dt.size, dt, op)
                 entry = name
             else:
                 entry = self._plan(name, dt, op, n)
-            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
+            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}",
+                                  "this call (algorithm|dtype|op|elements|input in symmetric memory)")
             self._calls[key] = entry
         return entry
+
+    def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
+        """The path for an input in symmetric memory where ``name`` was chosen (only a
+        Communicator has such inputs)."""
+        return name
 
     def _check_common(self, x: torch.Tensor, op: str, what: str) -> DType:
         if not isinstance(x, torch.Tensor):

@@ -108,6 +108,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self._agree_on_setup()
         if self._torch_twoshot_bytes:  # collective, and the same size on every rank (agreed above)
             self._torch_twoshot = handover.TorchTwoShot(self.group, dev, self._torch_twoshot_bytes)
+        self._symm = handover.SymmetricTensors(self.group.group_name, dev)
 
     def _rank_arg(self) -> int:
         return self.rank
@@ -164,6 +165,34 @@ class Communicator(GatherScatterCalls, CustomCalls):
         if name == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
             self._torch_twoshot.check(nbytes, dt, op)
 
+    def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
+        # On an input in symmetric memory, torch's two-shot needs no copy and beat NCCL in place
+        # (docs/benchmarks.md run 17): it takes every size ``auto`` would hand to a library.
+        if (algo in ("auto", select.TORCH_TWOSHOT) and name in select.HANDOVERS
+                and handover.torch_twoshot_available()
+                and select.handover_serves(select.TORCH_TWOSHOT_ZERO_COPY, dtype, op, nbytes)):
+            return select.TORCH_TWOSHOT_ZERO_COPY
+        return name
+
+    def empty(self, *size: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``empty(*size, dtype=torch.float32) -> Tensor``
+
+        A tensor in symmetric memory on this communicator's group (collective: every rank calls it
+        with the same size and dtype). ``all_reduce`` on it (or on a contiguous view into it) skips
+        the copy into library buffers: where ``auto`` hands a message to a library, torch's
+        two-shot reads every rank's tensor in place. Kept alive as long as the communicator (its
+        address must never be mistaken for a later allocation's). Every rank must pass such a
+        tensor alike: a call with one on some ranks and an ordinary tensor on others is refused on
+        every rank before it runs."""
+        if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+            size = tuple(size[0])
+        if not all(isinstance(d, int) and d >= 0 for d in size):
+            raise UnsupportedError(f"Communicator.empty: size must be non-negative ints, got {size!r}")
+        if dtype not in DTYPES:
+            raise UnsupportedError(f"Communicator.empty: dtype {dtype} is not one sollat reduces; supported: "
+                                   + ", ".join(str(d).removeprefix("torch.") for d in DTYPES))
+        return self._symm.empty(tuple(size), dtype)
+
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algo: str = "auto", *,
                    out: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
         """``all_reduce(tensor, op="sum", algo="auto", *, out=None, deterministic=False) -> Tensor``
@@ -201,9 +230,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
         n = x.numel()
         if n == 0:
             return y
-        plan = self._call_plan(n, dt, op, algo, deterministic)
+        plan = self._call_plan(n, dt, op, algo, deterministic, bool(self._symm) and self._symm.holds(x))
         if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
-            if plan == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
+            if plan == select.TORCH_TWOSHOT_ZERO_COPY:
+                self._symm.two_shot(x, y)
+            elif plan == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
                 self._torch_twoshot(x, y)
             else:
                 handover.nccl_all_reduce(x, y, op, self.group)

@@ -35,13 +35,17 @@ KINDS = ("all_gather", "reduce_scatter")
 PROTOS = ("ll", "sentinel")
 ALGOS = ("auto", *PROTOS, NCCL)  # what algo= accepts (NCCL: real ranks only)
 # The ``algo="auto"`` rule, on the bytes one rank sends to one peer (all_gather: its whole input;
-# reduce_scatter: one chunk). Not tuned: LL up to 1 KiB follows the one-shot AllReduce's LL range
-# in the shipped 2x H200 table; above LIBRARY_ABOVE_BYTES a Communicator hands the call to
-# torch.distributed (all_gather_into_tensor / reduce_scatter_tensor), as the AllReduce hands its
-# large messages to NCCL (the built-in regions are sized for few blocks, so large messages take
-# several passes). A VirtualCommunicator has no library path: sentinel at every size above LL.
-LL_MAX_BYTES = 1024
-LIBRARY_ABOVE_BYTES = 1 << 20
+# reduce_scatter: one chunk). Measured on 2 H200s (docs/benchmarks.md run 17,
+# scripts/gather_scatter_bench.py): LL is as fast as the sentinel or faster up to 4 KiB (AllGather
+# 2.26 / 2.27 us, ReduceScatter 2.42 / 2.45 us at 4 KiB), the sentinel from 16 KiB; at 256 KiB
+# sollat takes 5.7 / 4.5 us against NCCL's 20.2 / 19.1, at 1 MiB NCCL is as fast or faster
+# (19.6 / 18.7 against sollat's best 18.5 / 21.0: the built-in regions are sized for
+# GATHER_SCATTER_BLOCKS blocks, so large messages take several passes). Above
+# LIBRARY_ABOVE_BYTES a Communicator hands the call to torch.distributed
+# (all_gather_into_tensor / reduce_scatter_tensor). A VirtualCommunicator has no library path:
+# sentinel at every size above LL.
+LL_MAX_BYTES = 4096
+LIBRARY_ABOVE_BYTES = 512 << 10
 
 
 def algorithm(kind: str, proto: str) -> GatherScatterAlgorithm:

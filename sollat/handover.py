@@ -6,7 +6,11 @@
   ``reduce_scatter_tensor``: ``sollat.gather_scatter``);
 * ``"torch_twoshot"``: torch symmetric memory's two-shot all-reduce
   (``torch.ops.symm_mem.two_shot_all_reduce_out``) on a symmetric buffer this module owns: the
-  input is copied in (one device copy), the result is written straight to the output.
+  input is copied in (one device copy), the result is written straight to the output. An input
+  that already lives in symmetric memory from ``Communicator.empty`` (``SymmetricTensors``) skips
+  the copy: the op reads the peers' inputs where they are ("zero copy"). On such an input the
+  zero-copy two-shot also replaces NCCL wherever the table hands over: on 2 H200s it beat NCCL in
+  place at 8 and 64 MiB (docs/benchmarks.md, runs 15 and 17).
 
 Both carry their library's semantics, not sollat's: no sollat timeout or fault record, so a peer
 that never arrives can hang them as it hangs NCCL. The tuning table says where each is used.
@@ -58,6 +62,43 @@ class TorchTwoShot:
         buf = self._buf[: n * x.element_size()].view(x.dtype)
         buf.copy_(x.view(-1))
         torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", self.group_name, y.view(-1))
+
+
+class SymmetricTensors:
+    """Tensors in torch symmetric memory, allocated for a communicator's group
+    (``Communicator.empty``) and kept alive with it, so that ``holds`` can never mistake a later
+    allocation at the same address for one of them."""
+
+    def __init__(self, group_name: str, device: torch.device) -> None:
+        self.group_name = group_name
+        self.device = device
+        self._bases: dict[int, torch.Tensor] = {}  # storage address -> the allocation
+
+    def __bool__(self) -> bool:
+        return bool(self._bases)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A new symmetric tensor (collective: every rank of the group calls it alike)."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        t = symm_mem.empty(shape, dtype=dtype, device=self.device)
+        symm_mem.rendezvous(t, self.group_name)
+        self._bases[t.untyped_storage().data_ptr()] = t
+        return t
+
+    def holds(self, x: torch.Tensor) -> bool:
+        """Whether ``x`` is a view into one of these allocations that starts 16-byte aligned (the
+        two-shot kernel's vector width; any other view goes the copy path)."""
+        return x.data_ptr() % 16 == 0 and x.untyped_storage().data_ptr() in self._bases
+
+    def two_shot(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """``y`` = sum over ranks of ``x`` (held here, contiguous; ``y`` contiguous, may be ``x``),
+        read from every rank's ``x`` in place: the op takes the allocation's peer addresses and
+        ``x``'s offset into it."""
+        if y.data_ptr() == x.data_ptr():
+            torch.ops.symm_mem.two_shot_all_reduce_(x.view(-1), "sum", self.group_name)
+        else:
+            torch.ops.symm_mem.two_shot_all_reduce_out(x.view(-1), "sum", self.group_name, y.view(-1))
 
 
 def nccl_all_reduce(x: torch.Tensor, y: torch.Tensor, op: str, group: Any) -> None:

@@ -51,6 +51,9 @@ from .errors import SollatError, TableMismatchError, UnsupportedError
 NCCL = "nccl"
 TORCH_TWOSHOT = "torch_twoshot"
 HANDOVERS = (NCCL, TORCH_TWOSHOT)  # library paths a rule may name (real ranks only)
+# torch's two-shot reading an input that lives in symmetric memory (Communicator.empty) where it is,
+# with no copy in: not a table entry; ``auto`` takes it on such inputs where it would hand over.
+TORCH_TWOSHOT_ZERO_COPY = "torch_twoshot_zero_copy"
 # What torch's two_shot_all_reduce_ serves (torch 2.11: float and bfloat16, sum).
 TORCH_TWOSHOT_DTYPES = frozenset({torch.float32, torch.bfloat16})
 ANY = "any"
@@ -246,7 +249,7 @@ def detect_interconnect(device_index: int) -> str:
 def handover_serves(name: str, dtype: torch.dtype, op: str, nbytes: int) -> bool:
     """Whether library path ``name`` can reduce ``nbytes`` of this dtype with this op (torch's
     two-shot wants a multiple of 4 bytes: an odd bfloat16 count goes elsewhere)."""
-    if name == TORCH_TWOSHOT:
+    if name in (TORCH_TWOSHOT, TORCH_TWOSHOT_ZERO_COPY):
         return dtype in TORCH_TWOSHOT_DTYPES and op == "sum" and nbytes % 4 == 0
     return name == NCCL
 

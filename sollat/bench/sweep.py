@@ -19,6 +19,7 @@ from .virtual import rank_order_sum, rotating_sets
 
 DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "f16": "float16"}
+AUTO_SYMM = "auto_symm"  # auto on inputs in symmetric memory (DistributedTarget only)
 TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1.6e-2, 1e-2), "float16": (2e-3, 1e-3)}
 
 
@@ -46,7 +47,7 @@ class Target(Protocol):
     @property
     def algorithms(self) -> tuple[str, ...]: ...
 
-    def selected(self, nbytes: int, dtype: str) -> str: ...
+    def selected(self, nbytes: int, dtype: str, algo: str = "auto") -> str: ...
 
     def buffers(self, nbytes: int, dtype: str, n_sets: int) -> Any: ...
 
@@ -83,13 +84,13 @@ class _CommTarget:
     def algorithms(self) -> tuple[str, ...]:
         return tuple(self.comm.algorithms)
 
-    def selected(self, nbytes: int, dtype: str) -> str:
-        return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype)))
+    def selected(self, nbytes: int, dtype: str, algo: str = "auto") -> str:
+        return str(self.comm.selected_algorithm(nbytes, torch_dtype(dtype), symmetric=algo == AUTO_SYMM))
 
     def call(self, bufs: Any, i: int, algo: str) -> None:
         """One call on input set ``i`` (mod the number of sets): a list of R tensors (virtual) or
         this rank's tensor (distributed), whichever ``buffers`` made."""
-        ins, outs = bufs
+        ins, outs = bufs[0], bufs[1]
         s = i % len(ins)
         self.comm.all_reduce(ins[s], op="sum", algo=algo, out=outs[s])
 
@@ -129,7 +130,12 @@ class VirtualTarget(_CommTarget):
 
 
 class DistributedTarget(_CommTarget):
-    """One rank per process through ``sollat.Communicator`` (torchrun)."""
+    """One rank per process through ``sollat.Communicator`` (torchrun). Besides every algorithm
+    and ``auto`` it measures ``auto_symm``: ``auto`` on inputs in symmetric memory
+    (``Communicator.empty``, copies of the same inputs), as torch's symmetric-memory peers get
+    theirs."""
+
+    extra_rows = (AUTO_SYMM,)
 
     def __init__(self, device: Any) -> None:
         import torch.distributed as dist
@@ -140,6 +146,17 @@ class DistributedTarget(_CommTarget):
         self.comm = sollat.Communicator(group=None)
         self.ranks = dist.get_world_size()
         self.rank = dist.get_rank()
+        self._pool: Any = None  # symmetric float32 elements, grown (collectively) as sizes grow
+
+    def _symmetric(self, n: int, dt: Any, n_sets: int) -> list[Any]:
+        """``n_sets`` views of ``n`` elements into the symmetric pool, each 256-byte aligned."""
+        stride = -(-n * dt.itemsize // 256) * 256
+        need = stride * n_sets // 4
+        if self._pool is None or self._pool.numel() < need:  # every rank runs the same sizes: grows alike
+            self._pool = self.comm.empty(max(need, 2 * (0 if self._pool is None else self._pool.numel())))
+        raw = self._pool.view(dt)
+        per = stride // dt.itemsize
+        return [raw[k * per:k * per + n] for k in range(n_sets)]
 
     def buffers(self, nbytes: int, dtype: str, n_sets: int) -> Any:
         import torch
@@ -149,12 +166,22 @@ class DistributedTarget(_CommTarget):
         g = torch.Generator(device=self.device).manual_seed(1000 + self.rank)
         ins = [torch.randn(n, device=self.device, generator=g).to(dt) for _ in range(n_sets)]
         outs = [torch.full((n,), float("nan"), device=self.device, dtype=dt) for _ in range(n_sets)]
-        return ins, outs
+        syms = self._symmetric(n, dt, n_sets)
+        for sym, x in zip(syms, ins, strict=True):
+            sym.copy_(x)
+        return ins, outs, syms
+
+    def call(self, bufs: Any, i: int, algo: str) -> None:
+        if algo != AUTO_SYMM:
+            return super().call(bufs, i, algo)
+        _, outs, syms = bufs
+        s = i % len(syms)
+        self.comm.all_reduce(syms[s], op="sum", algo="auto", out=outs[s])
 
     def check(self, bufs: Any, dtype: str) -> str:
         import torch.distributed as dist
 
-        ins, outs = bufs
+        ins, outs = bufs[0], bufs[1]
         verdict = "ok"
         for s in range(len(ins)):
             ref = ins[s].float()
@@ -196,10 +223,17 @@ def _reason(exc: BaseException) -> str:
 
 
 def algo_list(target: Target, wanted: Sequence[str] | None) -> list[str]:
+    """The rows to run: every algorithm and ``auto`` (``wanted`` None), or those named; a target's
+    ``extra_rows`` (variants of ``auto``) come with ``auto``."""
     have = list(target.algorithms)
+    extra = list(getattr(target, "extra_rows", ()))
     if not wanted:
-        return [*have, "auto"]
-    return [a for a in wanted if a == "auto" or a in have] + [f"?{a}" for a in wanted if a != "auto" and a not in have]
+        return [*have, "auto", *extra]
+    autos = ["auto", *extra]
+    rows = [a for a in wanted if a in autos or a in have]
+    if "auto" in wanted:
+        rows += [a for a in extra if a not in rows]
+    return rows + [f"?{a}" for a in wanted if a not in autos and a not in have]
 
 
 def sweep_target(target: Target, cfg: SweepConfig, *, make_target: Callable[[], Target] | None = None,
@@ -284,6 +318,8 @@ def _measure_one(target: Target, cfg: SweepConfig, bufs: Any, algo: str, nbytes:
     try:
         if algo == "auto":
             row.selected = target.selected(nbytes, row.dtype)
+        elif algo == AUTO_SYMM:
+            row.selected = target.selected(nbytes, row.dtype, algo)
         timing = time_calls(lambda i: target.call(bufs, i, algo), calls=calls, replays=cfg.replays,
                             warmup=cfg.warmup, sync=target.sync())
         target.finish()

@@ -57,10 +57,24 @@ def column_order(rows: Sequence[Row]) -> list[str]:
 
     def key(label: str) -> tuple[int, int]:
         if label.startswith("sollat "):
-            return (0 if label != "sollat auto" else 1, seen.index(label))
+            return (1 if _is_auto(label) else 0, seen.index(label))
         return (2, seen.index(label))
 
     return sorted(seen, key=key)
+
+
+AUTO_LABELS = ("sollat auto", "sollat auto_symm")  # auto on ordinary inputs, on Communicator.empty inputs
+
+
+def _is_auto(label: str) -> bool:
+    return label in AUTO_LABELS
+
+
+def best_peer(rows: Sequence[Row], nbytes: int) -> Row | None:
+    """The fastest correct row of another library (not sollat) at ``nbytes`` among ``rows``."""
+    peers = [r for r in rows if r.nbytes == nbytes and r.impl != "sollat" and r.ok and r.median_us is not None
+             and not r.check.startswith("mismatch")]
+    return min(peers, key=lambda r: r.median_us or 0.0, default=None)
 
 
 def _cell(r: Row | None) -> str:
@@ -105,10 +119,12 @@ def format_panel(meta: dict[str, Any], floor_us: float | None, sol_us: float | N
     if floor_us is not None or sol_us is not None:
         lines.append(f"# floor {fmt_us(floor_us)} us   SoL {fmt_us(sol_us)} us")
     head = ["size", "count", "floor", "SoL", *(_short(lb) for lb in labels)]
-    has_auto = "sollat auto" in labels
-    if has_auto:
-        head.append("auto picks")
+    autos = [lb for lb in AUTO_LABELS if lb in labels]
+    for lb in autos:
+        head.append(f"{_short(lb)} picks")
     head.append("best")
+    for lb in autos:
+        head.append(f"{_short(lb)}/peer")
     table: list[list[str]] = []
     esize = DTYPE_SIZES.get(dtype, 4)
     for n in sizes:
@@ -117,13 +133,18 @@ def format_panel(meta: dict[str, Any], floor_us: float | None, sol_us: float | N
         for lb in labels:
             r = cells.get((lb, n))
             row.append(_cell(r))
-            if r is not None and r.ok and r.median_us is not None and lb != "sollat auto" \
+            if r is not None and r.ok and r.median_us is not None and not _is_auto(lb) \
                     and (r.ranks == ranks) and (best is None or r.median_us < best[0]):
                 best = (r.median_us, _short(lb))
-        if has_auto:
-            r = cells.get(("sollat auto", n))
+        for lb in autos:
+            r = cells.get((lb, n))
             row.append(r.selected if r is not None and r.selected else "")
         row.append(best[1] if best else "")
+        peer = best_peer([r for r in sized if r.ranks == ranks], n)
+        for lb in autos:  # the issue's yardstick: auto against the fastest other library, same size
+            r = cells.get((lb, n))
+            ok = r is not None and r.ok and r.median_us is not None and peer is not None and peer.median_us
+            row.append(f"{(r.median_us or 0.0) / (peer.median_us or 1.0):.2f}" if ok and r and peer else "")
         table.append(row)
     widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
     right = {0, 1, 2, 3, *range(4, 4 + len(labels))}

@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 
 import sollat
-from sollat import layout
+from sollat import layout, select
 from sollat.algorithms import ALGORITHMS, Algorithm
 
 try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
@@ -600,6 +600,43 @@ def auto(s: Suite) -> None:
             s.expect(why in str(exc), f"algo=torch_twoshot {dname(dt)} n={n} op={op}: unclear error {exc}")
     comm.check()
     s.log("picks " + " ".join(picks))
+
+
+@section("symmetric", 60)
+def symmetric(s: Suite) -> None:
+    """Inputs in symmetric memory (comm.empty): where auto hands over, torch's two-shot reads them
+    in place (no copy), in place and out of place, at aligned offsets; elsewhere sollat's kernels
+    run on them as on any tensor; an input symmetric on one rank only is refused on every rank."""
+    comm = s.main
+    for dt in (torch.float32, torch.bfloat16):
+        big = comm.empty((64 << 20) // esize(dt) + 4096, dtype=dt)
+        for nbytes, offset in ((256, 0), (1 << 20, 0), (8 << 20, 0), (8 << 20, 1024), (8 << 20 | 64, 8),
+                               (64 << 20, 0), (6 << 20, 3)):
+            n = nbytes // esize(dt)
+            pick = comm.selected_algorithm(n * esize(dt), dt, "sum", symmetric=True)
+            plain = comm.selected_algorithm(n * esize(dt), dt, "sum")
+            aligned = (offset * esize(dt)) % 16 == 0
+            if plain in select.HANDOVERS and aligned:
+                s.expect(pick == select.TORCH_TWOSHOT_ZERO_COPY, f"symmetric {dname(dt)} {nbytes} B: auto picks "
+                         f"{pick!r}, not the zero-copy two-shot (plain input: {plain!r})")
+            xs = s.inputs("randn", n, dt, "symmetric", nbytes, offset)
+            x = big[offset:offset + n]
+            for in_place in (False, True):
+                x.copy_(xs[s.rank])
+                what = f"symmetric {dname(dt)} {nbytes} B offset {offset} {'in place' if in_place else 'out'} -> {pick}"
+                y = comm.all_reduce(x, out=x if in_place else torch.full_like(x, NAN))
+                s.verify(y.clone(), xs, pick if aligned else plain, "sum", what)
+    comm.check()
+    # the same call with a symmetric input on rank 0 only: refused on every rank before it runs
+    n = (8 << 20) // 4
+    sym = comm.empty(n, dtype=torch.float32)
+    x = sym if s.rank == 0 else torch.zeros(n, device=s.dev)
+    try:
+        comm.all_reduce(x)
+        s.fail("symmetric input on rank 0 only: no error")
+    except sollat.CallMismatchError as exc:
+        s.log(f"symmetric on rank 0 only: {type(exc).__name__} raised")
+    comm.reset()
 
 
 # ---- 2. graphs -------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""Eager cost per call on real ranks (issue 13, item 3): 500 back-to-back calls, then one
+synchronize; per call = wall time / 500, the fastest of five runs, the slowest rank. Beside
+sollat (with and without ``out=``), on the same tensors and in the same run: torch's own
+elementwise ``x.add_(y)`` and ``x + y`` (the yardsticks), torch symmetric memory's one-shot
+(into a new tensor and with ``out``) and NCCL (``dist.all_reduce``, in place).
+
+    torchrun --nproc-per-node 2 scripts/eager_real.py [--sizes 128,8192,131072] [--into DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import sollat
+
+CALLS, RUNS = 500, 5
+
+
+def per_call_us(fn: Callable[[], object]) -> float:
+    for _ in range(50):
+        fn()
+    best = float("inf")
+    for _ in range(RUNS):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / CALLS * 1e6)
+    return best
+
+
+def slowest(v: float) -> float:
+    t = torch.tensor([v], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def one_size(comm: sollat.Communicator, nbytes: int, group: str) -> list[dict[str, object]]:
+    import torch.distributed._symmetric_memory as symm_mem
+
+    n = nbytes // 4
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.empty_like(x)
+    sx = symm_mem.empty(n, device="cuda")
+    symm_mem.rendezvous(sx, group)
+    sx.copy_(x)
+    cases: dict[str, Callable[[], object]] = {
+        "torch x.add_(y)": lambda: x.add_(y),
+        "torch x + y": lambda: x + y,
+        "sollat out=": lambda: comm.all_reduce(x, out=out),
+        "sollat new output": lambda: comm.all_reduce(x),
+        "torch one_shot out=": lambda: torch.ops.symm_mem.one_shot_all_reduce_out(sx, "sum", group, out),
+        "torch one_shot new output": lambda: torch.ops.symm_mem.one_shot_all_reduce(sx, "sum", group),
+        "nccl in place": lambda: dist.all_reduce(out),
+    }
+    rows: list[dict[str, object]] = []
+    for name, fn in cases.items():
+        x.normal_()  # add_ grows x; keep the values finite between cases
+        us = slowest(per_call_us(fn))
+        rows.append({"bytes": nbytes, "case": name, "us": us})
+        if dist.get_rank() == 0:
+            print(f"{nbytes:>8} B  {name:<26} {us:7.2f} us", flush=True)
+    comm.check()
+    return rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="128,8192,131072", help="bytes per rank, comma list (fp32)")
+    p.add_argument("--into", default=None, help="folder for eager.json")
+    args = p.parse_args()
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    comm = sollat.Communicator()
+    group = dist.group.WORLD.group_name
+    rows = [row for nbytes in (int(v) for v in args.sizes.split(",")) for row in one_size(comm, nbytes, group)]
+    if rank == 0:
+        by = {(r["bytes"], r["case"]): r["us"] for r in rows}
+        for nbytes in sorted({r["bytes"] for r in rows}):
+            a = by[(nbytes, "sollat out=")] / by[(nbytes, "torch x.add_(y)")]
+            b = by[(nbytes, "sollat new output")] / by[(nbytes, "torch x + y")]
+            print(f"{nbytes:>8} B  sollat out= / x.add_(y) = {a:.2f}; sollat new output / (x + y) = {b:.2f}")
+        if args.into:
+            Path(args.into).mkdir(parents=True, exist_ok=True)
+            meta = {"card": torch.cuda.get_device_name(), "world_size": dist.get_world_size(),
+                    "commit": os.environ.get("SOLLAT_COMMIT", "unknown"), "calls": CALLS, "runs": RUNS,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            (Path(args.into) / "eager.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
