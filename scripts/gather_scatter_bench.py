@@ -92,8 +92,8 @@ def run_size(comm: Any, virtual: bool, ranks: int, rank: int, kind: str, nbytes:
 
         outs = [torch.empty(ranks * s[rank].numel() if kind == "all_gather" else s[rank].numel() // ranks,
                             device=dev, dtype=dtype) for s in sets]
-        fn = dist.all_gather_into_tensor if kind == "all_gather" else dist.reduce_scatter_tensor
-        rows["nccl"] = lambda i: fn(outs[i % SETS], sets[i % SETS][rank])
+        nccl = dist.all_gather_into_tensor if kind == "all_gather" else dist.reduce_scatter_tensor
+        rows["nccl"] = lambda i: nccl(outs[i % SETS], sets[i % SETS][rank])
         rows["torch-symm"] = _torch_symm(kind, [s_[rank] for s_ in sets])
     calls = calls_for(nbytes * ranks)
     us: dict[str, float | None] = {}

@@ -124,7 +124,7 @@ class _CommBase(LaunchFitting, DeviceState):
     def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
                            deterministic: bool = False, symmetric: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
-        ``"nccl"``, ``"torch_twoshot"``, or with ``symmetric`` (an input from
+        ``"nccl"``, ``"torch_twoshot"``, or with ``symmetric`` (a call in place on a tensor from
         ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.handover``)."""
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)
@@ -304,9 +304,9 @@ class _CommBase(LaunchFitting, DeviceState):
         """Plan of one call, or the name of a library path (select.HANDOVERS) (cached: the eager hot path is one dict lookup). A new
         call shape is compiled here and then agreed on by every rank (agree.py) before its first
         launch: no peer's first-use compile can look like a hang, and a call that differs between
-        ranks is an error on every rank before anything runs. ``symmetric``: the input lives in
-        symmetric memory (``Communicator.empty``), which may change the library path; part of
-        the agreement, since the paths differ."""
+        ranks is an error on every rank before anything runs. ``symmetric``: the call is in place on
+        a tensor in symmetric memory (``Communicator.empty``), which may change the library path;
+        part of the agreement, since the paths differ."""
         key = (n, dt.torch_dtype, op, algo, deterministic, symmetric)
         entry = self._calls.get(key)
         if entry is None:
@@ -319,13 +319,13 @@ class _CommBase(LaunchFitting, DeviceState):
             else:
                 entry = self._plan(name, dt, op, n)
             self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}",
-                                  "this call (algorithm|dtype|op|elements|input in symmetric memory)")
+                                  "this call (algorithm|dtype|op|elements|in place in symmetric memory)")
             self._calls[key] = entry
         return entry
 
     def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
-        """The path for an input in symmetric memory where ``name`` was chosen (only a
-        Communicator has such inputs)."""
+        """The path for a call in place in symmetric memory where ``name`` was chosen (only a
+        Communicator has such tensors)."""
         return name
 
     def _check_common(self, x: torch.Tensor, op: str, what: str) -> DType:

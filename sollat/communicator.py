@@ -166,8 +166,8 @@ class Communicator(GatherScatterCalls, CustomCalls):
             self._torch_twoshot.check(nbytes, dt, op)
 
     def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
-        # On an input in symmetric memory, torch's two-shot needs no copy and beat NCCL in place
-        # (docs/benchmarks.md run 17): it takes every size ``auto`` would hand to a library.
+        # In place on a tensor in symmetric memory, torch's two-shot needs no copy and beat NCCL
+        # in place (docs/benchmarks.md run 17): it takes every size ``auto`` would hand to a library.
         if (algo in ("auto", select.TORCH_TWOSHOT) and name in select.HANDOVERS
                 and handover.torch_twoshot_available()
                 and select.handover_serves(select.TORCH_TWOSHOT_ZERO_COPY, dtype, op, nbytes)):
@@ -178,12 +178,13 @@ class Communicator(GatherScatterCalls, CustomCalls):
         """``empty(*size, dtype=torch.float32) -> Tensor``
 
         A tensor in symmetric memory on this communicator's group (collective: every rank calls it
-        with the same size and dtype). ``all_reduce`` on it (or on a contiguous view into it) skips
-        the copy into library buffers: where ``auto`` hands a message to a library, torch's
-        two-shot reads every rank's tensor in place. Kept alive as long as the communicator (its
-        address must never be mistaken for a later allocation's). Every rank must pass such a
-        tensor alike: a call with one on some ranks and an ordinary tensor on others is refused on
-        every rank before it runs."""
+        with the same size and dtype). ``all_reduce(t, out=t)`` in place on it (or on a view into
+        it that starts 16-byte aligned) needs no copy into library buffers: where ``auto`` hands a
+        message to a library, torch's two-shot reads every rank's tensor where it is. Kept alive
+        as long as the communicator (its address must never be mistaken for a later
+        allocation's). Every rank must call alike: a call in place on such a tensor on some ranks
+        and on an ordinary tensor (or out of place) on others is refused on every rank before it
+        runs."""
         if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
             size = tuple(size[0])
         if not all(isinstance(d, int) and d >= 0 for d in size):
@@ -230,10 +231,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
         n = x.numel()
         if n == 0:
             return y
-        plan = self._call_plan(n, dt, op, algo, deterministic, bool(self._symm) and self._symm.holds(x))
+        plan = self._call_plan(n, dt, op, algo, deterministic, bool(self._symm) and self._symm.zero_copy(x, y))
         if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
             if plan == select.TORCH_TWOSHOT_ZERO_COPY:
-                self._symm.two_shot(x, y)
+                self._symm.two_shot(x)
             elif plan == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
                 self._torch_twoshot(x, y)
             else:

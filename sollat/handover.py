@@ -6,11 +6,13 @@
   ``reduce_scatter_tensor``: ``sollat.gather_scatter``);
 * ``"torch_twoshot"``: torch symmetric memory's two-shot all-reduce
   (``torch.ops.symm_mem.two_shot_all_reduce_out``) on a symmetric buffer this module owns: the
-  input is copied in (one device copy), the result is written straight to the output. An input
-  that already lives in symmetric memory from ``Communicator.empty`` (``SymmetricTensors``) skips
-  the copy: the op reads the peers' inputs where they are ("zero copy"). On such an input the
-  zero-copy two-shot also replaces NCCL wherever the table hands over: on 2 H200s it beat NCCL in
-  place at 8 and 64 MiB (docs/benchmarks.md, runs 15 and 17).
+  input is copied in (one device copy), the result is written straight to the output. (The op
+  overwrites this rank's chunk of its input with the reduced values, which is why the input is
+  always a copy.) A call in place (``out=x``) on a tensor from ``Communicator.empty``
+  (``SymmetricTensors``) skips the copy: the op reads every rank's ``x`` where it is and writes
+  the result over it ("zero copy"). There the zero-copy two-shot also replaces NCCL wherever the
+  table hands over: on 2 H200s torch's two-shot in place beat NCCL in place from 8 to 64 MiB
+  (docs/benchmarks.md, runs 15 and 17).
 
 Both carry their library's semantics, not sollat's: no sollat timeout or fault record, so a peer
 that never arrives can hang them as it hangs NCCL. The tuning table says where each is used.
@@ -25,6 +27,10 @@ import torch
 from .dtypes import DType
 from .errors import UnsupportedError
 from .select import TORCH_TWOSHOT, handover_serves
+
+# torch's two-shot loads and stores 16-byte vectors; it takes the alignment of its input (at most
+# this) and refuses an output that is less aligned.
+VECTOR_BYTES = 16
 
 
 def torch_twoshot_available() -> bool:
@@ -61,12 +67,16 @@ class TorchTwoShot:
         n = x.numel()
         buf = self._buf[: n * x.element_size()].view(x.dtype)
         buf.copy_(x.view(-1))
-        torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", self.group_name, y.view(-1))
+        if y.data_ptr() % VECTOR_BYTES == 0:
+            torch.ops.symm_mem.two_shot_all_reduce_out(buf, "sum", self.group_name, y.view(-1))
+        else:  # the op refuses an output less aligned than its input: reduce in the buffer, then copy
+            torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", self.group_name)
+            y.view(-1).copy_(buf)
 
 
 class SymmetricTensors:
     """Tensors in torch symmetric memory, allocated for a communicator's group
-    (``Communicator.empty``) and kept alive with it, so that ``holds`` can never mistake a later
+    (``Communicator.empty``) and kept alive with it, so that ``zero_copy`` can never mistake a later
     allocation at the same address for one of them."""
 
     def __init__(self, group_name: str, device: torch.device) -> None:
@@ -86,19 +96,17 @@ class SymmetricTensors:
         self._bases[t.untyped_storage().data_ptr()] = t
         return t
 
-    def holds(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` is a view into one of these allocations that starts 16-byte aligned (the
-        two-shot kernel's vector width; any other view goes the copy path)."""
-        return x.data_ptr() % 16 == 0 and x.untyped_storage().data_ptr() in self._bases
+    def zero_copy(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether a call on ``x`` with output ``y`` can run zero-copy: in place (``y`` is ``x``),
+        on a view into one of these allocations that starts ``VECTOR_BYTES`` aligned. Out of place
+        it cannot: the op would overwrite part of the input."""
+        return (y.data_ptr() == x.data_ptr() and x.data_ptr() % VECTOR_BYTES == 0
+                and x.untyped_storage().data_ptr() in self._bases)
 
-    def two_shot(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """``y`` = sum over ranks of ``x`` (held here, contiguous; ``y`` contiguous, may be ``x``),
-        read from every rank's ``x`` in place: the op takes the allocation's peer addresses and
-        ``x``'s offset into it."""
-        if y.data_ptr() == x.data_ptr():
-            torch.ops.symm_mem.two_shot_all_reduce_(x.view(-1), "sum", self.group_name)
-        else:
-            torch.ops.symm_mem.two_shot_all_reduce_out(x.view(-1), "sum", self.group_name, y.view(-1))
+    def two_shot(self, x: torch.Tensor) -> None:
+        """``x`` = sum over ranks of ``x`` (a view ``zero_copy`` accepted), read from every rank's
+        ``x`` in place: the op takes the allocation's peer addresses and ``x``'s offset into it."""
+        torch.ops.symm_mem.two_shot_all_reduce_(x.view(-1), "sum", self.group_name)
 
 
 def nccl_all_reduce(x: torch.Tensor, y: torch.Tensor, op: str, group: Any) -> None:

@@ -51,8 +51,8 @@ from .errors import SollatError, TableMismatchError, UnsupportedError
 NCCL = "nccl"
 TORCH_TWOSHOT = "torch_twoshot"
 HANDOVERS = (NCCL, TORCH_TWOSHOT)  # library paths a rule may name (real ranks only)
-# torch's two-shot reading an input that lives in symmetric memory (Communicator.empty) where it is,
-# with no copy in: not a table entry; ``auto`` takes it on such inputs where it would hand over.
+# torch's two-shot in place on a tensor in symmetric memory (Communicator.empty), with no copy in:
+# not a table entry; ``auto`` takes it for such calls where it would hand over.
 TORCH_TWOSHOT_ZERO_COPY = "torch_twoshot_zero_copy"
 # What torch's two_shot_all_reduce_ serves (torch 2.11: float and bfloat16, sum).
 TORCH_TWOSHOT_DTYPES = frozenset({torch.float32, torch.bfloat16})

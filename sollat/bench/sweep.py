@@ -19,7 +19,7 @@ from .virtual import rank_order_sum, rotating_sets
 
 DTYPES = {"float32": "float32", "fp32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16", "f16": "float16"}
-AUTO_SYMM = "auto_symm"  # auto on inputs in symmetric memory (DistributedTarget only)
+AUTO_SYMM = "auto_symm"  # auto in place on tensors in symmetric memory (DistributedTarget only)
 TOLERANCE = {"float32": (1e-5, 1e-5), "bfloat16": (1.6e-2, 1e-2), "float16": (2e-3, 1e-3)}
 
 
@@ -131,9 +131,10 @@ class VirtualTarget(_CommTarget):
 
 class DistributedTarget(_CommTarget):
     """One rank per process through ``sollat.Communicator`` (torchrun). Besides every algorithm
-    and ``auto`` it measures ``auto_symm``: ``auto`` on inputs in symmetric memory
-    (``Communicator.empty``, copies of the same inputs), as torch's symmetric-memory peers get
-    theirs."""
+    and ``auto`` it measures ``auto_symm``: ``auto`` in place on tensors in symmetric memory
+    (``Communicator.empty``, holding copies of the same inputs), as torch's symmetric-memory and
+    NCCL peers run (in place; their values grow from call to call, which none of them looks at).
+    That row is checked on one fresh in-place call per input set."""
 
     extra_rows = (AUTO_SYMM,)
 
@@ -147,6 +148,7 @@ class DistributedTarget(_CommTarget):
         self.ranks = dist.get_world_size()
         self.rank = dist.get_rank()
         self._pool: Any = None  # symmetric float32 elements, grown (collectively) as sizes grow
+        self._last = ""  # the algorithm of the last call: check() needs to know auto_symm's
 
     def _symmetric(self, n: int, dt: Any, n_sets: int) -> list[Any]:
         """``n_sets`` views of ``n`` elements into the symmetric pool, each 256-byte aligned."""
@@ -172,19 +174,26 @@ class DistributedTarget(_CommTarget):
         return ins, outs, syms
 
     def call(self, bufs: Any, i: int, algo: str) -> None:
+        self._last = algo
         if algo != AUTO_SYMM:
             return super().call(bufs, i, algo)
-        _, outs, syms = bufs
-        s = i % len(syms)
-        self.comm.all_reduce(syms[s], op="sum", algo="auto", out=outs[s])
+        syms = bufs[2]
+        x = syms[i % len(syms)]
+        self.comm.all_reduce(x, op="sum", algo="auto", out=x)
 
     def check(self, bufs: Any, dtype: str) -> str:
+        import torch
         import torch.distributed as dist
 
         ins, outs = bufs[0], bufs[1]
+        if self._last == AUTO_SYMM:  # in place: one fresh call per set, compared like the others
+            outs = bufs[2]
+            for sym, x in zip(outs, ins, strict=True):
+                sym.copy_(x)
+                self.comm.all_reduce(sym, op="sum", algo="auto", out=sym)
         verdict = "ok"
         for s in range(len(ins)):
-            ref = ins[s].float()
+            ref = ins[s].to(torch.float32, copy=True)  # a copy: .float() of a float32 tensor is the tensor itself
             dist.all_reduce(ref)  # NCCL, other summation order: compared within tolerance
             bad = _compare(outs[s], ref.to(ins[s].dtype), dtype)
             if bad:

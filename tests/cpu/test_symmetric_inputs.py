@@ -1,4 +1,4 @@
-"""Inputs in symmetric memory (``Communicator.empty``): which views count as symmetric, which path
+"""Calls in place in symmetric memory (``Communicator.empty``): which views run zero-copy, which path
 ``auto`` takes on them, and the bench's auto-against-peers column. No GPU: the allocation itself
 and the two-shot call run in the real-rank suite (tests/gpu/mp_suite.py, section ``symmetric``)."""
 
@@ -19,14 +19,20 @@ def _held(t: torch.Tensor) -> handover.SymmetricTensors:
     return st
 
 
-def test_views_into_a_held_allocation_count_when_16_byte_aligned() -> None:
+def test_zero_copy_needs_a_held_allocation_in_place_and_16_byte_aligned() -> None:
     base = torch.empty(4096, dtype=torch.float32)
     st = _held(base)
     assert bool(st)
-    assert st.holds(base) and st.holds(base[4:100]) and st.holds(base.view(torch.bfloat16)[8:])
-    assert not st.holds(base[1:])  # 4-byte offset: the copy path
-    assert not st.holds(base.view(torch.bfloat16)[3:])
-    assert not st.holds(torch.empty(4096, dtype=torch.float32))
+    assert st.zero_copy(base, base) and st.zero_copy(base[4:100], base[4:100])
+    bf = base.view(torch.bfloat16)
+    assert st.zero_copy(bf[8:], bf[8:])
+    # out of place: the op overwrites this rank's chunk of its input, so never zero-copy
+    assert not st.zero_copy(base, torch.empty(4096, dtype=torch.float32))
+    assert not st.zero_copy(base[4:100], base[8:104])
+    assert not st.zero_copy(base[1:], base[1:])  # 4-byte offset: the copy path
+    assert not st.zero_copy(bf[3:], bf[3:])
+    other = torch.empty(4096, dtype=torch.float32)
+    assert not st.zero_copy(other, other)
     assert not handover.SymmetricTensors("g", torch.device("cpu"))
 
 

@@ -604,18 +604,19 @@ def auto(s: Suite) -> None:
 
 @section("symmetric", 60)
 def symmetric(s: Suite) -> None:
-    """Inputs in symmetric memory (comm.empty): where auto hands over, torch's two-shot reads them
-    in place (no copy), in place and out of place, at aligned offsets; elsewhere sollat's kernels
-    run on them as on any tensor; an input symmetric on one rank only is refused on every rank."""
+    """Tensors in symmetric memory (comm.empty). In place, where auto hands over, torch's two-shot
+    reduces them where they are (no copy), at aligned offsets; out of place, or misaligned, they
+    take the ordinary paths and the input is left as it was; a call in place on such a tensor on
+    one rank only is refused on every rank."""
     comm = s.main
     for dt in (torch.float32, torch.bfloat16):
         big = comm.empty((64 << 20) // esize(dt) + 4096, dtype=dt)
         for nbytes, offset in ((256, 0), (1 << 20, 0), (8 << 20, 0), (8 << 20, 1024), (8 << 20 | 64, 8),
                                (64 << 20, 0), (6 << 20, 3)):
             n = nbytes // esize(dt)
-            pick = comm.selected_algorithm(n * esize(dt), dt, "sum", symmetric=True)
             plain = comm.selected_algorithm(n * esize(dt), dt, "sum")
             aligned = (offset * esize(dt)) % 16 == 0
+            pick = comm.selected_algorithm(n * esize(dt), dt, "sum", symmetric=True) if aligned else plain
             if plain in select.HANDOVERS and aligned:
                 s.expect(pick == select.TORCH_TWOSHOT_ZERO_COPY, f"symmetric {dname(dt)} {nbytes} B: auto picks "
                          f"{pick!r}, not the zero-copy two-shot (plain input: {plain!r})")
@@ -623,17 +624,19 @@ def symmetric(s: Suite) -> None:
             x = big[offset:offset + n]
             for in_place in (False, True):
                 x.copy_(xs[s.rank])
-                what = f"symmetric {dname(dt)} {nbytes} B offset {offset} {'in place' if in_place else 'out'} -> {pick}"
+                what = f"symmetric {dname(dt)} {nbytes} B offset {offset} {'in place' if in_place else 'out'}"
                 y = comm.all_reduce(x, out=x if in_place else torch.full_like(x, NAN))
-                s.verify(y.clone(), xs, pick if aligned else plain, "sum", what)
+                s.verify(y.clone(), xs, pick if in_place else plain, "sum", f"{what} -> {pick if in_place else plain}")
+                if not in_place:
+                    s.expect(torch.equal(x, xs[s.rank]), f"{what}: the input changed")
     comm.check()
-    # the same call with a symmetric input on rank 0 only: refused on every rank before it runs
+    # the same call in place on a symmetric tensor on rank 0 only: refused on every rank before it runs
     n = (8 << 20) // 4
     sym = comm.empty(n, dtype=torch.float32)
     x = sym if s.rank == 0 else torch.zeros(n, device=s.dev)
     try:
-        comm.all_reduce(x)
-        s.fail("symmetric input on rank 0 only: no error")
+        comm.all_reduce(x, out=x)
+        s.fail("in place on a symmetric tensor on rank 0 only: no error")
     except sollat.CallMismatchError as exc:
         s.log(f"symmetric on rank 0 only: {type(exc).__name__} raised")
     comm.reset()
