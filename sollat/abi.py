@@ -178,6 +178,21 @@ RMSNORM_VR_PARAMS: tuple[Param, ...] = (
     tuple(Param(f"{_RMSNORM_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_PTRS for r in range(MAX_RANKS))
     + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
 )
+# Its FP8 variant (module define SOLLAT_RMSNORM_FP8=1, entry points <RMSNORM_FP8_ENTRY>_pg / _vr):
+# two more pointers per rank, the e4m3 copy of y and the float32 per-tensor scale it divides by.
+RMSNORM_FP8_ENTRY = "ar_rmsnorm_fp8"
+_RMSNORM_FP8_PTRS = _RMSNORM_PTRS + (("fp8_out", "void*"), ("fp8_scale", "const float*"))
+_RMSNORM_FP8_VR_PREFIX = {**_RMSNORM_VR_PREFIX, "fp8_out": "f", "fp8_scale": "s"}
+RMSNORM_FP8_PG_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + RMSNORM_TAIL_PARAMS
+RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
+    tuple(Param(f"{_RMSNORM_FP8_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_FP8_PTRS for r in range(MAX_RANKS))
+    + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
+)
+# float8_e4m3fn (OCP E4M3, torch.float8_e4m3fn): the largest finite value (0x7E; the copy is
+# clamped to +-FP8_E4M3_MAX) and the one NaN byte the kernel writes for every NaN (0x7F: no
+# infinities in this format; 0xFF, the negative NaN, is never written).
+FP8_E4M3_MAX = 448
+FP8_E4M3_NAN = 0x7F
 
 
 def kernel_tail(values: Mapping[str, int], params: Sequence[Param] = TAIL_PARAMS) -> tuple[Any, ...]:
@@ -246,6 +261,8 @@ def _per_kernel_lines() -> list[str]:
         "// Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
+        "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",
+        _enum("Fp8E4M3", [("kFp8E4M3Max", FP8_E4M3_MAX), ("kFp8E4M3NaN", FP8_E4M3_NAN)]),
         "// LL128 warp-unit (ll128.h names them in namespace ll128).",
         _enum("LL128Unit", [("kLL128LineBytes", LL128_LINE_BYTES), ("kLL128LinesPerUnit", LL128_LINES_PER_UNIT),
                             ("kLL128DisplacedLane", LL128_DISPLACED_LANE), ("kLL128DataLanes", LL128_DATA_LANES)]),
@@ -324,6 +341,8 @@ def header_text() -> str:
         *_params_macro("SOLLAT_VR_PARAMS", VR_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_PG_PARAMS", RMSNORM_PG_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_VR_PARAMS", RMSNORM_VR_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_FP8_PG_PARAMS", RMSNORM_FP8_PG_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_FP8_VR_PARAMS", RMSNORM_FP8_VR_PARAMS),
         "",
         "#endif  // SOLLAT_ABI_H_",
     ]

@@ -223,9 +223,10 @@ def max_ranks_template(nranks: int) -> int:
 
 
 def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
-                   real_ranks: bool) -> dict[str, str]:
+                   real_ranks: bool, fp8: bool = False) -> dict[str, str]:
     """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
-    Communicator), else virtual ranks sharing one GPU (``_vr``)."""
+    Communicator), else virtual ranks sharing one GPU (``_vr``). ``fp8``: the fused RMSNorm's
+    variant that also writes an e4m3 copy of y (entry points abi.RMSNORM_FP8_ENTRY)."""
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
@@ -243,6 +244,10 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).
         d["SOLLAT_LL128_SPLIT"] = "0" if real_ranks else "1"
+    if fp8:
+        if alg.kernel != "ar_rmsnorm":
+            raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
+        d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
     if test_hooks:
         d["SOLLAT_TEST_HOOKS"] = "1"
     return d

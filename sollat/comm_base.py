@@ -219,8 +219,10 @@ class _CommBase(LaunchFitting, DeviceState):
             return rmsnorm.ALGOS[choice]
         return rmsnorm.internal_name(algo)
 
-    def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
-        key = ("rmsnorm", name, dt.short, rows, hidden, eps_bits, self._test_hooks,
+    def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
+        """``fp8``: the variant that also writes the e4m3 copy (its own module and entry points, two
+        more pointers per rank: abi.RMSNORM_FP8_PG_PARAMS / RMSNORM_FP8_VR_PARAMS)."""
+        key = ("rmsnorm", name, dt.short, rows, hidden, eps_bits, fp8, self._test_hooks,
                tuple(sorted(self._defines.items())))
         plan = self._plans.get(key)
         if plan is not None:
@@ -230,42 +232,48 @@ class _CommBase(LaunchFitting, DeviceState):
         rmax = algorithms.max_ranks_template(self.world_size)
         def build_for(max_blocks: int) -> tuple[rmsnorm.RowGeometry, Any]:  # fewer blocks: more rows per block
             geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks)
-            return geo, self._kernel(alg, alg.kernel_file, dt, "sum", rmax, geo.slots)
+            return geo, self._kernel(alg, alg.kernel_file, dt, "sum", rmax, geo.slots, fp8)
 
         geo, kernel, config = self._fitting_launch(rmsnorm.OPNAME, build_for, alg.max_blocks)
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": rows * hidden, "st": self._state.data_ptr(), "region_off": self._region_off[name],
             "lines_per_src": layout.lines_per_src(self._region_blocks[name]), "epochs": self._epochs[name].data_ptr(),
-            "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits), "rank": self._rank_arg(),
+            "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits, fp8), "rank": self._rank_arg(),
             "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride, "hidden": hidden,
             "eps_bits": eps_bits}, abi.RMSNORM_TAIL_PARAMS)
-        params = abi.RMSNORM_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_PG_PARAMS
+        if fp8:
+            params = abi.RMSNORM_FP8_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_FP8_PG_PARAMS
+        else:
+            params = abi.RMSNORM_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_PG_PARAMS
         n_ptrs = len(params) - len(abi.RMSNORM_TAIL_PARAMS)
         bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan
 
-    def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str) -> _Plan:
+    def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,
+                           fp8: bool = False) -> _Plan:
         """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank."""
-        key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo)
+        key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo, fp8)
         entry = self._calls.get(key)
         if entry is None:
             name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype)
-            entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits)
-            self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits),
-                                  "this call (algorithm|dtype|rows|hidden|eps)")
+            entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
+            self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits, fp8),
+                                  "this call (algorithm|dtype|rows|hidden|eps[|fp8])")
             self._calls[key] = entry
         assert not isinstance(entry, str)
         return entry
 
-    def _kernel(self, alg: Any, kernel_file: str, dt: DType, op: str, rmax: int, slots: int) -> Any:
+    def _kernel(self, alg: Any, kernel_file: str, dt: DType, op: str, rmax: int, slots: int, fp8: bool = False) -> Any:
         """The compiled entry point of one instantiation (this communicator's extra defines included);
-        a user-written collective (sollat.custom) is built from its own source."""
-        defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg")
+        a user-written collective (sollat.custom) is built from its own source. ``fp8``: the fused
+        RMSNorm's FP8 variant."""
+        defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg",
+                                            fp8=fp8)
         defines.update(self._defines)
-        entry = f"{alg.kernel}_{self._entry}"
+        entry = f"{abi.RMSNORM_FP8_ENTRY if fp8 else alg.kernel}_{self._entry}"
         source = getattr(alg, "source", "")
         if source:
             return build.get_source_kernel(source, alg.kernel, entry, defines=defines)

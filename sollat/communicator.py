@@ -18,7 +18,7 @@ custom ops (``sollat/ops.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -244,11 +244,24 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self._after_call()
         return y
 
+    @overload
     def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                            algo: str = "auto", *, out: torch.Tensor | None = None,
-                           residual_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                           residual_out: torch.Tensor | None = None, fp8_scale: None = None,
+                           fp8_out: None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @overload
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                           algo: str = "auto", *, out: torch.Tensor | None = None,
+                           residual_out: torch.Tensor | None = None, fp8_scale: torch.Tensor,
+                           fp8_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                           algo: str = "auto", *, out: torch.Tensor | None = None,
+                           residual_out: torch.Tensor | None = None, fp8_scale: torch.Tensor | None = None,
+                           fp8_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
         """``all_reduce_rmsnorm(x, residual, weight, eps=1e-6, algo="auto", *, out=None,
-        residual_out=None) -> (y, residual_out)``
+        residual_out=None, fp8_scale=None, fp8_out=None) -> (y, residual_out[, q])``
 
         Fused AllReduce + residual add + RMSNorm with vLLM's ``fused_add_rms_norm`` semantics
         (sollat/rmsnorm.py has the exact arithmetic): ``x`` is this rank's partial sums
@@ -257,33 +270,46 @@ class Communicator(GatherScatterCalls, CustomCalls):
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
         one-shot kernel (``algo``: ``auto``, ``oneshot_ll`` or ``oneshot_sentinel``), never NCCL.
+
+        ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
+        scale, read by the kernel at every launch) also writes and returns, third, the
+        float8_e4m3fn copy ``q = e4m3(clamp(float(y) / scale, -448, 448))`` of the rounded ``y``
+        (vLLM's ``fused_add_rms_norm_static_fp8_quant``; every NaN as 0x7F; ``rmsnorm.fp8_reference``),
+        into ``fp8_out`` when given (float8_e4m3fn, x's shape, contiguous).
         """
         if torch.compiler.is_compiling():
             from . import ops
 
-            y, r = ops.all_reduce_rmsnorm(x, residual, weight, self.comm_id, float(eps), algo)
-            if out is not None:
-                out.copy_(y)
-                y = out
-            if residual_out is not None:
-                residual_out.copy_(r)
-                r = residual_out
-            return y, r
-        return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
+            rmsnorm.no_scale_no_copy(fp8_scale, fp8_out)
+            if fp8_scale is None:
+                got = ops.all_reduce_rmsnorm(x, residual, weight, self.comm_id, float(eps), algo)
+            else:
+                got = ops.all_reduce_rmsnorm_fp8(x, residual, weight, fp8_scale, self.comm_id, float(eps), algo)
+            return rmsnorm.into_outputs(got, (out, residual_out, fp8_out))
+        if fp8_scale is None and fp8_out is None:  # the plain call, exactly as before the FP8 copy
+            return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
+        return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out, fp8_scale=fp8_scale,
+                                             fp8_out=fp8_out)
 
     def _all_reduce_rmsnorm_impl(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                                 algo: str, out: torch.Tensor | None, residual_out: torch.Tensor | None
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                                 algo: str, out: torch.Tensor | None, residual_out: torch.Tensor | None,
+                                 fp8_scale: torch.Tensor | None = None, fp8_out: torch.Tensor | None = None
+                                 ) -> tuple[torch.Tensor, ...]:
         self._before_call()
         bits = rmsnorm.eps_bits(eps)
         x, residual, weight, y, r_out, dt, rows, hidden = rmsnorm.check_rank(
             x, residual, weight, out, residual_out, self.device, max_elements=MAX_ELEMENTS)
+        fp8 = rmsnorm.check_fp8(fp8_scale, fp8_out, x, (x, residual, weight), (y, r_out), self.device)
+        result = (y, r_out) if fp8 is None else (y, r_out, fp8[1])
         if rows == 0:
-            return y, r_out
-        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo)
-        self._launch(plan, (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr()))
+            return result
+        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
+        ptrs = (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr())
+        if fp8 is not None:  # abi.RMSNORM_FP8_PG_PARAMS: then the copy, then its scale
+            ptrs += (fp8[1].data_ptr(), fp8[0].data_ptr())
+        self._launch(plan, ptrs)
         self._after_call()
-        return y, r_out
+        return result
 
     def run(self, collective: Collective | str, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """``run(collective, tensor, *, out=None) -> Tensor``

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import re
 from collections.abc import Iterator
@@ -45,20 +46,20 @@ def check_arch(arch: str) -> str:
 
 def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
     """(kernel file, defines) for every (algorithm, dtype, op, max ranks, slots) combination, the fused
-    RMSNorm kernels and the built-in AllGather / ReduceScatter included."""
+    RMSNorm kernels (plain and with the FP8 copy) and the built-in AllGather / ReduceScatter included."""
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values(),
                 *algorithms.GATHER_SCATTER_ALGORITHMS.values()):
+        variants = (False, True) if alg.name in algorithms.RMSNORM_ALGORITHMS else (False,)
         for dtype in alg.dtypes:
             dt = DTYPES[dtype]
             for op in sorted(alg.ops):
-                for rmax, slots in alg.slot_choices:
-                    for real in (True, False):
-                        d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False, real_ranks=real)
-                        key = (alg.kernel_file, tuple(sorted(d.items())))
-                        if key not in seen:
-                            seen.add(key)
-                            yield alg.kernel_file, d
+                for (rmax, slots), real, fp8 in itertools.product(alg.slot_choices, (True, False), variants):
+                    d = algorithms.kernel_defines(alg, dt, op, rmax, slots, test_hooks=False, real_ranks=real, fp8=fp8)
+                    key = (alg.kernel_file, tuple(sorted(d.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        yield alg.kernel_file, d
 
 
 def _compile_one(args: tuple[str, dict[str, str], str]) -> str:

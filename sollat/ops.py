@@ -64,6 +64,40 @@ def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch
     return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]
 
 
+@torch.library.custom_op("sollat::all_reduce_rmsnorm_fp8", mutates_args=())
+def all_reduce_rmsnorm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                           comm_id: int, eps: float, algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """With the float8_e4m3fn copy of y (``scale``: one float32 element on the device, read by the
+    kernel, never on the host): (y, residual_out, q)."""
+    y, r, q = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, None, None,  # type: ignore[attr-defined]
+                                                           scale, None)
+    return y, r, q
+
+
+@all_reduce_rmsnorm_fp8.register_fake
+def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, comm_id: int, eps: float,
+      algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device))
+
+
+@torch.library.custom_op("sollat::all_reduce_rmsnorm_fp8_virtual", mutates_args=())
+def all_reduce_rmsnorm_fp8_virtual(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
+                                   scales: list[torch.Tensor], comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
+    """Every rank's output, every rank's new residual, then every rank's FP8 copy (3R tensors)."""
+    ys, rs, qs = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, None, None,  # type: ignore[attr-defined]
+                                                              scales, None)
+    return [*ys, *rs, *qs]
+
+
+@all_reduce_rmsnorm_fp8_virtual.register_fake
+def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor], scales: list[torch.Tensor],
+      comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
+    return ([torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]
+            + [torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) for x in xs])
+
+
 def _gs_shape(kind: str, shape: torch.Size, world_size: int) -> tuple[int, ...]:
     return gs.gather_shape(shape, world_size) if kind == "all_gather" else gs.scatter_shape(shape, world_size)
 

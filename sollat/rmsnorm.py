@@ -7,7 +7,14 @@ Semantics (vLLM's ``fused_add_rms_norm`` after a tensor-parallel AllReduce), per
     r   = round((x_0 + x_1 + ... + x_{R-1}) + residual)        # rank order, then the residual
     y   = round((float(r) * rstd) * float(weight)),  rstd = 1 / sqrt(sum(float(r)^2) / hidden + eps)
 
-``residual_out`` receives ``r`` (``residual_out=residual`` updates the residual in place). The
+``residual_out`` receives ``r`` (``residual_out=residual`` updates the residual in place). With
+``fp8_scale`` (vLLM's ``fused_add_rms_norm_static_fp8_quant``) the call also writes the float8_e4m3fn
+copy (``fp8_reference`` replays it bit for bit)::
+
+    q   = e4m3(clamp(float(y) / scale, -448, 448))   # the ROUNDED y (what vLLM quantises), div.rn,
+                                                     # round to nearest even; every NaN -> 0x7F
+
+The
 sum of squares is taken in a fixed order that depends on the launch geometry (``RowGeometry``,
 described in the kernel file), so every rank computes the same bits and a host reference can
 reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
@@ -116,13 +123,15 @@ def eps_bits(eps: object) -> int:
     return struct.unpack("<I", raw)[0]
 
 
-def signature_text(name: str, dt: DType, rows: int, hidden: int, bits: int) -> str:
-    return f"{name}|{dt.short}|rows={rows}|hidden={hidden}|eps={bits:#010x}"
+def signature_text(name: str, dt: DType, rows: int, hidden: int, bits: int, fp8: bool = False) -> str:
+    # "|fp8" only with the FP8 copy: a plain call's text (and LL signature) is what it was before.
+    return f"{name}|{dt.short}|rows={rows}|hidden={hidden}|eps={bits:#010x}" + ("|fp8" if fp8 else "")
 
 
-def signature(name: str, dt: DType, rows: int, hidden: int, bits: int) -> int:
-    """Odd 32-bit hash of the call, carried in every LL flag (a peer's differing call is reported)."""
-    return zlib.crc32(signature_text(name, dt, rows, hidden, bits).encode()) | 1
+def signature(name: str, dt: DType, rows: int, hidden: int, bits: int, fp8: bool = False) -> int:
+    """Odd 32-bit hash of the call, carried in every LL flag (a peer's differing call is reported;
+    the FP8 copy is part of the call, so every rank asks for it or none does)."""
+    return zlib.crc32(signature_text(name, dt, rows, hidden, bits, fp8).encode()) | 1
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -133,6 +142,11 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 < b1 and b0 < a1 and a.numel() > 0 and b.numel() > 0
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' spans of memory share a byte."""
+    return _overlap(a, b)
 
 
 def _tensor(t: object, what: str) -> torch.Tensor:
@@ -215,6 +229,60 @@ def check_rank(x: object, residual: object, weight: object, out: object, residua
     return x, residual, weight, y, r_out, dt, rows, hidden
 
 
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def no_scale_no_copy(fp8_scale: object, fp8_out: object, tag: str = "") -> None:
+    """``fp8_out`` without ``fp8_scale`` is an error (the copy would silently not be written)."""
+    if fp8_scale is None and fp8_out is not None:
+        raise UnsupportedError(f"{OPNAME}: fp8_out{tag} was given without fp8_scale; the FP8 copy needs its scale")
+
+
+def check_fp8(fp8_scale: object, fp8_out: object, x: torch.Tensor, inputs: tuple[torch.Tensor, ...],
+              outputs: tuple[torch.Tensor, ...], device: torch.device, tag: str = ""
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The FP8 copy's arguments of one rank, after ``check_rank``: None without ``fp8_scale``, else
+    (scale, q). ``fp8_scale``: a float32 tensor of one element (any shape, vLLM's ``[1]`` or ``[]``)
+    on the device, read by the kernel at every launch (never on the host: CUDA graphs replay its
+    current value). ``fp8_out``: float8_e4m3fn of x's shape, contiguous, on the device, sharing no
+    memory with ``inputs`` (x, the residual, the weight) or ``outputs`` (y, residual_out); None
+    allocates it. The scale may not lie in an output (every block reads it while others write)."""
+    no_scale_no_copy(fp8_scale, fp8_out, tag)
+    if fp8_scale is None:
+        return None
+    scale = _tensor(fp8_scale, f"fp8_scale{tag}")
+    if scale.dtype != torch.float32 or scale.numel() != 1:
+        raise UnsupportedError(f"{OPNAME}: fp8_scale{tag} is {tuple(scale.shape)} {scale.dtype}; it must be one "
+                               "torch.float32 element (a per-tensor static scale, as vLLM's)")
+    _on(scale, device, f"fp8_scale{tag}")
+    if fp8_out is None:
+        q = torch.empty(x.shape, dtype=FP8_DTYPE, device=x.device)
+    else:
+        q = _tensor(fp8_out, f"fp8_out{tag}")
+        if q.shape != x.shape or q.dtype != FP8_DTYPE:
+            raise UnsupportedError(f"{OPNAME}: fp8_out{tag} is {tuple(q.shape)} {q.dtype}, expected "
+                                   f"{tuple(x.shape)} {FP8_DTYPE}")
+        _on(q, device, f"fp8_out{tag}")
+        if not q.is_contiguous():
+            raise UnsupportedError(f"{OPNAME}: fp8_out{tag} must be contiguous")
+    if any(_overlap(q, t) for t in (*inputs, *outputs)):
+        raise UnsupportedError(f"{OPNAME}: fp8_out{tag} shares memory with another argument; it must not")
+    if any(_overlap(scale, t) for t in (*outputs, q)):
+        raise UnsupportedError(f"{OPNAME}: fp8_scale{tag} lies inside an output; it must not")
+    return scale, q
+
+
+def into_outputs(got: tuple[torch.Tensor, ...] | list[torch.Tensor],
+                 dsts: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, ...]:
+    """A traced call's new tensors copied into the caller's outputs where given (torch.compile's
+    functional custom ops; the compiler may turn the copies back into in-place writes)."""
+    result = []
+    for k, src in enumerate(got):
+        dst = dsts[k]
+        result.append(src if dst is None else dst.copy_(src))
+    return tuple(result)
+
+
 def eps_float32(eps: float) -> float:
     """``eps`` as the kernel sees it (rounded to float32)."""
     return struct.unpack("<f", struct.pack("<I", eps_bits(eps)))[0]
@@ -271,3 +339,19 @@ def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tens
     rstd = row_rstd(total, hidden, eps)
     y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
     return y.reshape(shape), r.reshape(shape)
+
+
+def fp8_reference(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The kernel's FP8 copy of ``y`` (the output as stored, in its dtype) for the float32 scale
+    ``scale`` (one element): ``float(y) / scale`` correctly rounded to float32 (the kernel's div.rn:
+    float64 then one rounding, exact as in ``row_rstd``; torch's own division is not used so that
+    no CPU vector path can differ), clamped to +-abi.FP8_E4M3_MAX, converted by torch to
+    float8_e4m3fn (round to nearest even; tests/cpu/test_rmsnorm.py checks that conversion against
+    rational arithmetic), then every NaN as the byte abi.FP8_E4M3_NAN (torch keeps a NaN's sign:
+    0xFF for a negative one; the kernel always writes 0x7F). Returns a float8_e4m3fn tensor of y's
+    shape, on the CPU."""
+    s = scale.detach().cpu().reshape(()).to(torch.float32)
+    v = (y.detach().cpu().to(torch.float32).double() / s.double()).to(torch.float32)
+    q = v.clamp(-abi.FP8_E4M3_MAX, abi.FP8_E4M3_MAX).to(FP8_DTYPE).view(torch.uint8)
+    q = torch.where(torch.isnan(v), torch.tensor(abi.FP8_E4M3_NAN, dtype=torch.uint8), q)
+    return q.view(FP8_DTYPE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from typing import overload
 
 import torch
 
@@ -175,41 +176,72 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
                 raise UnsupportedError(f"all_reduce: out[{r}] must be contiguous")
         return ins, list(out), dt
 
+    @overload
     def all_reduce_rmsnorm(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
                            weight: torch.Tensor | Sequence[torch.Tensor], eps: float = 1e-6, algo: str = "auto", *,
                            out: Sequence[torch.Tensor] | None = None,
-                           residual_out: Sequence[torch.Tensor] | None = None
-                           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                           residual_out: Sequence[torch.Tensor] | None = None, fp8_scale: None = None,
+                           fp8_out: None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]: ...
+
+    @overload
+    def all_reduce_rmsnorm(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
+                           weight: torch.Tensor | Sequence[torch.Tensor], eps: float = 1e-6, algo: str = "auto", *,
+                           out: Sequence[torch.Tensor] | None = None,
+                           residual_out: Sequence[torch.Tensor] | None = None,
+                           fp8_scale: torch.Tensor | Sequence[torch.Tensor],
+                           fp8_out: Sequence[torch.Tensor] | None = None
+                           ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]: ...
+
+    def all_reduce_rmsnorm(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
+                           weight: torch.Tensor | Sequence[torch.Tensor], eps: float = 1e-6, algo: str = "auto", *,
+                           out: Sequence[torch.Tensor] | None = None,
+                           residual_out: Sequence[torch.Tensor] | None = None,
+                           fp8_scale: torch.Tensor | Sequence[torch.Tensor] | None = None,
+                           fp8_out: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], ...]:
         """``all_reduce_rmsnorm(xs, residuals, weight, eps=1e-6, algo="auto", *, out=None,
-        residual_out=None) -> (ys, residuals_out)``
+        residual_out=None, fp8_scale=None, fp8_out=None) -> (ys, residuals_out[, qs])``
 
         Fused AllReduce + residual add + RMSNorm (sollat/rmsnorm.py has the exact arithmetic):
         ``xs[r]`` is rank r's partial sums ``[..., hidden]``, ``residuals[r]`` its residual of the
         same shape, ``weight`` one ``[hidden]`` tensor for every rank or a list of R. Returns every
         rank's normalised output and updated residual (``residual_out=residuals`` updates them in
         place; ``out=xs`` writes the outputs over the inputs). Every rank's results are identical.
+        ``fp8_scale`` (one float32 element on the device, or a list of R) also returns every rank's
+        float8_e4m3fn copy of its output (into ``fp8_out`` when given), as Communicator's.
         """
         weights = [weight] * self.world_size if isinstance(weight, torch.Tensor) else list(weight)
+        scales = None if fp8_scale is None else (
+            [fp8_scale] * self.world_size if isinstance(fp8_scale, torch.Tensor) else list(fp8_scale))
         if torch.compiler.is_compiling():
             from . import ops
 
-            both = ops.all_reduce_rmsnorm_virtual(list(xs), list(residuals), weights, self.comm_id, float(eps), algo)
-            ys, rs = both[:self.world_size], both[self.world_size:]
-            for dst, src in ((out, ys), (residual_out, rs)):
-                if dst is not None:
-                    for d, v in zip(dst, src, strict=True):
-                        d.copy_(v)
-            return (list(out) if out is not None else ys), (list(residual_out) if residual_out is not None else rs)
-        return self._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, out, residual_out)
+            rmsnorm.no_scale_no_copy(scales, fp8_out)
+            ws = self.world_size
+            if scales is None:
+                flat = ops.all_reduce_rmsnorm_virtual(list(xs), list(residuals), weights, self.comm_id, float(eps),
+                                                      algo)
+            else:
+                flat = ops.all_reduce_rmsnorm_fp8_virtual(list(xs), list(residuals), weights, scales, self.comm_id,
+                                                          float(eps), algo)
+            result = []
+            for k, dst in enumerate((out, residual_out, fp8_out)[:len(flat) // ws]):
+                got = flat[k * ws:(k + 1) * ws]
+                result.append(got if dst is None else list(rmsnorm.into_outputs(got, tuple(dst))))
+            return tuple(result)
+        if scales is None and fp8_out is None:  # the plain call, exactly as before the FP8 copy
+            return self._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, out, residual_out)
+        return self._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, out, residual_out, fp8_scale=scales,
+                                             fp8_out=fp8_out)
 
     def _all_reduce_rmsnorm_impl(self, xs: Sequence[torch.Tensor], residuals: Sequence[torch.Tensor],
                                  weights: Sequence[torch.Tensor], eps: float, algo: str,
-                                 out: Sequence[torch.Tensor] | None, residual_out: Sequence[torch.Tensor] | None
-                                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                                 out: Sequence[torch.Tensor] | None, residual_out: Sequence[torch.Tensor] | None,
+                                 fp8_scale: Sequence[torch.Tensor] | None = None,
+                                 fp8_out: Sequence[torch.Tensor] | None = None) -> tuple[list[torch.Tensor], ...]:
         self._before_call()
         ws = self.world_size
         for what, seq in (("xs", xs), ("residuals", residuals), ("weight", weights), ("out", out),
-                          ("residual_out", residual_out)):
+                          ("residual_out", residual_out), ("fp8_scale", fp8_scale), ("fp8_out", fp8_out)):
             if seq is None:
                 continue
             if isinstance(seq, torch.Tensor) or len(seq) != ws:
@@ -225,20 +257,44 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
             if c[0].shape != x0.shape or c[0].dtype != x0.dtype:
                 raise UnsupportedError(f"{rmsnorm.OPNAME}: xs[{r}] is {tuple(c[0].shape)} {c[0].dtype} but xs[0] is "
                                        f"{tuple(x0.shape)} {x0.dtype}; every rank must pass the same shape and dtype")
+        fp8 = self._rmsnorm_fp8_args(checked, fp8_scale, fp8_out)
         ys = [c[3] for c in checked]
         rs = [c[4] for c in checked]
+        result = (ys, rs) if fp8 is None else (ys, rs, [q for _, q in fp8])
         dt, rows, hidden = checked[0][5], checked[0][6], checked[0][7]
         if rows == 0:
-            return ys, rs
-        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo)
+            return result
+        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
         pad = self._pad
         ptrs: list[int] = []
         for k in (0, 3, 1, 4, 2):  # x, out, residual, residual_out, weight (abi.RMSNORM_VR_PARAMS)
             ptrs.extend(c[k].data_ptr() for c in checked)
             ptrs.extend(pad)
+        for k in (1, 0) if fp8 is not None else ():  # then the copies, then the scales (RMSNORM_FP8_VR_PARAMS)
+            ptrs.extend(pair[k].data_ptr() for pair in fp8)
+            ptrs.extend(pad)
         self._launch(plan, tuple(ptrs))
         self._after_call()
-        return ys, rs
+        return result
+
+    def _rmsnorm_fp8_args(self, checked: list, fp8_scale: Sequence[torch.Tensor] | None,
+                          fp8_out: Sequence[torch.Tensor] | None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Every rank's (scale, copy), checked against that rank's tensors, or None without scales.
+        A copy may not share memory with any rank's tensors (one launch writes them all)."""
+        rmsnorm.no_scale_no_copy(fp8_scale, fp8_out)
+        if fp8_scale is None:
+            return None
+        ins = tuple(t for c in checked for t in c[:3])
+        outs = tuple(t for c in checked for t in c[3:5])
+        pairs = []
+        for r, c in enumerate(checked):
+            got = rmsnorm.check_fp8(fp8_scale[r], None if fp8_out is None else fp8_out[r], c[0], ins,
+                                    outs + tuple(q for _, q in pairs), self.device, f"[{r}]")
+            assert got is not None
+            pairs.append(got)
+        if any(rmsnorm.overlaps(scale, q) for scale, _ in pairs for _, q in pairs):  # a later rank's copy
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: an fp8_scale lies inside another rank's fp8_out; it must not")
+        return pairs
 
     def run(self, collective: Collective | str, tensors: Sequence[torch.Tensor], *,
             out: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:

@@ -67,6 +67,33 @@ def test_entry_points_take_pointers_then_the_tail() -> None:
         "n", "st", "region_off", "lines_per_src", "epochs", "sig", "rank_base", "nranks", "rec0", "rank_stride"]
 
 
+def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
+    """The FP8 variant adds two pointers per rank (the e4m3 copy, then its float32 scale) before the
+    same tail as the plain kernel; the header declares both parameter lists and the e4m3 facts."""
+    plain = [p.name for p in abi.RMSNORM_PG_PARAMS]
+    fp8 = [p.name for p in abi.RMSNORM_FP8_PG_PARAMS]
+    n_tail = len(abi.RMSNORM_TAIL_PARAMS)
+    assert fp8[:5] == plain[:5] and fp8[5:7] == ["fp8_out", "fp8_scale"] and fp8[7:] == plain[5:]
+    assert abi.RMSNORM_FP8_PG_PARAMS[6].ctype == "const float*"
+    vr = [p.name for p in abi.RMSNORM_FP8_VR_PARAMS]
+    assert len(vr) == 7 * abi.MAX_RANKS + n_tail and vr[:-n_tail][5 * abi.MAX_RANKS:] == (
+        [f"f{r}" for r in range(abi.MAX_RANKS)] + [f"s{r}" for r in range(abi.MAX_RANKS)])
+    assert vr[-n_tail:] == [p.name for p in abi.RMSNORM_VR_PARAMS][-n_tail:]
+    assert len({p.name for p in abi.RMSNORM_FP8_VR_PARAMS}) == len(vr)  # no name twice (q is residual_out)
+    text = abi.header_text()
+    assert "#define SOLLAT_RMSNORM_FP8_PG_PARAMS" in text and "#define SOLLAT_RMSNORM_FP8_VR_PARAMS" in text
+    assert "const float* fp8_scale" in text
+    assert f"kFp8E4M3Max = {abi.FP8_E4M3_MAX}, kFp8E4M3NaN = {abi.FP8_E4M3_NAN}" in text
+    assert (abi.FP8_E4M3_MAX, abi.FP8_E4M3_NAN) == (448, 0x7F)
+    import torch
+
+    assert torch.finfo(torch.float8_e4m3fn).max == abi.FP8_E4M3_MAX  # torch's format is the kernel's
+    assert torch.tensor(float("nan")).to(torch.float8_e4m3fn).view(torch.uint8).item() == abi.FP8_E4M3_NAN
+    src = build.kernel_source(algorithms.RMSNORM_ALGORITHMS["rmsnorm_oneshot_ll"].kernel_file)
+    for kind in ("pg", "vr"):
+        assert f"{abi.RMSNORM_FP8_ENTRY}_{kind}(SOLLAT_RMSNORM_FP8_{kind.upper()}_PARAMS)" in src
+
+
 def test_host_modules_derive_from_the_contract() -> None:
     assert (layout.MAX_RANKS, layout.MAX_THREADS, layout.MAX_SLOTS, layout.LINE_BYTES, layout.WARP) == (8, 512, 4, 16, 32)
     assert layout.PAYLOAD_BYTES == abi.PAYLOAD_BYTES == {"ll": 8, "sentinel": 16}

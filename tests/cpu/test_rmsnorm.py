@@ -362,17 +362,28 @@ cuda_core = pytest.importorskip("cuda.core")
 
 def test_rmsnorm_instantiations_are_listed() -> None:
     work = [d for f, d in instantiations.all_instantiations() if f == "allreduce_rmsnorm.cu"]
-    expect = sum(len(a.dtypes) * len(a.slot_choices) * 2 for a in algorithms.RMSNORM_ALGORITHMS.values())
+    # x 2 entry kinds (real / virtual ranks) x 2 variants (plain / with the FP8 copy)
+    expect = sum(len(a.dtypes) * len(a.slot_choices) * 2 * 2 for a in algorithms.RMSNORM_ALGORITHMS.values())
     assert len(work) == expect
     assert {d["SOLLAT_PROTO"] for d in work} == {"ProtoLL", "ProtoSentinel"}
 
 
-@pytest.mark.parametrize("proto,t,ranks,slots", [("ProtoLL", "sollat::bf16", 8, 1), ("ProtoSentinel", "float", 2, 1)])
-def test_kernel_compiles(tmp_path, monkeypatch, proto: str, t: str, ranks: int, slots: int) -> None:
+@pytest.mark.parametrize("proto,t,ranks,slots,fp8", [("ProtoLL", "sollat::bf16", 8, 1, False),
+                                                    ("ProtoSentinel", "float", 2, 1, False),
+                                                    ("ProtoLL", "float", 2, 2, True),  # 2 elements per line
+                                                    ("ProtoSentinel", "sollat::f16", 4, 1, True)])  # 8 per line
+def test_kernel_compiles(tmp_path, monkeypatch, proto: str, t: str, ranks: int, slots: int, fp8: bool) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
-    build.compile_cubin(build.kernel_source("allreduce_rmsnorm.cu"), name="allreduce_rmsnorm", arch="sm_90", defines={
-        "SOLLAT_T": t, "SOLLAT_OP": "OpSum", "SOLLAT_PROTO": proto, "SOLLAT_MAX_RANKS": str(ranks),
-        "SOLLAT_SLOTS": str(slots), "SOLLAT_FENCE_SYS": "0", "SOLLAT_TEST_HOOKS": "1"})
+    defines = {"SOLLAT_T": t, "SOLLAT_OP": "OpSum", "SOLLAT_PROTO": proto, "SOLLAT_MAX_RANKS": str(ranks),
+               "SOLLAT_SLOTS": str(slots), "SOLLAT_FENCE_SYS": "0", "SOLLAT_TEST_HOOKS": "1"}
+    if fp8:
+        defines["SOLLAT_RMSNORM_FP8"] = "1"
+    cubin = build.compile_cubin(build.kernel_source("allreduce_rmsnorm.cu"), name="allreduce_rmsnorm", arch="sm_90",
+                                defines=defines)
+    entry = abi.RMSNORM_FP8_ENTRY if fp8 else "ar_rmsnorm"
+    other = "ar_rmsnorm" if fp8 else abi.RMSNORM_FP8_ENTRY
+    assert f"{entry}_pg".encode() in cubin and f"{entry}_vr".encode() in cubin  # the entries the host asks for
+    assert f"{other}_pg".encode() not in cubin  # and only those: one variant per module
 
 
 def _ptxas_report(defines: dict[str, str]) -> str:
@@ -385,19 +396,21 @@ def _ptxas_report(defines: dict[str, str]) -> str:
     return log.getvalue()
 
 
-@pytest.mark.slow  # about 40 s on 2 cores: every dtype x protocol x (ranks, slots), both entry points
+@pytest.mark.slow  # about 80 s on 2 cores: every dtype x protocol x (ranks, slots) x FP8 copy, both entries
 def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
     """Measured (ptxas -v, sm_90): with 256 threads per block (abi.RMSNORM_MAX_THREADS) no entry
     spills. At 512 (128 registers per thread) the row clusters made the 16-bit sentinel 8-rank
     entries spill up to 40 bytes; before them 8 bytes. The 16-bit sentinel with 2 slots spilled
-    24-172 bytes, hence one slot for the sentinel."""
+    24-172 bytes, hence one slot for the sentinel. The FP8 variant (its own entries) spills
+    nothing either; the plain cubins were byte for byte the same before and after it was added."""
     for f, d in instantiations.all_instantiations():
         if f != "allreduce_rmsnorm.cu" or d["SOLLAT_FENCE_SYS"] != "0":
             continue  # the fence scope does not change register use
         report = _ptxas_report(d)
         spills = dict(zip(re.findall(r"Function properties for (\w+)", report),
                           (int(s) for s in re.findall(r"(\d+) bytes spill stores", report)), strict=True))
-        assert spills == {"ar_rmsnorm_pg": 0, "ar_rmsnorm_vr": 0}, (d, spills)
+        entry = abi.RMSNORM_FP8_ENTRY if d.get("SOLLAT_RMSNORM_FP8") == "1" else "ar_rmsnorm"
+        assert spills == {f"{entry}_pg": 0, f"{entry}_vr": 0}, (d, spills)
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
@@ -409,3 +422,318 @@ def test_auto_resolves_through_the_tuning_table() -> None:
             assert c._rmsnorm_resolve("auto", nbytes, dtype) in algorithms.RMSNORM_ALGORITHMS
             assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype)] == c._rmsnorm_resolve("auto", nbytes,
                                                                                                    dtype)
+
+
+# ---- the FP8 copy (fp8_scale / fp8_out) -----------------------------------------------------------
+FP8 = torch.float8_e4m3fn
+
+
+def check_fp8(scale, q=None, x=None, res=None, w=None, out=None, res_out=None):
+    x, res, w = (x, res, w) if x is not None else args(3, 8)
+    xc, rc, wc, y, r_out, *_ = check(x, res, w, out, res_out)
+    return rmsnorm.check_fp8(scale, q, xc, (xc, rc, wc), (y, r_out), CPU)
+
+
+def test_fp8_arguments_valid() -> None:
+    assert check_fp8(None) is None
+    for shape in ((), (1,), (1, 1)):  # vLLM's scale is [1]; any one-element float32 tensor is accepted
+        scale, q = check_fp8(torch.ones(shape))
+        assert q.shape == (3, 8) and q.dtype == FP8 and q.is_contiguous() and scale.numel() == 1
+    given = torch.empty(3, 8, dtype=FP8)
+    assert check_fp8(torch.ones(1), given)[1] is given
+    view = torch.ones(4)[2:3]  # a one-element view at an offset: the kernel reads its data_ptr
+    assert check_fp8(view)[0] is view
+
+
+@pytest.mark.parametrize("scale,match", [
+    (torch.ones(1, dtype=torch.float16), "must be one torch.float32 element"),
+    (torch.ones(1, dtype=torch.float64), "must be one torch.float32 element"),
+    (torch.ones(1, dtype=torch.bfloat16), "must be one torch.float32 element"),
+    (torch.ones(2), r"fp8_scale is \(2,\) torch.float32; it must be one"),
+    (torch.ones(0), r"fp8_scale is \(0,\)"),
+    (torch.ones(1, device="meta"), "fp8_scale is on meta but the communicator is on cpu"),
+])
+def test_fp8_scale_errors(scale: torch.Tensor, match: str) -> None:
+    with pytest.raises(sollat.UnsupportedError, match=match):
+        check_fp8(scale)
+
+
+def test_fp8_scale_must_be_a_tensor() -> None:
+    with pytest.raises(TypeError, match="fp8_scale must be a torch.Tensor"):
+        check_fp8(1.0)
+
+
+@pytest.mark.parametrize("q,match", [
+    (torch.empty(3, 8, dtype=torch.uint8), r"fp8_out is \(3, 8\) torch.uint8, expected \(3, 8\) torch.float8_e4m3fn"),
+    (torch.empty(3, 8, dtype=torch.float8_e5m2), "torch.float8_e5m2, expected"),
+    (torch.empty(3, 8, dtype=torch.bfloat16), "torch.bfloat16, expected"),
+    (torch.empty(3, 7, dtype=FP8), r"fp8_out is \(3, 7\)"),
+    (torch.empty(24, dtype=FP8), r"fp8_out is \(24,\)"),
+    (torch.empty(3, 8, dtype=FP8, device="meta"), "fp8_out is on meta"),
+    (torch.empty(8, 3, dtype=FP8).t(), "fp8_out must be contiguous"),
+])
+def test_fp8_out_errors(q: torch.Tensor, match: str) -> None:
+    with pytest.raises(sollat.UnsupportedError, match=match):
+        check_fp8(torch.ones(1), q)
+
+
+def test_fp8_out_without_scale_is_an_error() -> None:
+    with pytest.raises(sollat.UnsupportedError, match="fp8_out was given without fp8_scale"):
+        check_fp8(None, torch.empty(3, 8, dtype=FP8))
+    with pytest.raises(TypeError, match="fp8_out must be a torch.Tensor"):
+        check_fp8(torch.ones(1), [0] * 24)
+
+
+def test_fp8_memory_may_not_be_shared() -> None:
+    x, res, w = args(3, 8, torch.float32)
+
+    def inside(t: torch.Tensor) -> torch.Tensor:  # a (3, 8) e4m3 view of t's first 24 bytes
+        return t.view(-1).view(torch.uint8)[:24].view(FP8).view(3, 8)
+
+    for t in (x, res, w.repeat(3)):
+        with pytest.raises(sollat.UnsupportedError, match="fp8_out shares memory"):
+            check_fp8(torch.ones(1), inside(t), x, res, t[:8] if t.dim() == 1 else w)
+    out, r_out = torch.empty(3, 8), torch.empty(3, 8)
+    for kw in ({"out": out}, {"res_out": r_out}):
+        target = out if "out" in kw else r_out
+        with pytest.raises(sollat.UnsupportedError, match="fp8_out shares memory"):
+            check_fp8(torch.ones(1), inside(target), x, res, w, **kw)
+        with pytest.raises(sollat.UnsupportedError, match="fp8_scale lies inside an output"):
+            check_fp8(target.view(-1)[5:6], None, x, res, w, **kw)
+    q = torch.empty(32, dtype=FP8)
+    with pytest.raises(sollat.UnsupportedError, match="fp8_scale lies inside an output"):
+        check_fp8(q.view(torch.float32)[2:3], q[:24].view(3, 8), x, res, w)
+    # the scale inside an input is only read, as the inputs are: allowed
+    assert check_fp8(w[2:3], None, x, res, w) is not None
+
+
+def test_fp8_virtual_argument_lists() -> None:
+    c = fake_virtual(2)
+    c.device = CPU
+    x, res, w = args()
+    with pytest.raises(sollat.UnsupportedError, match="needs fp8_scale as a list of 2 tensors, got 3 tensors"):
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+                                   [torch.ones(1)] * 3, None)
+    with pytest.raises(sollat.UnsupportedError, match="needs fp8_out as a list of 2 tensors, got a single tensor"):
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+                                   [torch.ones(1)] * 2, torch.empty(3, 8, dtype=FP8))
+    with pytest.raises(sollat.UnsupportedError, match=r"fp8_scale\[1\] is \(1,\) torch.float64"):
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+                                   [torch.ones(1), torch.ones(1, dtype=torch.float64)], None)
+    with pytest.raises(sollat.UnsupportedError, match="fp8_out was given without fp8_scale"):
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None, None,
+                                   [torch.empty(3, 8, dtype=FP8)] * 2)
+    q = torch.empty(3, 8, dtype=FP8)
+    with pytest.raises(sollat.UnsupportedError, match=r"fp8_out\[1\] shares memory"):  # one launch writes both
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+                                   [torch.ones(1)] * 2, [q, q])
+    qs = torch.empty(2, 3, 8, dtype=FP8)
+    with pytest.raises(sollat.UnsupportedError, match="fp8_scale lies inside another rank's fp8_out"):
+        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+                                   [qs[1].view(-1)[:4].view(torch.float32), torch.ones(1)], [qs[0], qs[1]])
+    # zero rows: nothing launched, the copies still returned (allocated, empty)
+    x0, res0, w0 = args(0, 8)
+    ys, rs, qs2 = c._all_reduce_rmsnorm_impl([x0] * 2, [res0, res0.clone()], [w0] * 2, 1e-6, "auto", None, None,
+                                             [torch.ones(1)] * 2, None)
+    assert [q.shape for q in qs2] == [(0, 8)] * 2 and all(q.dtype == FP8 for q in qs2)
+
+
+def test_fp8_signature_marks_the_call_and_leaves_plain_calls_alone() -> None:
+    dt = DTYPES[torch.bfloat16]
+    plain = rmsnorm.signature_text("rmsnorm_oneshot_ll", dt, 4, 4096, 0x358637BD)
+    assert plain == "rmsnorm_oneshot_ll|bf16|rows=4|hidden=4096|eps=0x358637bd"  # as before the FP8 copy
+    assert rmsnorm.signature_text("rmsnorm_oneshot_ll", dt, 4, 4096, 0x358637BD, fp8=True) == plain + "|fp8"
+    assert rmsnorm.signature("rmsnorm_oneshot_ll", dt, 4, 4096, 1) != rmsnorm.signature("rmsnorm_oneshot_ll", dt, 4,
+                                                                                          4096, 1, fp8=True)
+
+
+# e4m3fn in rational arithmetic: every finite code and its value (0x7F / 0xFF are NaN).
+def _e4m3_value(code: int) -> Fraction:
+    sign = -1 if code & 0x80 else 1
+    exp, man = (code >> 3) & 0xF, code & 0x7
+    mag = Fraction(man, 8) * Fraction(2) ** -6 if exp == 0 else (1 + Fraction(man, 8)) * Fraction(2) ** (exp - 7)
+    return sign * mag
+
+
+_E4M3 = [(c, _e4m3_value(c)) for c in range(256) if c & 0x7F != 0x7F]
+
+
+def _exact_e4m3(v: float) -> int:
+    """What the kernel writes for the float32 quotient ``v``: NaN -> 0x7F; else clamp to +-448
+    (+-Inf included) and round to the nearest e4m3 value, ties to the even code (mantissa LSB 0);
+    the sign of a zero result is the sign of v."""
+    if math.isnan(v):
+        return abi.FP8_E4M3_NAN
+    c = max(-abi.FP8_E4M3_MAX, min(abi.FP8_E4M3_MAX, v))
+    x = Fraction(c)
+    best = min(_E4M3, key=lambda cv: (abs(cv[1] - x), cv[0] & 1, cv[0]))
+    code = best[0]
+    if best[1] == 0:
+        code = 0x80 if math.copysign(1.0, v) < 0 else 0x00
+    return code
+
+
+def _f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+@np.errstate(over="ignore")
+def _boundary_values() -> list[float]:
+    """Every e4m3 value and every midpoint between neighbours, each with its float32 neighbours;
+    float32 denormals; the ends of the range (+-448, 464 = the tie above 448, 480); zeros, Inf, NaN."""
+    mags = sorted({cv[1] for cv in _E4M3 if cv[1] >= 0})
+    points = [float(m) for m in mags] + [float((a + b) / 2) for a, b in zip(mags, mags[1:], strict=False)]
+    points += [448.0, 456.0, 464.0, 472.0, 480.0, 500.0, 1e30, float(np.finfo(np.float32).max), 2.0 ** -10,
+               3 * 2.0 ** -11, 1e-40, 1.4e-45, np.finfo(np.float32).tiny]
+    out: list[float] = []
+    for p in points:
+        f = np.float32(p)
+        for v in (np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))):  # max's: Inf
+            out += [float(v), -float(v)]
+    return out + [0.0, -0.0, math.inf, -math.inf, math.nan]
+
+
+def test_fp8_conversion_is_round_to_nearest_even_saturating() -> None:
+    """fp8_reference with scale 1 against rational arithmetic at every rounding boundary: ties to
+    even (1.0625 -> 1.0, 1.1875 -> 1.25, 232 -> 224, 1.5 * 2^-9 -> 2^-8), e4m3 subnormals, float32
+    denormals to +-0, -0.0 -> 0x80, 448 < |v| (464, 480, Inf) -> +-448, NaN -> 0x7F."""
+    vals = _boundary_values()
+    got = rmsnorm.fp8_reference(torch.tensor(vals, dtype=torch.float32), torch.ones(1)).view(torch.uint8).tolist()
+    want = [_exact_e4m3(_f32(v)) for v in vals]
+    bad = [(v, g, w) for v, g, w in zip(vals, got, want, strict=True) if g != w]
+    assert not bad, bad[:10]
+    spot = {1.0625: 0x38, 1.1875: 0x3A, 232.0: 0x76, 1.5 * 2.0 ** -9: 0x02, 0.5 * 2.0 ** -9: 0x00, -0.0: 0x80,
+            464.0: 0x7E, -math.inf: 0xFE, 448.0: 0x7E, 2.0 ** -9: 0x01}
+    for v, code in spot.items():
+        assert rmsnorm.fp8_reference(torch.tensor([v]), torch.ones(1)).view(torch.uint8).item() == code, v
+
+
+def test_fp8_nan_is_one_byte_whatever_its_sign_and_payload() -> None:
+    bits = torch.tensor([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFBFFFFF], dtype=torch.int64).to(torch.int32)
+    q = rmsnorm.fp8_reference(bits.view(torch.float32), torch.ones(1)).view(torch.uint8)
+    assert q.tolist() == [abi.FP8_E4M3_NAN] * 4
+    # torch keeps the sign (0xFF): the one place the reference departs from a plain .to(float8_e4m3fn)
+    assert torch.tensor([-math.nan]).to(FP8).view(torch.uint8).item() == 0xFF
+
+
+@pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
+def test_fp8_division_is_correctly_rounded(dtype: torch.dtype) -> None:
+    """float(y) / scale as the kernel's div.rn: the float32 nearest the exact quotient, then e4m3.
+    Scales of every kind (not powers of two, so the quotient is rounded; tiny and huge; 0: +-Inf
+    -> +-448 and 0 / 0 -> NaN; negative: the sign flips; Inf: +-0)."""
+    gen = torch.Generator().manual_seed(5)
+    y = (torch.randn(400, generator=gen) * torch.exp2(torch.randint(-20, 12, (400,), generator=gen).float()))
+    y = torch.cat([y, torch.tensor([0.0, -0.0, 1e-40, -3e-39, 65504.0, float("inf"), float("-inf"),
+                                    float("nan")])]).to(dtype)
+    for scale in (1.0, 0.1, 3.0, 1 / 3, 7e-3, 2.5e4, 1e-30, 0.0, -0.37, float("inf")):
+        s = torch.tensor([scale], dtype=torch.float32)
+        got = rmsnorm.fp8_reference(y, s).view(torch.uint8).tolist()
+        sf = Fraction(float(s.item())) if math.isfinite(s.item()) else None
+        for v, g in zip(y.float().tolist(), got, strict=True):
+            if sf is None or sf == 0 or not math.isfinite(v):  # IEEE special cases: numpy's float32 division
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    quotient = _f32(np.float32(v) / np.float32(s.item())) if v == v else math.nan
+            else:
+                quotient = _nearest_float32(Fraction(v) / sf) if v != 0 else math.copysign(0.0, v) * math.copysign(
+                    1.0, s.item())
+                if abs(quotient) > float(np.finfo(np.float32).max):
+                    quotient = math.copysign(math.inf, quotient)
+            assert g == _exact_e4m3(quotient), (dtype, scale, v, g)
+
+
+def test_fp8_reference_of_adversarial_rows() -> None:
+    """Through the RMSNorm reference: a NaN row quantises to 0x7F everywhere, an Inf row to 0x7F
+    and zeros, a zero row to zeros of y's signs."""
+    x = torch.tensor([[1.0, float("nan"), 2.0], [float("inf"), 1.0, 1.0], [-0.0, -0.0, -0.0], [300.0, -1.0, 2.0]])
+    neg0 = torch.full_like(x, -0.0)
+    y, _ = rmsnorm.reference([x, neg0], neg0, torch.tensor([1.0, 2.0, -3.0]), 1e-6,
+                             rmsnorm.geometry("oneshot_ll", torch.float32, 4, 3, 2))
+    q = rmsnorm.fp8_reference(y, torch.tensor([0.01])).view(torch.uint8)
+    assert q[0].tolist() == [0x7F] * 3 and q[1].tolist() == [0x7F, 0x00, 0x80]
+    assert q[2].tolist() == [0x80, 0x80, 0x00]  # -0 * rstd * w: the weight's sign
+    assert rmsnorm.fp8_reference(y, torch.tensor([1e-3])).view(torch.uint8)[3, 0].item() == 0x7E  # 1732: 448
+    assert q.shape == y.shape and rmsnorm.fp8_reference(y, torch.tensor(1.0)).dtype == FP8
+    for v, g in zip(y.flatten().tolist(), q.flatten().tolist(), strict=True):
+        assert g == _exact_e4m3(_nearest_float32(Fraction(v) / Fraction(_f32(0.01))) if math.isfinite(v) and v != 0
+                                else (math.nan if v != v else math.copysign(0.0, v)))
+
+
+def test_fp8_fake_functions() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(5, 7, dtype=torch.bfloat16)
+        w = torch.empty(7, dtype=torch.bfloat16)
+        s = torch.empty(1)
+        y, r, q = torch.ops.sollat.all_reduce_rmsnorm_fp8(x, x, w, s, 1, 1e-6, "auto")
+        assert y.shape == r.shape == q.shape == (5, 7) and y.dtype == torch.bfloat16 and q.dtype == FP8
+        flat = torch.ops.sollat.all_reduce_rmsnorm_fp8_virtual([x] * 3, [x] * 3, [w] * 3, [s] * 3, 1, 1e-6,
+                                                               "oneshot_ll")
+        assert len(flat) == 9 and [t.dtype for t in flat] == [torch.bfloat16] * 6 + [FP8] * 3
+        assert all(t.shape == (5, 7) for t in flat)
+
+
+class _CpuFp8Stub(_CpuStub):
+    """The plain stub plus the FP8 copy (the reference's y quantised by the reference)."""
+
+    def _all_reduce_rmsnorm_impl(self, x, residual, weight, eps, algo, out, residual_out, fp8_scale=None,
+                                 fp8_out=None):
+        got = super()._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
+        if fp8_scale is None:
+            return got
+        if isinstance(x, torch.Tensor):
+            q = rmsnorm.fp8_reference(got[0], fp8_scale)
+            return (*got, q if fp8_out is None else fp8_out.copy_(q))
+        qs = [rmsnorm.fp8_reference(y, s) for y, s in zip(got[0], fp8_scale, strict=True)]
+        if fp8_out is not None:
+            qs = [o.copy_(q) for o, q in zip(fp8_out, qs, strict=True)]
+        return (*got, qs)
+
+
+def test_fp8_compiled_calls_keep_one_graph() -> None:
+    stub = _CpuFp8Stub(2)
+    comm_id = registry.register(stub)
+    real = Communicator.__new__(Communicator)
+    real.comm_id = comm_id
+    virt = VirtualCommunicator.__new__(VirtualCommunicator)
+    virt.comm_id = comm_id
+    virt.world_size = 2
+    real._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl
+    virt._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl
+
+    def step(x, res, w, scale, q_out):
+        y, r, q = real.all_reduce_rmsnorm(x, res, w, 1e-5, residual_out=res, fp8_scale=scale, fp8_out=q_out)
+        ys, rs, qs = virt.all_reduce_rmsnorm([x, y], [r, r.clone()], w, 1e-5, fp8_scale=scale)
+        y2, r2 = real.all_reduce_rmsnorm(x, r, w, 1e-5)  # the plain call is unchanged: two results
+        return ys[0] + rs[1] + y2 + r2, q.view(torch.uint8).int() + qs[1].view(torch.uint8).int()
+
+    x, res, w = torch.randn(4, 16), torch.randn(4, 16), torch.randn(16)
+    scale = torch.tensor([0.05])
+    res_eager, q_eager = res.clone(), torch.empty(4, 16, dtype=FP8)
+    expect = step(x, res_eager, w, scale, q_eager)
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    res_c, q_c = res.clone(), torch.empty(4, 16, dtype=FP8)
+    got = compiled(x, res_c, w, scale, q_c)
+    assert torch.equal(got[0], expect[0]) and torch.equal(got[1], expect[1])
+    assert torch.equal(res_c, res_eager) and torch.equal(q_c.view(torch.uint8), q_eager.view(torch.uint8))
+    with pytest.raises(Exception, match="fp8_out was given without fp8_scale"):
+        torch.compile(lambda a, b, c, d: real.all_reduce_rmsnorm(a, b, c, fp8_out=d), fullgraph=True,
+                      backend="eager")(x, res, w, q_c)
+
+
+def test_fp8_ops_module_exports() -> None:
+    assert callable(ops.all_reduce_rmsnorm_fp8) and callable(ops.all_reduce_rmsnorm_fp8_virtual)
+
+
+def test_fp8_instantiations_are_listed_and_only_for_the_fused_kernel() -> None:
+    work = [d for f, d in instantiations.all_instantiations() if f == "allreduce_rmsnorm.cu"]
+    fp8 = [d for d in work if d.get("SOLLAT_RMSNORM_FP8") == "1"]
+    assert len(fp8) == len(work) // 2
+    assert {tuple(sorted((k, v) for k, v in d.items() if k != "SOLLAT_RMSNORM_FP8")) for d in fp8} == {
+        tuple(sorted(d.items())) for d in work if "SOLLAT_RMSNORM_FP8" not in d}
+    alg = algorithms.ALGORITHMS["oneshot_ll"]
+    with pytest.raises(ValueError, match="only the fused RMSNorm"):
+        algorithms.kernel_defines(alg, DTYPES[torch.float32], "sum", 2, 1, False, True, fp8=True)
+    plain = algorithms.kernel_defines(algorithms.RMSNORM_ALGORITHMS["rmsnorm_oneshot_ll"], DTYPES[torch.float32],
+                                      "sum", 2, 1, False, True)
+    assert "SOLLAT_RMSNORM_FP8" not in plain  # the plain module's defines, hence its cubin key, are unchanged

@@ -465,7 +465,7 @@ def values(s: Suite) -> None:
     s.log(f"{calls} calls in all")
 
 
-@section("rmsnorm", 120)
+@section("rmsnorm", 150)
 def rmsnorm_values(s: Suite) -> None:
     """all_reduce_rmsnorm: both protocols x dtype x shape x input class (x from the hash inputs,
     the residual and the weight equal on every rank, as in tensor parallelism), out of place and
@@ -496,8 +496,52 @@ def rmsnorm_values(s: Suite) -> None:
                             s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
                         s.add_digest(f"{what} {name}", got)
                     calls += 1
+    calls += _rmsnorm_fp8_calls(s, comm)
     comm.check()
     s.log(f"{calls} calls checked")
+
+
+def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
+    """A few calls with the FP8 copy (fp8_scale): y and residual_out bitwise as without it, the
+    copy bit for bit against sollat.rmsnorm.fp8_reference (every NaN the byte 0x7F), into a
+    poisoned fp8_out (every other call one byte into its buffer: misaligned rows) or a new one;
+    the scale changes between calls on the same tensor (read on the device, never on the host)."""
+    from sollat import rmsnorm
+
+    scale = torch.empty(1, dtype=torch.float32, device=s.dev)
+    calls = 0
+    for algo in rmsnorm.ALGOS:
+        for dt in (torch.bfloat16, torch.float32):
+            for tokens, hidden in ((1, 7), (8, 8192), (17, 5120)):
+                for kind, value in (("randn", 0.02), ("mix", 1.5)):
+                    n = tokens * hidden
+                    what = f"rmsnorm fp8 {algo} {dname(dt)} {tokens}x{hidden} {kind} scale={value}"
+                    xs = [x.view(tokens, hidden) for x in s.inputs(kind, n, dt, what)]
+                    res = ref.make_input(kind, ref.seed_of(s.section, what, "res"), n, dt, s.dev).view(tokens, hidden)
+                    w = ref.make_input("randn", ref.seed_of(s.section, what, "w"), hidden, dt, s.dev)
+                    scale.fill_(value)
+                    q_out = None
+                    if calls % 2 == 0:
+                        buf = torch.full((n + 1,), 0x55, dtype=torch.uint8, device=s.dev)
+                        q_out = buf[1:].view(torch.float8_e4m3fn).view(tokens, hidden)
+                    y, r, q = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo, fp8_scale=scale, fp8_out=q_out)
+                    s.expect(q_out is None or q is q_out, f"{what}: fp8_out not used")
+                    want_y, want_r = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(algo, dt, tokens, hidden,
+                                                                                          s.world))
+                    for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
+                        got = got.cpu()
+                        if int(ref.bitwise_bad(got, want)):
+                            s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
+                    got_q = q.cpu().view(torch.uint8)
+                    want_q = rmsnorm.fp8_reference(want_y, scale).view(torch.uint8)
+                    bad = (got_q != want_q).flatten().nonzero().flatten()
+                    if bad.numel():
+                        i = int(bad[0])
+                        s.fail(f"{what}: fp8 copy: {bad.numel()} bytes differ; first at {i}: got "
+                               f"{int(got_q.flatten()[i]):#04x}, expected {int(want_q.flatten()[i]):#04x}")
+                    s.add_digest(f"{what} q", got_q.to(torch.int32))  # every rank: the same bytes
+                    calls += 1
+    return calls
 
 
 @section("gather_scatter", 120)

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import sollat
-from sollat import rmsnorm, testing
+from sollat import abi, rmsnorm, testing
 
 from ._reference import assert_bitwise
 
@@ -398,4 +398,258 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(sollat.UnsupportedError, match="supported maximum"):
         big = torch.zeros(1, rmsnorm.MAX_HIDDEN + 1, device=DEV)
         c.all_reduce_rmsnorm([big] * 2, [big] * 2, torch.zeros(rmsnorm.MAX_HIDDEN + 1, device=DEV))
+    c.check()
+
+
+# ---- the FP8 copy (fp8_scale / fp8_out): bitwise against rmsnorm.fp8_reference ---------------------
+FP8 = torch.float8_e4m3fn
+POISON_BYTE = 0x55  # an e4m3 value (3.25 / 8 ...) no correct call writes into every element by chance
+
+
+def fp8_outputs(xs, n_extra: int = 0) -> list[torch.Tensor]:
+    """Poisoned FP8 outputs, one per rank; with ``n_extra`` a view ``n_extra`` bytes into a larger
+    buffer (misaligned rows: the kernel's byte path)."""
+    outs = []
+    for x in xs:
+        buf = torch.full((x.numel() + n_extra,), POISON_BYTE, dtype=torch.uint8, device=DEV)
+        outs.append(buf[n_extra:].view(FP8).view(x.shape))
+    return outs
+
+
+def check_fp8(ys, qs, scales, xs, res, w, eps: float, algo: str, what: str) -> None:
+    """Each rank's copy bit for bit against fp8_reference of the reference y (one NaN byte, 0x7F)
+    with that rank's scale, and equal on ranks with the same inputs and scale."""
+    r = len(xs)
+    hidden = xs[0].shape[-1]
+    geo = rmsnorm.geometry(algo, xs[0].dtype, xs[0].numel() // hidden, hidden, r)
+    cache: dict[tuple[int, int], torch.Tensor] = {}
+    for k in range(r):
+        assert qs[k].dtype == FP8 and qs[k].shape == xs[0].shape, what
+        same = next((d for d in range(k) if torch.equal(raw(res[k]), raw(res[d])) and torch.equal(raw(w[k]), raw(w[d]))),
+                    k)
+        if same not in cache:
+            cache[same] = rmsnorm.reference(xs, res[same], w[same], eps, geo)[0]
+        want = rmsnorm.fp8_reference(cache[same], scales[k]).view(torch.uint8)
+        got = qs[k].cpu().view(torch.uint8)
+        bad = got != want
+        if bool(bad.any()):
+            i = int(bad.flatten().nonzero()[0])
+            yk = ys[k].cpu().flatten()[i].item()
+            raise AssertionError(f"{what}: fp8 copy of rank {k}: {int(bad.sum())} of {bad.numel()} bytes differ; first "
+                                 f"at {i}: got {got.flatten()[i].item():#04x}, expected {want.flatten()[i].item():#04x} "
+                                 f"(y {yk!r}, scale {scales[k].item()!r})")
+
+
+def scale_tensors(r: int, value: float | list[float]) -> list[torch.Tensor]:
+    vals = value if isinstance(value, list) else [value] * r
+    return [torch.tensor([v], dtype=torch.float32, device=DEV) for v in vals]
+
+
+@pytest.mark.parametrize("r", [2, 4, 8])
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fp8_bitwise_hidden_sizes_tokens_and_scales(r: int, algo: str, dtype: torch.dtype) -> None:
+    """Every element of y, residual_out and the copy written (poisoned outputs), each bitwise; a
+    scale per rank (a list) or one for all; aligned and misaligned copies (1 and 3 bytes in)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"fp8|{r}|{algo}|{dtype}".encode()))
+    scale_values: list[float | list[float]] = [0.0123, 1.0, 3.7, [0.02 * (k + 1) for k in range(r)]]
+    for k, (hidden, tokens) in enumerate(itertools.product((7, 1000, 4096, 5120, 8192), (1, 3, 17))):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen, distinct=k % 2 == 1)
+        value = scale_values[k % len(scale_values)]
+        scales = scale_tensors(r, value)
+        outs = [torch.full_like(x, float("nan")) for x in xs]
+        routs = [torch.full_like(x, float("nan")) for x in xs]
+        qouts = fp8_outputs(xs, (0, 1, 3)[k % 3])
+        arg = scales if isinstance(value, list) else scales[0]  # a list, or one tensor for every rank
+        ys, rs, qs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs, fp8_scale=arg,
+                                          fp8_out=qouts)
+        assert all(q is o for q, o in zip(qs, qouts, strict=True))
+        what = f"fp8 {algo} R={r} {dtype} {tokens}x{hidden} scale={value}"
+        check(ys, rs, xs, res, w, 1e-6, algo, what)  # y and residual_out exactly as without the copy
+        check_fp8(ys, qs, scales, xs, res, w, 1e-6, algo, what)
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 8])
+def test_fp8_adversarial_inputs_and_scales(r: int) -> None:
+    """NaN, Inf, signed zeros, denormals and overflowing sums (adversarial), with scales that
+    saturate most values (1e-4), make most of them e4m3 subnormals or zeros (1e4), flip signs
+    (-0.5), divide by zero (0: +-448, and 0 / 0 = NaN -> 0x7F) and give zeros (Inf)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(120 + r)
+    for algo, dtype in itertools.product(ALGOS, DTYPES):
+        for hidden, tokens in ((7, 5), (1000, 8), (5120, 17)):
+            for scale in (1e-4, 0.05, 1e4, -0.5, 0.0, float("inf")):
+                xs, res, w = adversarial(r, tokens, hidden, dtype, gen)
+                shared_res, shared_w = [res[0]] * r, [w[0]] * r
+                scales = scale_tensors(r, scale)
+                ys, rs, qs = c.all_reduce_rmsnorm(xs, shared_res, shared_w, 1e-6, algo, fp8_scale=scales[0])
+                what = f"fp8 adversarial {algo} R={r} {dtype} {tokens}x{hidden} scale={scale}"
+                check(ys, rs, xs, shared_res, shared_w, 1e-6, algo, what)
+                check_fp8(ys, qs, scales, xs, shared_res, shared_w, 1e-6, algo, what)
+    c.check()
+
+
+def test_fp8_ties_and_boundaries_exactly() -> None:
+    """y / scale exactly on e4m3 rounding ties (1.0625, 1.1875, 232, 1.5 * 2^-9 ...), on their
+    float32 neighbours, on +-448, 456, 464 (the tie above 448) and 470, and on e4m3 subnormals.
+    How: float32, x holds the values on rank 0 (zeros elsewhere), residual 0, weight 1, and
+    eps = 2^50 swallows the mean of squares (below 2^17, far under half an ulp of 2^50: add.rn gives
+    2^50 exactly), so rstd = 2^-25 exactly, y = v * 2^-25 exactly, and the scale 2^-25 gives back v."""
+    r = 2
+    c = comm(r)
+    mags = [1.0625, 1.1875, 232.0, 448.0, 456.0, 464.0, 470.0, 3 * 2.0 ** -10, 2.0 ** -10, 1.5 * 2.0 ** -9,
+            2.0 ** -9, 0.5 * 2.0 ** -9]
+    vals = torch.tensor([m * s for m in mags for s in (1, -1)], dtype=torch.float32)
+    vals = torch.cat([vals, torch.nextafter(vals, torch.full_like(vals, float("inf"))),
+                      torch.nextafter(vals, torch.full_like(vals, float("-inf"))), torch.tensor([0.0, -0.0])])
+    hidden = vals.numel()
+    eps = 2.0 ** 50
+    for algo in ALGOS:
+        x0 = vals.view(1, hidden).to(DEV)
+        xs = [x0, torch.zeros_like(x0)]
+        res = [torch.zeros_like(x0) for _ in range(r)]
+        w = [torch.ones(hidden, device=DEV) for _ in range(r)]
+        scales = scale_tensors(r, 2.0 ** -25)
+        ys, rs, qs = c.all_reduce_rmsnorm(xs, res, w, eps, algo, fp8_scale=scales[0])
+        check(ys, rs, xs, res, w, eps, algo, f"fp8 ties {algo}")
+        assert torch.equal(ys[0].cpu()[0] * 2.0 ** 25, vals), "the construction: y = v * 2^-25 exactly"
+        check_fp8(ys, qs, scales, xs, res, w, eps, algo, f"fp8 ties {algo}")
+        got = qs[0].cpu().view(torch.uint8)[0, :4].tolist()
+        assert got == [0x38, 0xB8, 0x3A, 0xBA], got  # 1.0625 -> 1.0, 1.1875 -> 1.25 (ties to even), signs kept
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_fp8_and_plain_calls_interleaved_in_place(r: int) -> None:
+    """FP8 and plain calls of one shape alternate on one communicator (separate plans and modules),
+    with residual_out=residual and out=x; the plain calls return two results as before."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(130 + r)
+    for k, (algo, dtype, (tokens, hidden)) in enumerate(itertools.product(ALGOS, DTYPES, ((4, 1000), (17, 8192)))):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+        xs0, res0 = [x.clone() for x in xs], [t.clone() for t in res]
+        scales = scale_tensors(r, 0.01 * (k + 1))
+        ys, rs, qs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=xs, residual_out=res, fp8_scale=scales)
+        assert all(a is b for a, b in zip(ys, xs, strict=True)) and all(a is b for a, b in zip(rs, res, strict=True))
+        check(ys, rs, xs0, res0, w, 1e-6, algo, f"fp8 in place {algo} {dtype}")
+        check_fp8(ys, qs, scales, xs0, res0, w, 1e-6, algo, f"fp8 in place {algo} {dtype}")
+        plain = c.all_reduce_rmsnorm(xs0, res0, w, 1e-6, algo)
+        assert len(plain) == 2
+        check(plain[0], plain[1], xs0, res0, w, 1e-6, algo, f"plain after fp8 {algo} {dtype}")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 8])
+def test_fp8_cuda_graph_reads_the_scale_at_every_replay(r: int) -> None:
+    """A graph of FP8 calls (both protocols, every dtype) and plain ones; between replays the
+    inputs AND the scales change in place: the copies follow the new scales (read on the device)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(140 + r)
+    shapes = [(1, 8192), (8, 4096), (3, 1000), (5, 7)]
+    calls = []
+    for k in range(24):
+        tokens, hidden = shapes[k % len(shapes)]
+        dtype = DTYPES[(k // 2) % 3]
+        algo = ALGOS[k % 2]
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen)
+        scales = scale_tensors(r, [0.01 * (j + 1) for j in range(r)])
+        outs = [torch.empty_like(x) for x in xs]
+        routs = [torch.empty_like(x) for x in xs]
+        qouts = fp8_outputs(xs, k % 2)
+        calls.append((algo, xs, res, w, scales, outs, routs, qouts))
+    for algo, xs, res, w, scales, outs, routs, qouts in calls:  # compile and plan outside capture
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs, fp8_scale=scales, fp8_out=qouts)
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for k, (algo, xs, res, w, scales, outs, routs, qouts) in enumerate(calls):
+            c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs, fp8_scale=scales, fp8_out=qouts)
+            if k % 3 == 0:
+                extra = [torch.empty_like(x) for x in xs]
+                c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=extra, residual_out=[torch.empty_like(x) for x in xs])
+    for replay in range(3):
+        for _algo, xs, res, _w, scales, _outs, _routs, qouts in calls:
+            for t in xs:
+                t.copy_(torch.randn(t.shape, device=DEV, generator=gen).to(t.dtype))
+            fresh = torch.randn(res[0].shape, device=DEV, generator=gen).to(res[0].dtype)
+            for t in res:
+                t.copy_(fresh)
+            for j, s in enumerate(scales):
+                s.fill_((0.003, 0.5, 40.0)[replay] * (j + 1))  # in place: the captured pointer, a new value
+            for q in qouts:
+                q.view(torch.uint8).fill_(POISON_BYTE)
+        g.replay()
+        torch.cuda.synchronize()
+        for k, (algo, xs, res, w, scales, outs, routs, qouts) in enumerate(calls):
+            what = f"fp8 graph replay {replay} call {k}"
+            check(outs, routs, xs, res, w, 1e-6, algo, what)
+            check_fp8(outs, qouts, scales, xs, res, w, 1e-6, algo, what)
+    c.check()
+
+
+def test_fp8_torch_compile_keeps_the_op() -> None:
+    r = 2
+    c = comm(r)
+
+    def f(a: torch.Tensor, b: torch.Tensor, res: torch.Tensor, w: torch.Tensor, s: torch.Tensor):
+        ys, rs, qs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, "oneshot_ll", fp8_scale=s)
+        return ys[0] + rs[1], qs[1]
+
+    cf = torch.compile(f, fullgraph=True)
+    gen = torch.Generator(device=DEV).manual_seed(150)
+    a, b, res = (torch.randn(4, 1000, device=DEV, generator=gen) for _ in range(3))
+    w = torch.randn(1000, device=DEV, generator=gen)
+    s = torch.tensor([0.02], device=DEV)
+    out, q = cf(a, b, res, w, s)
+    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry("oneshot_ll", torch.float32, 4, 1000, 2))
+    assert_bitwise(out.cpu(), y + r_, "fp8 torch.compile")
+    assert q.dtype == FP8 and torch.equal(q.cpu().view(torch.uint8), rmsnorm.fp8_reference(y, s).view(torch.uint8))
+
+
+def test_fp8_fault_poisons_the_copy_too() -> None:
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.3)
+    gen = torch.Generator(device=DEV).manual_seed(160)
+    for algo in ALGOS:
+        xs, res, w = inputs(r, 20, 8192, torch.bfloat16, gen)
+        scales = scale_tensors(r, 0.01)
+        geo = rmsnorm.geometry(algo, torch.bfloat16, 20, 8192, r)
+        want = [rmsnorm.fp8_reference(rmsnorm.reference(xs, res[k], w[k], 1e-6, geo)[0], scales[k]).view(torch.uint8)
+                for k in range(r)]
+        testing.inject(c, absent=2)
+        qouts = fp8_outputs(xs)
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, fp8_scale=scales, fp8_out=qouts)
+        with pytest.raises(sollat.PeerTimeoutError):
+            c.check()
+        for k in (0, 1, 3):  # the absent rank returned at once and wrote nothing
+            got = qouts[k].cpu().view(torch.uint8)
+            nan = got == abi.FP8_E4M3_NAN
+            assert bool((nan | (got == want[k])).all()), f"{algo}: rank {k} wrote a byte that is neither NaN nor exact"
+            assert bool(nan.any()), f"{algo}: rank {k}'s copy shows no sign of the fault"
+        with pytest.raises(sollat.CommunicatorFaultedError):
+            c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, fp8_scale=scales)
+        testing.clear(c)
+        c.reset()
+        ys, rs, qs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, fp8_scale=scales)
+        check_fp8(ys, qs, scales, xs, res, w, 1e-6, algo, f"fp8 {algo} after reset")
+
+
+def test_fp8_bad_arguments_raise_clear_errors() -> None:
+    c = comm(2)
+    x = torch.randn(3, 16, device=DEV, dtype=torch.bfloat16)
+    w = torch.ones(16, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(sollat.UnsupportedError, match="must be one torch.float32 element"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_scale=torch.ones(1, device=DEV, dtype=torch.bfloat16))
+    with pytest.raises(sollat.UnsupportedError, match="must be one torch.float32 element"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_scale=torch.ones(2, device=DEV))
+    with pytest.raises(sollat.UnsupportedError, match=r"fp8_scale\[0\] is on cpu"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_scale=torch.ones(1))
+    with pytest.raises(sollat.UnsupportedError, match="expected"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_scale=torch.ones(1, device=DEV),
+                             fp8_out=[torch.empty(3, 16, device=DEV, dtype=torch.uint8)] * 2)
+    with pytest.raises(sollat.UnsupportedError, match="without fp8_scale"):
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_out=[torch.empty(3, 16, device=DEV, dtype=FP8)] * 2)
     c.check()

@@ -34,11 +34,31 @@
 // nobody commits epochs. A block never leaves while a sibling may still store into its shared
 // memory: every exit is after a cluster barrier that all of the cluster's stores precede.
 //
+// FP8 copy (module define SOLLAT_RMSNORM_FP8=1; vLLM's fused_add_rms_norm_static_fp8_quant): the
+// epilogue also writes, per element, the float8_e4m3fn byte
+//   q = e4m3_satfinite_rn( float(out) / scale )        scale = *fp8_scale (float32), read each launch
+// i.e. the output AFTER its rounding to T (vLLM quantises the value it would have stored), divided
+// by the scale with div.rn (vLLM multiplies by a rounded 1 / scale instead: that can differ by one
+// e4m3 step where the quotient lies within an fp32 ulp of a rounding tie), then converted by
+// cvt.rn.satfinite.e4m3x2.f32 (what cuda_fp8.h's __nv_cvt_float_to_fp8(v, __NV_SATFINITE,
+// __NV_E4M3) is on sm_89+; that header is not reachable under NVRTC here): round to nearest even,
+// everything beyond +-448 (+-Inf included) saturates to +-448, which equals clamping to +-448 first.
+// Every NaN is written as kFp8E4M3NaN (0x7F, whatever the sign): the instruction's NaN bits are
+// not relied on (vLLM's fminf/fmaxf clamp turns a NaN into 448; torch.clamp + .to(float8_e4m3fn)
+// keeps the sign, 0xFF for a negative NaN). rmsnorm.fp8_reference replays it. A faulted or refused
+// call writes 0x7F into the copy too. The define only adds code: without it the module is the
+// plain kernel, instruction for instruction.
+//
 // Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
-// (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4); SOLLAT_OP is
-// OpSum and not used. Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr (parameters: abi.h
-// SOLLAT_RMSNORM_PG_PARAMS / SOLLAT_RMSNORM_VR_PARAMS).
+// (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4), SOLLAT_RMSNORM_FP8
+// (0 or absent, 1); SOLLAT_OP is OpSum and not used. Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr
+// (parameters: abi.h SOLLAT_RMSNORM_PG_PARAMS / SOLLAT_RMSNORM_VR_PARAMS), with SOLLAT_RMSNORM_FP8
+// instead ar_rmsnorm_fp8_pg and ar_rmsnorm_fp8_vr (SOLLAT_RMSNORM_FP8_PG_PARAMS / _VR_PARAMS).
 #include "sollat/collective.h"
+
+#ifndef SOLLAT_RMSNORM_FP8
+#define SOLLAT_RMSNORM_FP8 0
+#endif
 
 using namespace sollat;
 
@@ -60,6 +80,45 @@ __device__ __forceinline__ float div_rn(float a, float b) {
 __device__ __forceinline__ float sqrt_rn(float a) {
   float r; asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a)); return r;
 }
+
+// ---- the FP8 copy (SOLLAT_RMSNORM_FP8) ------------------------------------------------------
+// Two floats to two e4m3 bytes, lo in the low byte: round to nearest even, saturating to +-448;
+// a NaN becomes kFp8E4M3NaN whatever the instruction wrote.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+  u16 r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));  // a -> high byte
+  u32 b = r;
+  if (lo != lo) b = (b & 0xFF00u) | (u32)kFp8E4M3NaN;
+  if (hi != hi) b = (b & 0x00FFu) | ((u32)kFp8E4M3NaN << 8);
+  return b;
+}
+
+// kElems bytes as one store (element e in byte e, little endian).
+template <int kElems> struct Fp8Word;
+template <> struct Fp8Word<2> { typedef u16 type; };
+template <> struct Fp8Word<4> { typedef u32 type; };
+template <> struct Fp8Word<8> { typedef u64 type; };
+
+// Bytes e0 .. e0+kElems-1 of a row of n: one store when the line is whole and aligned, else
+// byte by byte up to the row's end (odd hidden sizes, views at any offset).
+template <int kElems>
+__device__ __forceinline__ void store_fp8(unsigned char* row, u64 e0, u64 n, u64 word) {
+  typedef typename Fp8Word<kElems>::type W;
+  unsigned char* p = row + e0;
+  if (e0 + kElems <= n && is_aligned(p, kElems)) {
+    *reinterpret_cast<W*>(p) = (W)word;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kElems; ++k)
+      if (e0 + k < n) p[k] = (unsigned char)(word >> (8 * k));
+  }
+}
+
+// Where the FP8 copy goes (unused without SOLLAT_RMSNORM_FP8).
+struct Fp8Out {
+  unsigned char* q;    // [rows, hidden] float8_e4m3fn
+  const float* scale;  // one float32, read by every thread at the start of the call
+};
 
 // Sum over the 32 lanes as a pairwise tree over adjacent lanes; every lane gets the same bits.
 __device__ __forceinline__ float warp_tree_sum(float v) {
@@ -107,9 +166,9 @@ __device__ __forceinline__ void cluster_all_gather(u32* slots, int k, int j, u32
 
 }  // namespace
 
-template <typename T, class Proto, int kMaxRanks, int kSlots>
+template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8>
 __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
-                                           const T* res, T* res_out, const T* weight) {
+                                           const T* res, T* res_out, const T* weight, Fp8Out fp8) {
   typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
@@ -150,7 +209,10 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     T* r = base + row * hidden;
     store_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes), v);
   };
-  // A faulted or refused call: NaN into this thread's lines of both outputs from row `first` on.
+  auto store_q = [&](u64 row, int line, u64 word) {
+    store_fp8<kElems>(fp8.q + row * hidden, (u64)line * kElems, hidden, word);
+  };
+  // A faulted or refused call: NaN into this thread's lines of every output from row `first` on.
   auto poison_from = [&](u64 first) {
     const P nan = nan_pack<T, kBytes>();
     for (u64 row = first; row < rows; row += row_step)
@@ -161,6 +223,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
           if (line < row_lines) {
             store_row(out, row, line, nan);
             store_row(res_out, row, line, nan);
+            if constexpr (kFp8) store_q(row, line, 0x0101010101010101ull * (u64)kFp8E4M3NaN);
           }
         }
   };
@@ -184,6 +247,10 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
           slot_index(blockIdx.x, 0, threadIdx.x));
+  // The scale, on the device at every launch (a graph replay sees its current value); the load
+  // has the whole exchange to arrive.
+  float scale = 0.0f;
+  if constexpr (kFp8) scale = *fp8.scale;
 
   int parity = 0;
   for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
@@ -271,6 +338,14 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
 #pragma unroll
         for (int e = 0; e < kElems; ++e) y.v[e] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[e]), rstd), to_acc(w.v[e])));
         store_row(out, row, line, y);
+        if constexpr (kFp8) {  // the stored (rounded) y, divided by the scale, to e4m3
+          static_assert(kElems % 2 == 0 && kElems <= 8, "e4m3 pairs, at most one 8-byte store");
+          u64 word = 0;
+#pragma unroll
+          for (int e = 0; e < kElems; e += 2)
+            word |= (u64)e4m3x2(div_rn(to_acc(y.v[e]), scale), div_rn(to_acc(y.v[e + 1]), scale)) << (8 * e);
+          store_q(row, line, word);
+        }
       }
     }
   }
@@ -278,33 +353,55 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
 }
 
 __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u32 eps_bits, const void* in,
-                                                void* out, const void* res, void* res_out, const void* weight) {
+                                                void* out, const void* res, void* res_out, const void* weight,
+                                                Fp8Out fp8 = Fp8Out{nullptr, nullptr}) {
   typedef SOLLAT_T T;
-  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS>(a, hidden, bit_cast<float>(eps_bits), (const T*)in,
-                                                             (T*)out, (const T*)res, (T*)res_out, (const T*)weight);
+  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0>(
+      a, hidden, bit_cast<float>(eps_bits), (const T*)in, (T*)out, (const T*)res, (T*)res_out, (const T*)weight, fp8);
 }
 
 // Entry points, as SOLLAT_DEFINE_ENTRY_POINTS (collective.h) defines them for the AllReduce, with
-// three more tensors per rank and the row length and eps after the common tail.
+// three more tensors per rank (five with the FP8 copy and its scale) and the row length and eps
+// after the common tail. The FP8 module has only the FP8 entries, the plain module only the plain;
+// both run one body (the macros below), the FP8 one with the Fp8Out argument appended.
+#define SOLLAT_RMSNORM_PG_BODY(...)                                                                           \
+  if (!sollat::prologue(st, rank)) return;                                                                    \
+  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
+  sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),          \
+                     rank, nranks, rec, prior};                                                               \
+  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
+
+#define SOLLAT_RMSNORM_VR_BODY(...)                                                                           \
+  const int y = blockIdx.y;                                                                                   \
+  const int rank = rank_base + y;                                                                             \
+  if (!sollat::prologue(st, rank)) return;                                                                    \
+  sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                              \
+  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
+  sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers,      \
+                     lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};         \
+  ar_rmsnorm_body(a, hidden, eps_bits, sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7), \
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7),                     \
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7),                     \
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7),                     \
+                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7) __VA_ARGS__);
+
+#if SOLLAT_RMSNORM_FP8
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+ar_rmsnorm_fp8_pg(SOLLAT_RMSNORM_FP8_PG_PARAMS) {
+  SOLLAT_RMSNORM_PG_BODY(, Fp8Out{(unsigned char*)fp8_out, fp8_scale})
+}
+
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+ar_rmsnorm_fp8_vr(SOLLAT_RMSNORM_FP8_VR_PARAMS) {
+  SOLLAT_RMSNORM_VR_BODY(, Fp8Out{(unsigned char*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, f0, f1, f2, f3, f4, f5, f6, f7),
+                                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, s0, s1, s2, s3, s4, s5, s6, s7)})
+}
+#else
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
-  if (!sollat::prologue(st, rank)) return;
-  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);  // as collective.h: the record, before the first send
-  sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),
-                     rank, nranks, rec, prior};
-  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight);
+  SOLLAT_RMSNORM_PG_BODY()
 }
 
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_vr(SOLLAT_RMSNORM_VR_PARAMS) {
-  const int y = blockIdx.y;
-  const int rank = rank_base + y;
-  if (!sollat::prologue(st, rank)) return;
-  sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);
-  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);  // as collective.h: the record, before the first send
-  sollat::CallArgs a{st, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers,
-                     lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};
-  ar_rmsnorm_body(a, hidden, eps_bits, sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7),
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7),
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7),
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7));
+  SOLLAT_RMSNORM_VR_BODY()
 }
+#endif

@@ -28,6 +28,8 @@ enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffe
 enum Parity : int { kParities = 2 };
 // Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };
+// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.
+enum Fp8E4M3 : int { kFp8E4M3Max = 448, kFp8E4M3NaN = 127 };
 // LL128 warp-unit (ll128.h names them in namespace ll128).
 enum LL128Unit : int { kLL128LineBytes = 128, kLL128LinesPerUnit = 4, kLL128DisplacedLane = 31, kLL128DataLanes = 31 };
 
@@ -85,6 +87,30 @@ static_assert(sizeof(CommState) == 88, "CommState: sollat/abi.py STATE_FORMAT");
     void* q4, void* q5, void* q6, void* q7, \
     const void* w0, const void* w1, const void* w2, const void* w3, \
     const void* w4, const void* w5, const void* w6, const void* w7, \
+    sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
+    sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
+    sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
+#define SOLLAT_RMSNORM_FP8_PG_PARAMS \
+    const void* in, void* out, const void* res, void* res_out, \
+    const void* weight, void* fp8_out, const float* fp8_scale, sollat::u64 n, \
+    const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, sollat::u32* epochs, \
+    sollat::u32 sig, int rank, int nranks, sollat::u32* rec, \
+    sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
+#define SOLLAT_RMSNORM_FP8_VR_PARAMS \
+    const void* i0, const void* i1, const void* i2, const void* i3, \
+    const void* i4, const void* i5, const void* i6, const void* i7, \
+    void* o0, void* o1, void* o2, void* o3, \
+    void* o4, void* o5, void* o6, void* o7, \
+    const void* r0, const void* r1, const void* r2, const void* r3, \
+    const void* r4, const void* r5, const void* r6, const void* r7, \
+    void* q0, void* q1, void* q2, void* q3, \
+    void* q4, void* q5, void* q6, void* q7, \
+    const void* w0, const void* w1, const void* w2, const void* w3, \
+    const void* w4, const void* w5, const void* w6, const void* w7, \
+    void* f0, void* f1, void* f2, void* f3, \
+    void* f4, void* f5, void* f6, void* f7, \
+    const float* s0, const float* s1, const float* s2, const float* s3, \
+    const float* s4, const float* s5, const float* s6, const float* s7, \
     sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
     sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
     sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
