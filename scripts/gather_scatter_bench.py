@@ -2,7 +2,11 @@
 NCCL (``all_gather_into_tensor`` / ``reduce_scatter_tensor``, real ranks only), timed the way every
 sollat row is (sollat.bench.timing: CUDA-graph replay of back-to-back calls on rotating inputs,
 median of replays, slowest rank; the empty-kernel floor in the same run). Each sollat algorithm's
-output is checked bitwise against sollat.gather_scatter's references first.
+output is checked bitwise against sollat.gather_scatter's references first. torch symmetric
+memory's AllGather / ReduceScatter (``torch.ops.symm_mem._low_contention_*``) are not rows: on
+torch 2.11 their capture fails ("capturing stream has unjoined work": they run on a side stream
+that the capturing stream never joins), and the failed captures then aborted the process
+(docs/benchmarks.md run 17).
 
 Sizes are bytes of one rank's input (AllGather) or of one rank's output chunk (ReduceScatter).
 
@@ -61,25 +65,6 @@ def check(comm: Any, kind: str, virtual: bool, rank: int, xs: list[Any], algo: s
     return all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(got, want, strict=True))
 
 
-def _torch_symm(kind: str, xs: list[Any]) -> Callable[[int], None]:
-    """torch symmetric memory's AllGather / ReduceScatter (``_low_contention_*``: copy-engine
-    pulls between two barriers) on copies of this rank's inputs in symmetric memory, each its own
-    allocation (the ops read every peer's tensor at the start of its allocation)."""
-    import torch.distributed as dist
-    import torch.distributed._symmetric_memory as symm_mem
-
-    group = dist.group.WORLD.group_name
-    syms = []
-    for x in xs:
-        t = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
-        symm_mem.rendezvous(t, group)
-        t.copy_(x)
-        syms.append(t)
-    if kind == "all_gather":
-        return lambda i: torch.ops.symm_mem._low_contention_all_gather(syms[i % len(syms)], group)
-    return lambda i: torch.ops.symm_mem._low_contention_reduce_scatter(syms[i % len(syms)], "sum", group)
-
-
 def run_size(comm: Any, virtual: bool, ranks: int, rank: int, kind: str, nbytes: int, dtype: torch.dtype,
              dev: torch.device, replays: int, sync: Callable[[], None] | None) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(nbytes + (0 if kind == "all_gather" else 1))  # same on every rank
@@ -94,18 +79,9 @@ def run_size(comm: Any, virtual: bool, ranks: int, rank: int, kind: str, nbytes:
                             device=dev, dtype=dtype) for s in sets]
         nccl = dist.all_gather_into_tensor if kind == "all_gather" else dist.reduce_scatter_tensor
         rows["nccl"] = lambda i: nccl(outs[i % SETS], sets[i % SETS][rank])
-        rows["torch-symm"] = _torch_symm(kind, [s_[rank] for s_ in sets])
     calls = calls_for(nbytes * ranks)
-    us: dict[str, float | None] = {}
-    for name, fn in rows.items():
-        try:
-            us[name] = slowest_rank(time_calls(fn, calls=calls, replays=replays, sync=sync, device=dev).stats.median)
-        except Exception as exc:  # torch's low-contention ops may refuse graph capture: n/a, with why
-            if name != "torch-symm":
-                raise
-            us[name] = None
-            print(f"torch-symm {kind} {nbytes} B: n/a ({type(exc).__name__}: {str(exc)[:160]})", file=sys.stderr)
-            torch.cuda.synchronize()
+    us = {name: slowest_rank(time_calls(fn, calls=calls, replays=replays, sync=sync, device=dev).stats.median)
+          for name, fn in rows.items()}
     return {"kind": kind, "ranks": ranks, "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."), "us": us,
             "checks": checks}
 
@@ -141,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = run_size(comm, virtual, ranks, rank, kind, nbytes, torch.bfloat16, dev, a.replays, sync)
                 results.append(r)
                 if rank == 0:
-                    cells = "  ".join(f"{k} {v:7.2f}" if v is not None else f"{k}     n/a" for k, v in r["us"].items())
+                    cells = "  ".join(f"{k} {v:7.2f}" for k, v in r["us"].items())
                     bad = [k for k, ok in r["checks"].items() if not ok]
                     print(f"{kind:>14} R={ranks} {nbytes:>9} B  {cells}  {'checks ok' if not bad else f'MISMATCH {bad}'}")
                     sys.stdout.flush()
