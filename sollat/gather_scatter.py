@@ -35,17 +35,22 @@ KINDS = ("all_gather", "reduce_scatter")
 PROTOS = ("ll", "sentinel")
 ALGOS = ("auto", *PROTOS, NCCL)  # what algo= accepts (NCCL: real ranks only)
 # The ``algo="auto"`` rule, on the bytes one rank sends to one peer (all_gather: its whole input;
-# reduce_scatter: one chunk). Measured on 2 H200s (docs/benchmarks.md run 17,
-# scripts/gather_scatter_bench.py): LL is as fast as the sentinel or faster up to 4 KiB (AllGather
-# 2.26 / 2.27 us, ReduceScatter 2.42 / 2.45 us at 4 KiB), the sentinel from 16 KiB; at 256 KiB
-# sollat takes 5.7 / 4.5 us against NCCL's 20.2 / 19.1, at 1 MiB NCCL is as fast or faster
-# (19.6 / 18.7 against sollat's best 18.5 / 21.0: the built-in regions are sized for
-# GATHER_SCATTER_BLOCKS blocks, so large messages take several passes). Above
-# LIBRARY_ABOVE_BYTES a Communicator hands the call to torch.distributed
-# (all_gather_into_tensor / reduce_scatter_tensor). A VirtualCommunicator has no library path:
-# sentinel at every size above LL.
+# reduce_scatter: one chunk). On real ranks, steps (up to bytes, protocol) measured on 2 H200s
+# (docs/benchmarks.md run 17, scripts/gather_scatter_bench.py, us per call, sollat LL / sentinel /
+# NCCL): LL is as fast as the sentinel or faster up to 4 KiB; the sentinel from 16 KiB; at 512 KiB
+# the AllGather is faster on LL (10.3 / 12.0 / 17.3) and the ReduceScatter on the sentinel
+# (11.5 / 10.7 / 16.5); at 1 MiB the AllGather's LL still beats NCCL (18.5 / 24.5 / 19.6), the
+# ReduceScatter's does not (21.0 / 21.8 / 18.6); at 4 MiB NCCL wins both by far (the built-in
+# regions are sized for GATHER_SCATTER_BLOCKS blocks, so large messages take several passes).
+# Above a kind's last step a Communicator hands the call to torch.distributed
+# (all_gather_into_tensor / reduce_scatter_tensor). A VirtualCommunicator has no library path: LL
+# up to LL_MAX_BYTES, the sentinel above (the real-rank steps were not measured there).
 LL_MAX_BYTES = 4096
-LIBRARY_ABOVE_BYTES = 512 << 10
+REAL_RANK_STEPS: dict[str, tuple[tuple[int, str], ...]] = {
+    "all_gather": ((LL_MAX_BYTES, "ll"), (256 << 10, "sentinel"), (1 << 20, "ll")),
+    "reduce_scatter": ((LL_MAX_BYTES, "ll"), (512 << 10, "sentinel")),
+}
+LIBRARY_ABOVE_BYTES = max(steps[-1][0] for steps in REAL_RANK_STEPS.values())  # every kind hands over above
 
 
 def algorithm(kind: str, proto: str) -> GatherScatterAlgorithm:
@@ -73,9 +78,12 @@ def resolve(kind: str, algo: str, nbytes_per_peer: int, *, library: bool, enable
     if algo == NCCL and not library:
         raise UnsupportedError(f"{kind}: algo='nccl' needs a process group (Communicator), not a VirtualCommunicator")
     if algo == "auto":
-        if library and (not enabled or nbytes_per_peer > LIBRARY_ABOVE_BYTES):
-            return NCCL
-        algo = "ll" if nbytes_per_peer <= LL_MAX_BYTES else "sentinel"
+        if library:
+            if not enabled:
+                return NCCL
+            algo = next((proto for upto, proto in REAL_RANK_STEPS[kind] if nbytes_per_peer <= upto), NCCL)
+        else:
+            algo = "ll" if nbytes_per_peer <= LL_MAX_BYTES else "sentinel"
     if algo == NCCL:
         return NCCL
     if not enabled:

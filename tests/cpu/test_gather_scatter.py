@@ -81,8 +81,18 @@ def test_auto_rule() -> None:
         assert resolve(kind, "auto", LL_MAX_BYTES, library=False, enabled=True) == f"{kind}_ll"
         assert resolve(kind, "auto", LL_MAX_BYTES + 1, library=False, enabled=True) == f"{kind}_sentinel"
         assert resolve(kind, "auto", 1 << 30, library=False, enabled=True) == f"{kind}_sentinel"
-        assert resolve(kind, "auto", LIBRARY_ABOVE_BYTES, library=True, enabled=True) == f"{kind}_sentinel"
         assert resolve(kind, "auto", LIBRARY_ABOVE_BYTES + 1, library=True, enabled=True) == "nccl"
+        steps = gather_scatter.REAL_RANK_STEPS[kind]
+        for (lo, _), (hi, proto) in zip(((0, ""), *steps), steps, strict=False):  # each step's range
+            for n in (lo + 1, hi):
+                assert resolve(kind, "auto", n, library=True, enabled=True) == f"{kind}_{proto}", (kind, n)
+        assert resolve(kind, "auto", steps[-1][0] + 1, library=True, enabled=True) == "nccl"
+    # the measured steps (docs/benchmarks.md run 17)
+    assert resolve("all_gather", "auto", 512 << 10, library=True, enabled=True) == "all_gather_ll"
+    assert resolve("all_gather", "auto", 1 << 20, library=True, enabled=True) == "all_gather_ll"
+    assert resolve("reduce_scatter", "auto", 512 << 10, library=True, enabled=True) == "reduce_scatter_sentinel"
+    assert resolve("reduce_scatter", "auto", (512 << 10) + 1, library=True, enabled=True) == "nccl"
+    for kind in gather_scatter.KINDS:
         assert resolve(kind, "auto", 16, library=True, enabled=False) == "nccl"
         assert resolve(kind, "ll", 1 << 30, library=True, enabled=True) == f"{kind}_ll"  # named: never handed over
         assert resolve(kind, "nccl", 16, library=True, enabled=True) == "nccl"
