@@ -7,6 +7,7 @@ import io
 import math
 import re
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
@@ -211,16 +212,22 @@ class _CpuStub:
         return ys, rs
 
 
-def test_compiled_calls_keep_one_graph() -> None:
-    stub = _CpuStub(2)
+def _stub_communicators(stub: Any) -> tuple[Communicator, VirtualCommunicator]:
+    """A Communicator and a 2-rank VirtualCommunicator whose eager path is ``stub``'s (on the CPU),
+    reachable from the custom ops through the registry."""
     comm_id = registry.register(stub)
     real = Communicator.__new__(Communicator)
-    real.comm_id = comm_id
     virt = VirtualCommunicator.__new__(VirtualCommunicator)
-    virt.comm_id = comm_id
+    real.comm_id = virt.comm_id = comm_id
     virt.world_size = 2
-    real._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl  # the eager path, on the CPU
-    virt._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl
+    real._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl  # type: ignore[method-assign]
+    virt._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl  # type: ignore[method-assign]
+    return real, virt
+
+
+def test_compiled_calls_keep_one_graph() -> None:
+    stub = _CpuStub(2)
+    real, virt = _stub_communicators(stub)
 
     def step(x, res, w):
         y, r = real.all_reduce_rmsnorm(x, res, w, 1e-5, residual_out=res)
@@ -691,15 +698,7 @@ class _CpuFp8Stub(_CpuStub):
 
 
 def test_fp8_compiled_calls_keep_one_graph() -> None:
-    stub = _CpuFp8Stub(2)
-    comm_id = registry.register(stub)
-    real = Communicator.__new__(Communicator)
-    real.comm_id = comm_id
-    virt = VirtualCommunicator.__new__(VirtualCommunicator)
-    virt.comm_id = comm_id
-    virt.world_size = 2
-    real._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl
-    virt._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl
+    real, virt = _stub_communicators(_CpuFp8Stub(2))
 
     def step(x, res, w, scale, q_out):
         y, r, q = real.all_reduce_rmsnorm(x, res, w, 1e-5, residual_out=res, fp8_scale=scale, fp8_out=q_out)
