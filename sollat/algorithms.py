@@ -107,10 +107,13 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
-# Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot,
-# a cluster of blocks per token row. Not AllReduce algorithms (``algo="auto"`` of all_reduce never
-# sees them), but each has its own scratch region and epochs in every communicator, like those,
-# of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each (rmsnorm.row_geometry).
+# Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot or
+# two-shot, a cluster of blocks per token row. Not AllReduce algorithms (``algo="auto"`` of
+# all_reduce never sees them), but each has its own scratch region and epochs in every
+# communicator, like those, of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each
+# (rmsnorm.row_geometry). The two-shot (one module define of the same kernel file: two buffers, the
+# reduce-scatter of x to each row's owner and the all-gather of the fp32 sums) has never run on a
+# GPU: ``algo="auto"`` does not pick it (rmsnorm.AUTO_ALGOS) until it has been measured.
 RMSNORM_MAX_BLOCKS = 32
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
@@ -124,8 +127,19 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, a cluster of blocks per token row"),
+        Algorithm("rmsnorm_twoshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "ll", RMSNORM_MAX_BLOCKS, True,
+                  False, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  doc="fused AllReduce + residual add + RMSNorm, two-shot LL (reduce-scatter to the row's owner, "
+                      "all-gather of the fp32 sums), a cluster of blocks per token row"),
+        Algorithm("rmsnorm_twoshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "sentinel",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
+                      "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
     )
 }
+RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm, ar_rmsnorm_twoshot
 
 
 @dataclass(frozen=True)
@@ -226,7 +240,7 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
                    real_ranks: bool, fp8: bool = False) -> dict[str, str]:
     """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
     Communicator), else virtual ranks sharing one GPU (``_vr``). ``fp8``: the fused RMSNorm's
-    variant that also writes an e4m3 copy of y (entry points abi.RMSNORM_FP8_ENTRY)."""
+    variant that also writes an e4m3 copy of y (entry points abi.rmsnorm_entry)."""
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
@@ -245,9 +259,11 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).
         d["SOLLAT_LL128_SPLIT"] = "0" if real_ranks else "1"
     if fp8:
-        if alg.kernel != "ar_rmsnorm":
+        if alg.kernel not in RMSNORM_KERNELS:
             raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
         d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
+    if alg.kernel == "ar_rmsnorm_twoshot":
+        d["SOLLAT_RMSNORM_TWOSHOT"] = "1"  # absent for the one-shot: its defines (and cubin) stay as they were
     if test_hooks:
         d["SOLLAT_TEST_HOOKS"] = "1"
     return d

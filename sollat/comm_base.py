@@ -208,13 +208,14 @@ class _CommBase(LaunchFitting, DeviceState):
 
     def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
         """Internal algorithm name. ``auto`` follows the AllReduce table among the one-shot
-        algorithms (the fused kernel is one-shot: LL or sentinel by size, never NCCL)."""
+        algorithms only (rmsnorm.AUTO_ALGOS: LL or sentinel by size, never NCCL; the fused two-shot
+        is picked only by name until it has been measured on GPUs)."""
         if algo == "auto":
             key = ("rmsnorm", nbytes, dtype)
             choice = self._choices.get(key)
             if choice is None:
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
-                                       handovers=frozenset(), available=tuple(rmsnorm.ALGOS))
+                                       handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
             return rmsnorm.ALGOS[choice]
         return rmsnorm.internal_name(algo)
@@ -273,7 +274,7 @@ class _CommBase(LaunchFitting, DeviceState):
         defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg",
                                             fp8=fp8)
         defines.update(self._defines)
-        entry = f"{abi.RMSNORM_FP8_ENTRY if fp8 else alg.kernel}_{self._entry}"
+        entry = f"{abi.rmsnorm_entry(alg.kernel, fp8)}_{self._entry}"  # rmsnorm_entry(k, False) is k
         source = getattr(alg, "source", "")
         if source:
             return build.get_source_kernel(source, alg.kernel, entry, defines=defines)

@@ -269,7 +269,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
-        one-shot kernel (``algo``: ``auto``, ``oneshot_ll`` or ``oneshot_sentinel``), never NCCL.
+        kernel, never NCCL: ``algo`` ``auto`` (a one-shot), ``oneshot_ll``, ``oneshot_sentinel``,
+        or the two-shot ``twoshot_ll`` / ``twoshot_sentinel`` (same bits as the one-shot of its
+        protocol; never run on a GPU yet, so ``auto`` does not pick it).
 
         ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
         scale, read by the kernel at every launch) also writes and returns, third, the
