@@ -5,6 +5,7 @@ Adding an algorithm = one kernel file written with the LLBuffer API + one entry 
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -115,6 +116,18 @@ ALGORITHMS: dict[str, Algorithm] = {
 # reduce-scatter of x to each row's owner and the all-gather of the fp32 sums) has never run on a
 # GPU: ``algo="auto"`` does not pick it (rmsnorm.AUTO_ALGOS) until it has been measured.
 RMSNORM_MAX_BLOCKS = 32
+# Until the two-shot has run on a GPU it is opt-in: a communicator gives it scratch regions (and
+# accepts algo="twoshot_*") only when this variable is "1" in its process at construction, on
+# every rank alike (part of the setup agreement). Without it the layout and scratch size are those
+# verified on GPUs.
+RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
+RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_ll", "rmsnorm_twoshot_sentinel"})
+
+
+def rmsnorm_twoshot_enabled() -> bool:
+    return os.environ.get(RMSNORM_TWOSHOT_ENV, "") == "1"
+
+
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
@@ -217,14 +230,16 @@ class Region:
 def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = (),
             gather_scatter: bool = False) -> tuple[Region, ...]:
     """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
-    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks), with ``gather_scatter``
+    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks; the experimental
+    two-shot only with RMSNORM_TWOSHOT_ENV), with ``gather_scatter``
     the built-in AllGather/ReduceScatter regions (one per protocol, at most GATHER_SCATTER_BLOCKS
     blocks), then the user-written collectives registered at construction (``max_blocks``)."""
     shared: dict[str, Region] = {}
     for a in GATHER_SCATTER_ALGORITHMS.values() if gather_scatter else ():
         shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
-            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items())
+            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items()
+                    if n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled())
             + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 

@@ -40,6 +40,7 @@ class _CommBase(LaunchFitting, DeviceState):
 
     world_size: int
     device: torch.device
+    _rmsnorm_twoshot: bool = False  # the experimental fused two-shot's regions exist (set by _setup)
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
@@ -81,6 +82,7 @@ class _CommBase(LaunchFitting, DeviceState):
         self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
         self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter)
         self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
+        self._rmsnorm_twoshot = any(reg.name in algorithms.RMSNORM_EXPERIMENTAL for reg in self._regions)
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
         for reg in self._regions:
@@ -218,7 +220,12 @@ class _CommBase(LaunchFitting, DeviceState):
                                        handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
             return rmsnorm.ALGOS[choice]
-        return rmsnorm.internal_name(algo)
+        name = rmsnorm.internal_name(algo)
+        if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (it has not run on a GPU yet): "
+                                   f"construct the communicator with {algorithms.RMSNORM_TWOSHOT_ENV}=1 in the "
+                                   "environment of every rank to enable it")
+        return name
 
     def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
         """``fp8``: the variant that also writes the e4m3 copy (its own module and entry points, two

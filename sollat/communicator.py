@@ -22,7 +22,7 @@ from typing import Any, overload
 
 import torch
 
-from . import agree, faults, handover, launch, layout, rmsnorm, select
+from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
@@ -149,9 +149,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
                               f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
                               f"collectives {';'.join(c.describe() for c in self._collectives.values())}; "
-                              f"gather_scatter {self._gather_scatter}",
+                              f"gather_scatter {self._gather_scatter}; "
+                              f"rmsnorm two-shot {int(self._rmsnorm_twoshot)}",
                               "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes, "
-                              "collectives (name:protocol:options:source hash) and gather_scatter")
+                              "collectives (name:protocol:options:source hash), gather_scatter and "
+                              f"{algorithms.RMSNORM_TWOSHOT_ENV}")
 
     @property
     def handovers(self) -> tuple[str, ...]:

@@ -198,18 +198,36 @@ def test_twoshot_geometry_and_reference_are_the_one_shot_s(proto: str, dtype: to
     assert all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(a, b, strict=True))
 
 
-def test_fused_algorithms_are_not_allreduce_algorithms() -> None:
+@pytest.mark.parametrize("twoshot", [False, True])
+def test_fused_algorithms_are_not_allreduce_algorithms(monkeypatch: pytest.MonkeyPatch, twoshot: bool) -> None:
+    if twoshot:
+        monkeypatch.setenv(algorithms.RMSNORM_TWOSHOT_ENV, "1")
+    else:
+        monkeypatch.delenv(algorithms.RMSNORM_TWOSHOT_ENV, raising=False)
     assert not set(algorithms.RMSNORM_ALGORITHMS) & set(algorithms.ALGORITHMS)
     with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
         algorithms.get("rmsnorm_oneshot_ll")
     names = tuple(r.name for r in algorithms.regions(("oneshot_ll",), 16))
-    assert names == ("oneshot_ll", *algorithms.RMSNORM_ALGORITHMS)
+    # the experimental two-shot gets regions only when enabled
+    fused = [a for n, a in algorithms.RMSNORM_ALGORITHMS.items() if twoshot or n not in algorithms.RMSNORM_EXPERIMENTAL]
+    assert names == ("oneshot_ll", *(a.name for a in fused))
+    assert len(fused) == (4 if twoshot else 2)
     from sollat.comm_state import scratch_bytes_per_rank
 
-    extra = sum(a.scratch_bytes(4) for a in algorithms.RMSNORM_ALGORITHMS.values())  # their own 16 blocks
+    extra = sum(a.scratch_bytes(4) for a in fused)  # their own blocks
     for blocks in (16, 64):  # the AllReduce regions follow the communicator's max_blocks
         assert scratch_bytes_per_rank(4, ["oneshot_ll"], blocks) == (
             layout.CONTROL_BYTES + algorithms.ALGORITHMS["oneshot_ll"].scratch_bytes(4, blocks) + extra)
+
+
+def test_the_experimental_two_shot_is_refused_unless_enabled() -> None:
+    comm = fake_virtual(2)
+    assert not comm._rmsnorm_twoshot
+    with pytest.raises(sollat.UnsupportedError, match=algorithms.RMSNORM_TWOSHOT_ENV):
+        comm._rmsnorm_resolve("twoshot_ll", 1024, torch.bfloat16)
+    assert comm._rmsnorm_resolve("oneshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_oneshot_sentinel"
+    comm._rmsnorm_twoshot = True
+    assert comm._rmsnorm_resolve("twoshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_twoshot_sentinel"
 
 
 def fake_virtual(world_size: int = 2) -> VirtualCommunicator:

@@ -465,6 +465,14 @@ def values(s: Suite) -> None:
     s.log(f"{calls} calls in all")
 
 
+def rmsnorm_algos() -> list[str]:
+    """The fused algorithms to call: the experimental two-shot only with its variable set (as for
+    the communicators, which accept it only then)."""
+    from sollat import algorithms, rmsnorm
+
+    return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()]
+
+
 @section("rmsnorm", 220)  # 150 before the two-shot calls (about a third more calls, 8 more modules)
 def rmsnorm_values(s: Suite) -> None:
     """all_reduce_rmsnorm: both protocols x dtype x shape x input class (x from the hash inputs,
@@ -476,7 +484,7 @@ def rmsnorm_values(s: Suite) -> None:
 
     comm = s.main
     calls = 0
-    for algo in rmsnorm.ALGOS:
+    for algo in rmsnorm_algos():
         one = algo in rmsnorm.AUTO_ALGOS
         shapes = ((1, 7), (3, 1000), (8, 8192), (17, 5120), (64, 4096), (2, 16384)) + (
             () if one else ((s.world - 1 or 1, 4096), (2 * s.world + 1, 1000), (300, 2048)))
@@ -515,7 +523,7 @@ def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
 
     scale = torch.empty(1, dtype=torch.float32, device=s.dev)
     calls = 0
-    for algo in rmsnorm.ALGOS:
+    for algo in rmsnorm_algos():
         for dt in (torch.bfloat16, torch.float32) if algo in rmsnorm.AUTO_ALGOS else (torch.bfloat16,):
             for tokens, hidden in ((1, 7), (8, 8192), (17, 5120)):
                 for kind, value in (("randn", 0.02), ("mix", 1.5)):
