@@ -54,7 +54,8 @@ class Kernel:
 
 
 KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
-                                                  Kernel("ar_rmsnorm", 1), Kernel("allgather", 1),
+                                                  Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
+                                                  Kernel("allgather", 1),
                                                   Kernel("reduce_scatter", 1))}
 
 
@@ -181,6 +182,15 @@ RMSNORM_VR_PARAMS: tuple[Param, ...] = (
 # Its FP8 variant (module define SOLLAT_RMSNORM_FP8=1, entry points <RMSNORM_FP8_ENTRY>_pg / _vr):
 # two more pointers per rank, the e4m3 copy of y and the float32 per-tensor scale it divides by.
 RMSNORM_FP8_ENTRY = "ar_rmsnorm_fp8"
+
+
+def rmsnorm_entry(kernel: str, fp8: bool) -> str:
+    """The entry-point prefix of a fused RMSNorm kernel (a KERNELS name: ``ar_rmsnorm`` or its
+    two-shot ``ar_rmsnorm_twoshot``), with the FP8 copy ``<kernel>_fp8``; same parameters for both."""
+    return f"{kernel}_fp8" if fp8 else kernel
+
+
+assert rmsnorm_entry("ar_rmsnorm", True) == RMSNORM_FP8_ENTRY
 _RMSNORM_FP8_PTRS = _RMSNORM_PTRS + (("fp8_out", "void*"), ("fp8_scale", "const float*"))
 _RMSNORM_FP8_VR_PREFIX = {**_RMSNORM_VR_PREFIX, "fp8_out": "f", "fp8_scale": "s"}
 RMSNORM_FP8_PG_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + RMSNORM_TAIL_PARAMS
@@ -258,7 +268,7 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
-        "// Fused RMSNorm (allreduce_rmsnorm.cu): the widest row cluster, the most threads per block.",
+        "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
         "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",

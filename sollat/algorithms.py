@@ -5,6 +5,7 @@ Adding an algorithm = one kernel file written with the LLBuffer API + one entry 
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 
@@ -107,11 +108,26 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
-# Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot,
-# a cluster of blocks per token row. Not AllReduce algorithms (``algo="auto"`` of all_reduce never
-# sees them), but each has its own scratch region and epochs in every communicator, like those,
-# of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each (rmsnorm.row_geometry).
+# Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``; sollat/rmsnorm.py): one-shot or
+# two-shot, a cluster of blocks per token row. Not AllReduce algorithms (``algo="auto"`` of
+# all_reduce never sees them), but each has its own scratch region and epochs in every
+# communicator, like those, of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each
+# (rmsnorm.row_geometry). The two-shot (one module define of the same kernel file: two buffers, the
+# reduce-scatter of x to each row's owner and the all-gather of the fp32 sums) has never run on a
+# GPU: ``algo="auto"`` does not pick it (rmsnorm.AUTO_ALGOS) until it has been measured.
 RMSNORM_MAX_BLOCKS = 32
+# Until the two-shot has run on a GPU it is opt-in: a communicator gives it scratch regions (and
+# accepts algo="twoshot_*") only when this variable is "1" in its process at construction, on
+# every rank alike (part of the setup agreement). Without it the layout and scratch size are those
+# verified on GPUs.
+RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
+RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_ll", "rmsnorm_twoshot_sentinel"})
+
+
+def rmsnorm_twoshot_enabled() -> bool:
+    return os.environ.get(RMSNORM_TWOSHOT_ENV, "") == "1"
+
+
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
@@ -124,8 +140,19 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, a cluster of blocks per token row"),
+        Algorithm("rmsnorm_twoshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "ll", RMSNORM_MAX_BLOCKS, True,
+                  False, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  doc="fused AllReduce + residual add + RMSNorm, two-shot LL (reduce-scatter to the row's owner, "
+                      "all-gather of the fp32 sums), a cluster of blocks per token row"),
+        Algorithm("rmsnorm_twoshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "sentinel",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
+                      "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
     )
 }
+RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm, ar_rmsnorm_twoshot
 
 
 @dataclass(frozen=True)
@@ -203,14 +230,16 @@ class Region:
 def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = (),
             gather_scatter: bool = False) -> tuple[Region, ...]:
     """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
-    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks), with ``gather_scatter``
+    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks; the experimental
+    two-shot only with RMSNORM_TWOSHOT_ENV), with ``gather_scatter``
     the built-in AllGather/ReduceScatter regions (one per protocol, at most GATHER_SCATTER_BLOCKS
     blocks), then the user-written collectives registered at construction (``max_blocks``)."""
     shared: dict[str, Region] = {}
     for a in GATHER_SCATTER_ALGORITHMS.values() if gather_scatter else ():
         shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
-            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items())
+            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items()
+                    if n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled())
             + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
@@ -226,7 +255,7 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
                    real_ranks: bool, fp8: bool = False) -> dict[str, str]:
     """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
     Communicator), else virtual ranks sharing one GPU (``_vr``). ``fp8``: the fused RMSNorm's
-    variant that also writes an e4m3 copy of y (entry points abi.RMSNORM_FP8_ENTRY)."""
+    variant that also writes an e4m3 copy of y (entry points abi.rmsnorm_entry)."""
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
@@ -245,9 +274,11 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).
         d["SOLLAT_LL128_SPLIT"] = "0" if real_ranks else "1"
     if fp8:
-        if alg.kernel != "ar_rmsnorm":
+        if alg.kernel not in RMSNORM_KERNELS:
             raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
         d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
+    if alg.kernel == "ar_rmsnorm_twoshot":
+        d["SOLLAT_RMSNORM_TWOSHOT"] = "1"  # absent for the one-shot: its defines (and cubin) stay as they were
     if test_hooks:
         d["SOLLAT_TEST_HOOKS"] = "1"
     return d

@@ -40,6 +40,7 @@ class _CommBase(LaunchFitting, DeviceState):
 
     world_size: int
     device: torch.device
+    _rmsnorm_twoshot: bool = False  # the experimental fused two-shot's regions exist (set by _setup)
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
@@ -81,6 +82,7 @@ class _CommBase(LaunchFitting, DeviceState):
         self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
         self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter)
         self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
+        self._rmsnorm_twoshot = any(reg.name in algorithms.RMSNORM_EXPERIMENTAL for reg in self._regions)
         self._region_off: dict[str, int] = {}
         off = layout.CONTROL_BYTES
         for reg in self._regions:
@@ -208,16 +210,22 @@ class _CommBase(LaunchFitting, DeviceState):
 
     def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
         """Internal algorithm name. ``auto`` follows the AllReduce table among the one-shot
-        algorithms (the fused kernel is one-shot: LL or sentinel by size, never NCCL)."""
+        algorithms only (rmsnorm.AUTO_ALGOS: LL or sentinel by size, never NCCL; the fused two-shot
+        is picked only by name until it has been measured on GPUs)."""
         if algo == "auto":
             key = ("rmsnorm", nbytes, dtype)
             choice = self._choices.get(key)
             if choice is None:
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
-                                       handovers=frozenset(), available=tuple(rmsnorm.ALGOS))
+                                       handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
             return rmsnorm.ALGOS[choice]
-        return rmsnorm.internal_name(algo)
+        name = rmsnorm.internal_name(algo)
+        if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (it has not run on a GPU yet): "
+                                   f"construct the communicator with {algorithms.RMSNORM_TWOSHOT_ENV}=1 in the "
+                                   "environment of every rank to enable it")
+        return name
 
     def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
         """``fp8``: the variant that also writes the e4m3 copy (its own module and entry points, two
@@ -273,7 +281,7 @@ class _CommBase(LaunchFitting, DeviceState):
         defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg",
                                             fp8=fp8)
         defines.update(self._defines)
-        entry = f"{abi.RMSNORM_FP8_ENTRY if fp8 else alg.kernel}_{self._entry}"
+        entry = f"{abi.rmsnorm_entry(alg.kernel, fp8)}_{self._entry}"  # rmsnorm_entry(k, False) is k
         source = getattr(alg, "source", "")
         if source:
             return build.get_source_kernel(source, alg.kernel, entry, defines=defines)

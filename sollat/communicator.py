@@ -22,7 +22,7 @@ from typing import Any, overload
 
 import torch
 
-from . import agree, faults, handover, launch, layout, rmsnorm, select
+from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
@@ -149,9 +149,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
                               f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
                               f"collectives {';'.join(c.describe() for c in self._collectives.values())}; "
-                              f"gather_scatter {self._gather_scatter}",
+                              f"gather_scatter {self._gather_scatter}; "
+                              f"rmsnorm two-shot {int(self._rmsnorm_twoshot)}",
                               "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes, "
-                              "collectives (name:protocol:options:source hash) and gather_scatter")
+                              "collectives (name:protocol:options:source hash), gather_scatter and "
+                              f"{algorithms.RMSNORM_TWOSHOT_ENV}")
 
     @property
     def handovers(self) -> tuple[str, ...]:
@@ -269,7 +271,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
-        one-shot kernel (``algo``: ``auto``, ``oneshot_ll`` or ``oneshot_sentinel``), never NCCL.
+        kernel, never NCCL: ``algo`` ``auto`` (a one-shot), ``oneshot_ll``, ``oneshot_sentinel``,
+        or the two-shot ``twoshot_ll`` / ``twoshot_sentinel`` (same bits as the one-shot of its
+        protocol; never run on a GPU yet, so ``auto`` does not pick it).
 
         ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
         scale, read by the kernel at every launch) also writes and returns, third, the

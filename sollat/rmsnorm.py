@@ -18,6 +18,12 @@ The
 sum of squares is taken in a fixed order that depends on the launch geometry (``RowGeometry``,
 described in the kernel file), so every rank computes the same bits and a host reference can
 reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
+
+The two-shot algorithms (``twoshot_ll`` / ``twoshot_sentinel``) cut a row exactly as the one-shot
+of their protocol (same blocks, slots and clusters: ``row_geometry`` of an algorithm with the same
+limits) and compute the same bits: rank ``row_owner(row)`` sums the row's partials in rank order in
+fp32 and sends that sum to the others, and every rank adds its own residual and normalises, as in
+the one-shot. So ``reference`` is theirs too, with their geometry (equal to the one-shot's).
 """
 
 from __future__ import annotations
@@ -38,7 +44,11 @@ OPNAME = "all_reduce_rmsnorm"
 MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this a row is refused)
 DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
-ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel"}
+ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
+                         "twoshot_ll": "rmsnorm_twoshot_ll", "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
+# What ``algo="auto"`` chooses among (by the AllReduce table's LL / sentinel choice): the one-shot
+# only. The two-shot has never run on a GPU; it must be measured before auto may pick it.
+AUTO_ALGOS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel")
 
 
 # Lines one block of a row takes at most before the row is split over more blocks of a cluster
@@ -95,10 +105,23 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
 
 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
-    """``row_geometry`` by public algorithm name (``oneshot_ll`` / ``oneshot_sentinel``), with the
+    """``row_geometry`` by public algorithm name (``oneshot_ll``, ``twoshot_sentinel`` ...), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
     once, never a narrower row cluster: the reduction order does not depend on the block count)."""
     return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
+
+
+def row_owner(row: int, world_size: int) -> int:
+    """The rank that reduces row ``row`` in the two-shot (``row % world_size``, the kernel's
+    rule): strided, so consecutive rows go to different ranks and, with fewer rows than ranks,
+    ranks ``rows..world_size-1`` own none. Which rank owns a row changes no bit of any output
+    (every rank adds its own residual to the owner's fp32 sum, which is the one-shot's sum)."""
+    return row % world_size
+
+
+def rows_owned(rows: int, world_size: int, rank: int) -> range:
+    """The rows ``rank`` reduces in a two-shot call of ``rows`` rows."""
+    return range(rank, rows, world_size)
 
 
 def internal_name(algo: str) -> str:

@@ -20,7 +20,7 @@ with the other backends within the tolerance, never bitwise, so ``rank_order_for
 spec                      what runs at each fusion point
 ========================  ===========================================================================
 ``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel)
-``sollat_fused:<algo>``   that fused algorithm forced: ``oneshot_ll`` or ``oneshot_sentinel``
+``sollat_fused:<algo>``   that fused algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``twoshot_ll`` ...
 ========================  ===========================================================================
 """
 

@@ -90,8 +90,17 @@ def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
     assert torch.finfo(torch.float8_e4m3fn).max == abi.FP8_E4M3_MAX  # torch's format is the kernel's
     assert torch.tensor(float("nan")).to(torch.float8_e4m3fn).view(torch.uint8).item() == abi.FP8_E4M3_NAN
     src = build.kernel_source(algorithms.RMSNORM_ALGORITHMS["rmsnorm_oneshot_ll"].kernel_file)
-    for kind in ("pg", "vr"):
-        assert f"{abi.RMSNORM_FP8_ENTRY}_{kind}(SOLLAT_RMSNORM_FP8_{kind.upper()}_PARAMS)" in src
+    # every entry the host asks for (abi.rmsnorm_entry of the one- and two-shot kernels) is named in
+    # the kernel file and declared with its parameter list
+    kernels = {a.kernel for a in algorithms.RMSNORM_ALGORITHMS.values()}
+    assert kernels == {"ar_rmsnorm", "ar_rmsnorm_twoshot"}
+    for kernel in kernels:
+        assert all(a.kernel_file == "allreduce_rmsnorm.cu" for a in algorithms.RMSNORM_ALGORITHMS.values())
+        for fp8 in (False, True):
+            tag = "FP8_" if fp8 else ""
+            for kind in ("pg", "vr"):
+                assert f"#define SOLLAT_RMSNORM_{tag}ENTRY_{kind.upper()} {abi.rmsnorm_entry(kernel, fp8)}_{kind}\n" in src
+                assert f"SOLLAT_RMSNORM_{tag}ENTRY_{kind.upper()}(SOLLAT_RMSNORM_{tag}{kind.upper()}_PARAMS)" in src
 
 
 def test_host_modules_derive_from_the_contract() -> None:
@@ -130,10 +139,13 @@ def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:
             kernel = abi.KERNELS[name]  # every entry point is a kernel of the contract
             defined.add(name)
             assert f"constexpr int kBuffers = {abi.kernel_buffers_name(kernel)};" in text, f.name
-    for alg in algorithms.RMSNORM_ALGORITHMS.values():  # the fused kernel defines its own entry points
+    # The fused kernel defines its own entry points, the one- or the two-shot's by a module define.
+    one, two = (abi.kernel_buffers_name(abi.KERNELS[k]) for k in ("ar_rmsnorm", "ar_rmsnorm_twoshot"))
+    for alg in algorithms.RMSNORM_ALGORITHMS.values():
         text = build.kernel_source(alg.kernel_file)
-        assert f"constexpr int kBuffers = {abi.kernel_buffers_name(abi.KERNELS[alg.kernel])};" in text, alg.kernel_file
-        assert f"{alg.kernel}_pg(" in text and f"{alg.kernel}_vr(" in text, alg.kernel_file
+        assert f"constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? {two} : {one};" in text, alg.kernel_file
+        for kind in ("pg", "vr"):
+            assert f"ENTRY_{kind.upper()} {alg.kernel}_{kind}\n" in text, alg.kernel_file
         defined.add(alg.kernel)
     assert defined == set(abi.KERNELS)
     for alg in ALGORITHMS.values():

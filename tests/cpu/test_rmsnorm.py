@@ -125,22 +125,110 @@ def test_eps_is_rounded_to_float32() -> None:
 def test_algorithm_names() -> None:
     assert rmsnorm.internal_name("oneshot_ll") == "rmsnorm_oneshot_ll"
     assert rmsnorm.internal_name("rmsnorm_oneshot_sentinel") == "rmsnorm_oneshot_sentinel"
-    with pytest.raises(sollat.UnsupportedError, match="unknown algorithm 'twoshot_ll'; known: oneshot_ll, oneshot_sentinel"):
-        rmsnorm.internal_name("twoshot_ll")
+    assert rmsnorm.internal_name("twoshot_ll") == "rmsnorm_twoshot_ll"
+    assert rmsnorm.internal_name("twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
+    assert rmsnorm.internal_name("rmsnorm_twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
+    known = "known: oneshot_ll, oneshot_sentinel, twoshot_ll, twoshot_sentinel or 'auto'"
+    for bad in ("ll128", "twoshot", "oneshot", "twoshot_LL"):
+        with pytest.raises(sollat.UnsupportedError, match=f"unknown algorithm '{bad}'; {known}"):
+            rmsnorm.internal_name(bad)
+    assert set(rmsnorm.ALGOS.values()) == set(algorithms.RMSNORM_ALGORITHMS)
+    assert set(rmsnorm.AUTO_ALGOS) == {"oneshot_ll", "oneshot_sentinel"}  # auto never picks the two-shot (unmeasured)
 
 
-def test_fused_algorithms_are_not_allreduce_algorithms() -> None:
+def test_twoshot_algorithms_are_registered() -> None:
+    """Own regions of two buffers each, the two-shot module define, the one-shot defines untouched."""
+    for proto in ("ll", "sentinel"):
+        one = algorithms.RMSNORM_ALGORITHMS[f"rmsnorm_oneshot_{proto}"]
+        two = algorithms.RMSNORM_ALGORITHMS[f"rmsnorm_twoshot_{proto}"]
+        assert (two.kernel_file, two.kernel, two.proto, two.buffers) == ("allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot",
+                                                                          proto, 2)
+        assert two.buffers == abi.KERNELS["ar_rmsnorm_twoshot"].buffers and one.buffers == 1
+        # the same limits, hence the same cut of every call (rmsnorm.row_geometry) as the one-shot
+        assert (two.max_blocks, two.slot_choices, two.dtypes) == (one.max_blocks, one.slot_choices, one.dtypes)
+        assert two.scratch_bytes(4) == 2 * one.scratch_bytes(4)
+        for fp8 in (False, True):
+            d1 = algorithms.kernel_defines(one, DTYPES[torch.bfloat16], "sum", 4, 1, False, True, fp8=fp8)
+            d2 = algorithms.kernel_defines(two, DTYPES[torch.bfloat16], "sum", 4, 1, False, True, fp8=fp8)
+            assert "SOLLAT_RMSNORM_TWOSHOT" not in d1  # the one-shot's defines (its cubin key) are unchanged
+            assert d2 == {**d1, "SOLLAT_RMSNORM_TWOSHOT": "1"}
+    assert abi.rmsnorm_entry("ar_rmsnorm_twoshot", False) == "ar_rmsnorm_twoshot"
+    assert abi.rmsnorm_entry("ar_rmsnorm_twoshot", True) == "ar_rmsnorm_twoshot_fp8"
+    assert abi.rmsnorm_entry("ar_rmsnorm", True) == abi.RMSNORM_FP8_ENTRY
+    src = build.kernel_source("allreduce_rmsnorm.cu")
+    for entry in ("ar_rmsnorm_twoshot", "ar_rmsnorm_twoshot_fp8"):
+        for kind in ("pg", "vr"):
+            assert f"#define SOLLAT_RMSNORM_{'FP8_' if 'fp8' in entry else ''}ENTRY_{kind.upper()} {entry}_{kind}" in src
+    assert "kArRmsnormTwoshotBuffers = 2" in abi.header_text()
+
+
+@pytest.mark.parametrize("r", [2, 3, 4, 5, 8])
+def test_twoshot_row_ownership(r: int) -> None:
+    """Rank row % R owns a row: every row exactly one owner, fewer rows than ranks leave the
+    highest ranks without rows, rows not divisible by R differ by at most one row per rank."""
+    for rows in (1, 2, r - 1, r, r + 1, 2 * r + 3, 64, 257):
+        if rows < 1:
+            continue
+        owned = [list(rmsnorm.rows_owned(rows, r, k)) for k in range(r)]
+        assert sorted(row for rs in owned for row in rs) == list(range(rows))
+        assert all(rmsnorm.row_owner(row, r) == k for k in range(r) for row in owned[k])
+        assert max(map(len, owned)) - min(map(len, owned)) <= 1
+        assert [len(o) for o in owned] == [len(range(k, rows, r)) for k in range(r)]
+        if rows < r:
+            assert all(owned[k] == [row] for row, k in zip(range(rows), range(rows), strict=True))
+            assert all(not owned[k] for k in range(rows, r))  # ranks >= rows own nothing
+
+
+@pytest.mark.parametrize("proto", ["ll", "sentinel"])
+@pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
+def test_twoshot_geometry_and_reference_are_the_one_shot_s(proto: str, dtype: torch.dtype) -> None:
+    """The two-shot cuts every call as the one-shot of its protocol (rows < ranks, rows not
+    divisible by ranks, clusters, several passes), so rmsnorm.reference with its geometry is the
+    one-shot's reference: the two algorithms must give the same bits."""
+    for r in (2, 4, 8):
+        for rows in (1, 2, 3, 5, 7, 8, 9, 17, 64, 200):
+            for hidden in (1, 7, 1000, 4096, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
+                assert rmsnorm.geometry(f"twoshot_{proto}", dtype, rows, hidden, r) == rmsnorm.geometry(
+                    f"oneshot_{proto}", dtype, rows, hidden, r)
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(5, 1000, generator=gen).to(dtype) for _ in range(3)]
+    res = torch.randn(5, 1000, generator=gen).to(dtype)
+    w = torch.randn(1000, generator=gen).to(dtype)
+    a = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(f"twoshot_{proto}", dtype, 5, 1000, 3))
+    b = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(f"oneshot_{proto}", dtype, 5, 1000, 3))
+    assert all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("twoshot", [False, True])
+def test_fused_algorithms_are_not_allreduce_algorithms(monkeypatch: pytest.MonkeyPatch, twoshot: bool) -> None:
+    if twoshot:
+        monkeypatch.setenv(algorithms.RMSNORM_TWOSHOT_ENV, "1")
+    else:
+        monkeypatch.delenv(algorithms.RMSNORM_TWOSHOT_ENV, raising=False)
     assert not set(algorithms.RMSNORM_ALGORITHMS) & set(algorithms.ALGORITHMS)
     with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
         algorithms.get("rmsnorm_oneshot_ll")
     names = tuple(r.name for r in algorithms.regions(("oneshot_ll",), 16))
-    assert names == ("oneshot_ll", *algorithms.RMSNORM_ALGORITHMS)
+    # the experimental two-shot gets regions only when enabled
+    fused = [a for n, a in algorithms.RMSNORM_ALGORITHMS.items() if twoshot or n not in algorithms.RMSNORM_EXPERIMENTAL]
+    assert names == ("oneshot_ll", *(a.name for a in fused))
+    assert len(fused) == (4 if twoshot else 2)
     from sollat.comm_state import scratch_bytes_per_rank
 
-    extra = sum(a.scratch_bytes(4) for a in algorithms.RMSNORM_ALGORITHMS.values())  # their own 16 blocks
+    extra = sum(a.scratch_bytes(4) for a in fused)  # their own blocks
     for blocks in (16, 64):  # the AllReduce regions follow the communicator's max_blocks
         assert scratch_bytes_per_rank(4, ["oneshot_ll"], blocks) == (
             layout.CONTROL_BYTES + algorithms.ALGORITHMS["oneshot_ll"].scratch_bytes(4, blocks) + extra)
+
+
+def test_the_experimental_two_shot_is_refused_unless_enabled() -> None:
+    comm = fake_virtual(2)
+    assert not comm._rmsnorm_twoshot
+    with pytest.raises(sollat.UnsupportedError, match=algorithms.RMSNORM_TWOSHOT_ENV):
+        comm._rmsnorm_resolve("twoshot_ll", 1024, torch.bfloat16)
+    assert comm._rmsnorm_resolve("oneshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_oneshot_sentinel"
+    comm._rmsnorm_twoshot = True
+    assert comm._rmsnorm_resolve("twoshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_twoshot_sentinel"
 
 
 def fake_virtual(world_size: int = 2) -> VirtualCommunicator:
@@ -375,22 +463,30 @@ def test_rmsnorm_instantiations_are_listed() -> None:
     assert {d["SOLLAT_PROTO"] for d in work} == {"ProtoLL", "ProtoSentinel"}
 
 
-@pytest.mark.parametrize("proto,t,ranks,slots,fp8", [("ProtoLL", "sollat::bf16", 8, 1, False),
-                                                    ("ProtoSentinel", "float", 2, 1, False),
-                                                    ("ProtoLL", "float", 2, 2, True),  # 2 elements per line
-                                                    ("ProtoSentinel", "sollat::f16", 4, 1, True)])  # 8 per line
-def test_kernel_compiles(tmp_path, monkeypatch, proto: str, t: str, ranks: int, slots: int, fp8: bool) -> None:
+@pytest.mark.parametrize("proto,t,ranks,slots,fp8,two", [("ProtoLL", "sollat::bf16", 8, 1, False, False),
+                                                         ("ProtoSentinel", "float", 2, 1, False, False),
+                                                         ("ProtoLL", "float", 2, 2, True, False),  # 2 elements per line
+                                                         ("ProtoSentinel", "sollat::f16", 4, 1, True, False),  # 8 per line
+                                                         ("ProtoLL", "sollat::bf16", 2, 2, False, True),  # 4 ag channels
+                                                         ("ProtoSentinel", "sollat::f16", 8, 1, True, True),
+                                                         ("ProtoLL", "float", 4, 1, True, True)])
+def test_kernel_compiles(tmp_path, monkeypatch, proto: str, t: str, ranks: int, slots: int, fp8: bool,
+                         two: bool) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     defines = {"SOLLAT_T": t, "SOLLAT_OP": "OpSum", "SOLLAT_PROTO": proto, "SOLLAT_MAX_RANKS": str(ranks),
                "SOLLAT_SLOTS": str(slots), "SOLLAT_FENCE_SYS": "0", "SOLLAT_TEST_HOOKS": "1"}
     if fp8:
         defines["SOLLAT_RMSNORM_FP8"] = "1"
+    if two:
+        defines["SOLLAT_RMSNORM_TWOSHOT"] = "1"
     cubin = build.compile_cubin(build.kernel_source("allreduce_rmsnorm.cu"), name="allreduce_rmsnorm", arch="sm_90",
                                 defines=defines)
-    entry = abi.RMSNORM_FP8_ENTRY if fp8 else "ar_rmsnorm"
-    other = "ar_rmsnorm" if fp8 else abi.RMSNORM_FP8_ENTRY
+    kernel = "ar_rmsnorm_twoshot" if two else "ar_rmsnorm"
+    entry = abi.rmsnorm_entry(kernel, fp8)
     assert f"{entry}_pg".encode() in cubin and f"{entry}_vr".encode() in cubin  # the entries the host asks for
-    assert f"{other}_pg".encode() not in cubin  # and only those: one variant per module
+    others = {abi.rmsnorm_entry(k, f) for k in ("ar_rmsnorm", "ar_rmsnorm_twoshot") for f in (False, True)} - {entry}
+    for other in others:  # and only those: one variant per module
+        assert f"{other}_pg\0".encode() not in cubin and f"{other}_vr\0".encode() not in cubin
 
 
 def _ptxas_report(defines: dict[str, str]) -> str:
@@ -409,24 +505,29 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
     spills. At 512 (128 registers per thread) the row clusters made the 16-bit sentinel 8-rank
     entries spill up to 40 bytes; before them 8 bytes. The 16-bit sentinel with 2 slots spilled
     24-172 bytes, hence one slot for the sentinel. The FP8 variant (its own entries) spills
-    nothing either; the plain cubins were byte for byte the same before and after it was added."""
+    nothing either; the plain cubins were byte for byte the same before and after it was added.
+    The two-shot (SOLLAT_RMSNORM_TWOSHOT=1, its own entries) spills nothing at the same slot
+    choices (85-185 registers; the most: LL 16-bit, 4 ranks, 2 slots, FP8, _vr); the one-shot's
+    instructions (.text, 4 instantiations compared) were byte for byte the same before and after it
+    was added."""
     for f, d in instantiations.all_instantiations():
         if f != "allreduce_rmsnorm.cu" or d["SOLLAT_FENCE_SYS"] != "0":
             continue  # the fence scope does not change register use
         report = _ptxas_report(d)
         spills = dict(zip(re.findall(r"Function properties for (\w+)", report),
                           (int(s) for s in re.findall(r"(\d+) bytes spill stores", report)), strict=True))
-        entry = abi.RMSNORM_FP8_ENTRY if d.get("SOLLAT_RMSNORM_FP8") == "1" else "ar_rmsnorm"
+        kernel = "ar_rmsnorm_twoshot" if d.get("SOLLAT_RMSNORM_TWOSHOT") == "1" else "ar_rmsnorm"
+        entry = abi.rmsnorm_entry(kernel, d.get("SOLLAT_RMSNORM_FP8") == "1")
         assert spills == {f"{entry}_pg": 0, f"{entry}_vr": 0}, (d, spills)
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
     """algo="auto" picks a fused one-shot algorithm from the AllReduce table at every size (never a
-    library path: the fused op has none)."""
+    library path: the fused op has none; never the two-shot, which has not been measured)."""
     c = fake_virtual(2)
     for nbytes in (4, 1024, 1 << 20, 64 << 20):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            assert c._rmsnorm_resolve("auto", nbytes, dtype) in algorithms.RMSNORM_ALGORITHMS
+            assert c._rmsnorm_resolve("auto", nbytes, dtype) in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
             assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype)] == c._rmsnorm_resolve("auto", nbytes,
                                                                                                    dtype)
 

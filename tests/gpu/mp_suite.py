@@ -465,19 +465,32 @@ def values(s: Suite) -> None:
     s.log(f"{calls} calls in all")
 
 
-@section("rmsnorm", 150)
+def rmsnorm_algos() -> list[str]:
+    """The fused algorithms to call: the experimental two-shot only with its variable set (as for
+    the communicators, which accept it only then)."""
+    from sollat import algorithms, rmsnorm
+
+    return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()]
+
+
+@section("rmsnorm", 220)  # 150 before the two-shot calls (about a third more calls, 8 more modules)
 def rmsnorm_values(s: Suite) -> None:
     """all_reduce_rmsnorm: both protocols x dtype x shape x input class (x from the hash inputs,
     the residual and the weight equal on every rank, as in tensor parallelism), out of place and
-    with the residual updated in place; bitwise against sollat.rmsnorm.reference and across ranks."""
+    with the residual updated in place; bitwise against sollat.rmsnorm.reference and across ranks.
+    The two-shot algorithms (never run on real ranks before) the same way, with two input classes
+    and a few more rows (fewer rows than ranks, rows not divisible by the ranks, many per block)."""
     from sollat import rmsnorm
 
     comm = s.main
     calls = 0
-    for algo in rmsnorm.ALGOS:
+    for algo in rmsnorm_algos():
+        one = algo in rmsnorm.AUTO_ALGOS
+        shapes = ((1, 7), (3, 1000), (8, 8192), (17, 5120), (64, 4096), (2, 16384)) + (
+            () if one else ((s.world - 1 or 1, 4096), (2 * s.world + 1, 1000), (300, 2048)))
         for dt in rmsnorm.DTYPES_SUPPORTED:
-            for tokens, hidden in ((1, 7), (3, 1000), (8, 8192), (17, 5120), (64, 4096), (2, 16384)):
-                for kind in ("randn", "mix", "denormal", "huge"):
+            for tokens, hidden in shapes:
+                for kind in ("randn", "mix", "denormal", "huge") if one else ("randn", "mix"):
                     n = tokens * hidden
                     what = f"rmsnorm {algo} {dname(dt)} {tokens}x{hidden} {kind}"
                     xs = [x.view(tokens, hidden) for x in s.inputs(kind, n, dt, what)]
@@ -510,8 +523,8 @@ def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
 
     scale = torch.empty(1, dtype=torch.float32, device=s.dev)
     calls = 0
-    for algo in rmsnorm.ALGOS:
-        for dt in (torch.bfloat16, torch.float32):
+    for algo in rmsnorm_algos():
+        for dt in (torch.bfloat16, torch.float32) if algo in rmsnorm.AUTO_ALGOS else (torch.bfloat16,):
             for tokens, hidden in ((1, 7), (8, 8192), (17, 5120)):
                 for kind, value in (("randn", 0.02), ("mix", 1.5)):
                     n = tokens * hidden

@@ -115,9 +115,10 @@ def test_decode_virtual_tp_matches_unsharded(tp: int, unsharded: tuple[list[torc
 
 
 def fused_specs() -> list[str]:
-    from sollat import rmsnorm
+    from sollat import algorithms, rmsnorm
 
-    return ["sollat_fused"] + [f"sollat_fused:{a}" for a in rmsnorm.ALGOS]
+    names = rmsnorm.ALGOS if algorithms.rmsnorm_twoshot_enabled() else rmsnorm.AUTO_ALGOS  # two-shot: opt-in
+    return ["sollat_fused"] + [f"sollat_fused:{a}" for a in names]
 
 
 @pytest.mark.parametrize("tp", [2, 4])

@@ -7,7 +7,8 @@ adjacent threads; IEEE div and sqrt (not rsqrt.approx); every add and multiply o
 FMA. ``rmsnorm.reference`` replays those steps on the CPU in float32 with the call's geometry, so
 outputs are compared **bitwise** with it (NaN against NaN regardless of payload, since CPU and GPU
 propagate NaN payloads differently), and every rank's outputs are compared bitwise with rank 0's,
-NaN payloads included.
+NaN payloads included. The two-shot algorithms (twoshot_ll / twoshot_sentinel: reduce-scatter of x
+to each row's owner, all-gather of the fp32 sums) are held to the same reference.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, rmsnorm, testing
+from sollat import abi, algorithms, rmsnorm, testing
 
 from ._reference import assert_bitwise
 
@@ -27,7 +28,20 @@ pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-ALGOS = list(rmsnorm.ALGOS)  # oneshot_ll, oneshot_sentinel
+# oneshot_ll, oneshot_sentinel, twoshot_ll, twoshot_sentinel: the two-shot gives the one-shot's bits
+# (rmsnorm.reference with its geometry, which is the one-shot's), so every test runs it the same way.
+# The two-shot is experimental (never run on a GPU yet): its tests run only with
+# SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1, which also lets the communicators built here accept it.
+TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
+ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS]
+
+
+def algos(*names: str) -> list[str]:
+    """``names`` without the two-shot ones unless it is enabled."""
+    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS]
+
+
+needs_twoshot = pytest.mark.skipif(not TWOSHOT, reason=f"experimental: set {algorithms.RMSNORM_TWOSHOT_ENV}=1")
 HIDDEN = [7, 1000, 4096, 5120, 8192]
 TOKENS = [1, 3, 16, 17, 64]
 INT_OF = {2: torch.int16, 4: torch.int32}
@@ -195,6 +209,35 @@ def test_in_place_residual_and_output(r: int) -> None:
     c.check()
 
 
+@pytest.mark.parametrize("r", [2, 4, 8])
+@needs_twoshot
+@pytest.mark.parametrize("algo", ["twoshot_ll", "twoshot_sentinel"])
+def test_twoshot_rows_and_owners(r: int, algo: str) -> None:
+    """The two-shot from 1 row (ranks 1..R-1 own none) to a few hundred (many rows per block, each
+    block's rows owned by changing ranks: the cross-buffer credit across owners), rows not
+    divisible by R, one and several passes per row; bitwise against the reference, and bitwise
+    equal to the one-shot of the same protocol on the same inputs (distinct residuals and weights
+    per rank: every rank adds its own residual to the owner's sum)."""
+    c = comm(r)
+    one = algo.replace("twoshot", "oneshot")
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"owners|{r}|{algo}".encode()))
+    for k, tokens in enumerate((1, 2, r - 1, r, r + 1, 2 * r + 3, 31, 33, 100, 257, 300)):
+        if tokens < 1:
+            continue
+        hidden = (1000, 4096, 7, 16384)[k % 4]
+        dtype = DTYPES[k % 3]
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen, distinct=k % 2 == 0)
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        what = f"{algo} R={r} {dtype} {tokens}x{hidden}"
+        check(ys, rs, xs, res, w, 1e-6, algo, what)
+        ys1, rs1 = c.all_reduce_rmsnorm(xs, res, w, 1e-6, one)
+        for q in range(r):
+            for name, a, b in (("y", ys[q], ys1[q]), ("residual_out", rs[q], rs1[q])):
+                same = (raw(a) == raw(b)) | (torch.isnan(a) & torch.isnan(b))
+                assert bool(same.all()), f"{what}: {name} of rank {q} differs from {one}'s"
+    c.check()
+
+
 def test_auto_uses_a_one_shot_algorithm() -> None:
     for r in (2, 4, 8):
         c = comm(r)
@@ -204,6 +247,7 @@ def test_auto_uses_a_one_shot_algorithm() -> None:
             ys, rs = c.all_reduce_rmsnorm(xs, res, w)  # eps 1e-6, algo auto
             name = c._rmsnorm_resolve("auto", tokens * hidden * 2, torch.bfloat16)
             public = {v: k for k, v in rmsnorm.ALGOS.items()}[name]
+            assert public in rmsnorm.AUTO_ALGOS  # never the two-shot until it has been measured
             check(ys, rs, xs, res, w, 1e-6, public, f"auto ({public}) R={r} {tokens}x{hidden}")
 
 
@@ -230,7 +274,7 @@ def test_mixed_eager_calls(r: int) -> None:
     for k in range(300):
         tokens, hidden = shapes[(k * 5 + k // 3) % len(shapes)]
         dtype = DTYPES[k % 3]
-        algo = ALGOS[(k // 2) % 2]
+        algo = ALGOS[(k // 2) % len(ALGOS)]  # one- and two-shot interleaved on one communicator
         xs, res, w = inputs(r, tokens, hidden, dtype, gen)
         ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
         kept = ([x.clone() for x in xs], [t.clone() for t in res], [t.clone() for t in w])
@@ -267,7 +311,7 @@ def test_cuda_graph_mixed_calls(r: int) -> None:
     for k in range(120):
         tokens, hidden = shapes[k % len(shapes)]
         dtype = DTYPES[(k // 2) % 3]
-        algo = ALGOS[k % 2]
+        algo = ALGOS[(k + k // 4) % len(ALGOS)]  # every algorithm among the in-place calls (k % 4 == 3)
         xs, res, w = inputs(r, tokens, hidden, dtype, gen)
         in_place = k % 4 == 3
         outs = [torch.empty_like(x) for x in xs]
@@ -316,19 +360,20 @@ def test_small_epoch_space_wraps_correctly() -> None:
     shapes = [(1, 7), (3, 16384), (64, 8192), (2, 1000), (5, 12288)]
     for k in range(100):
         tokens, hidden = shapes[k % len(shapes)]
-        algo = ALGOS[(k // 5) % 2]
+        algo = ALGOS[(k // 5) % len(ALGOS)]
         xs, res, w = inputs(r, tokens, hidden, torch.float32, gen)
         ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
         check(ys, rs, xs, res, w, 1e-6, algo, f"epoch bits 2, call {k}")
     c.check()
 
 
-def test_torch_compile_keeps_the_op() -> None:
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_sentinel"))
+def test_torch_compile_keeps_the_op(algo: str) -> None:
     r = 2
     c = comm(r)
 
     def f(a: torch.Tensor, b: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        ys, rs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, "oneshot_ll")
+        ys, rs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, algo)
         return ys[0] + rs[1]
 
     cf = torch.compile(f, fullgraph=True)
@@ -336,8 +381,8 @@ def test_torch_compile_keeps_the_op() -> None:
     a, b, res = (torch.randn(4, 1000, device=DEV, generator=gen) for _ in range(3))
     w = torch.randn(1000, device=DEV, generator=gen)
     out = cf(a, b, res, w)
-    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry("oneshot_ll", torch.float32, 4, 1000, 2))
-    assert_bitwise(out.cpu(), y + r_, "torch.compile")
+    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry(algo, torch.float32, 4, 1000, 2))
+    assert_bitwise(out.cpu(), y + r_, f"torch.compile {algo}")
 
 
 def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
@@ -368,19 +413,22 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-def test_call_mismatch_is_reported_by_ll() -> None:
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_ll"))
+def test_call_mismatch_is_reported_by_ll(algo: str) -> None:
+    """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
+    reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns)."""
     r = 4
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
     gen = torch.Generator(device=DEV).manual_seed(110)
     xs, res, w = inputs(r, 4, 1000, torch.bfloat16, gen)
     testing.inject(c, mismatch=3)
-    c.all_reduce_rmsnorm(xs, res, w, 1e-6, "oneshot_ll")
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
     with pytest.raises(sollat.CallMismatchError):
         c.check()
     testing.clear(c)
     c.reset()
-    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, "oneshot_ll")
-    check(ys, rs, xs, res, w, 1e-6, "oneshot_ll", "after mismatch and reset")
+    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
@@ -394,7 +442,7 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(sollat.UnsupportedError, match="weight"):
         c.all_reduce_rmsnorm([x] * 2, [x] * 2, torch.ones(15, device=DEV))
     with pytest.raises(sollat.UnsupportedError, match="unknown algorithm"):
-        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, 1e-6, "twoshot_ll")
+        c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, 1e-6, "threeshot_ll")
     with pytest.raises(sollat.UnsupportedError, match="supported maximum"):
         big = torch.zeros(1, rmsnorm.MAX_HIDDEN + 1, device=DEV)
         c.all_reduce_rmsnorm([big] * 2, [big] * 2, torch.zeros(rmsnorm.MAX_HIDDEN + 1, device=DEV))
@@ -552,7 +600,7 @@ def test_fp8_cuda_graph_reads_the_scale_at_every_replay(r: int) -> None:
     for k in range(24):
         tokens, hidden = shapes[k % len(shapes)]
         dtype = DTYPES[(k // 2) % 3]
-        algo = ALGOS[k % 2]
+        algo = ALGOS[k % len(ALGOS)]
         xs, res, w = inputs(r, tokens, hidden, dtype, gen)
         scales = scale_tensors(r, [0.01 * (j + 1) for j in range(r)])
         outs = [torch.empty_like(x) for x in xs]
@@ -590,12 +638,13 @@ def test_fp8_cuda_graph_reads_the_scale_at_every_replay(r: int) -> None:
     c.check()
 
 
-def test_fp8_torch_compile_keeps_the_op() -> None:
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_ll"))
+def test_fp8_torch_compile_keeps_the_op(algo: str) -> None:
     r = 2
     c = comm(r)
 
     def f(a: torch.Tensor, b: torch.Tensor, res: torch.Tensor, w: torch.Tensor, s: torch.Tensor):
-        ys, rs, qs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, "oneshot_ll", fp8_scale=s)
+        ys, rs, qs = c.all_reduce_rmsnorm([a * 2, b * 2], [res, res], w, 1e-5, algo, fp8_scale=s)
         return ys[0] + rs[1], qs[1]
 
     cf = torch.compile(f, fullgraph=True)
@@ -604,8 +653,8 @@ def test_fp8_torch_compile_keeps_the_op() -> None:
     w = torch.randn(1000, device=DEV, generator=gen)
     s = torch.tensor([0.02], device=DEV)
     out, q = cf(a, b, res, w, s)
-    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry("oneshot_ll", torch.float32, 4, 1000, 2))
-    assert_bitwise(out.cpu(), y + r_, "fp8 torch.compile")
+    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry(algo, torch.float32, 4, 1000, 2))
+    assert_bitwise(out.cpu(), y + r_, f"fp8 torch.compile {algo}")
     assert q.dtype == FP8 and torch.equal(q.cpu().view(torch.uint8), rmsnorm.fp8_reference(y, s).view(torch.uint8))
 
 

@@ -49,20 +49,54 @@
 // call writes 0x7F into the copy too. The define only adds code: without it the module is the
 // plain kernel, instruction for instruction.
 //
+// Two-shot (module define SOLLAT_RMSNORM_TWOSHOT=1; algorithms rmsnorm_twoshot_ll / _sentinel):
+// the same cut, the same arithmetic and the same epilogue; only each pass's exchange differs. Row
+// `row` is owned by rank row % R (strided, sollat/rmsnorm.py row_owner; with fewer rows than ranks
+// the ranks >= rows own none). In every pass, on the thread's channels:
+//   reduce-scatter (buffer 0): a non-owner sends its x lines to the owner only; the owner receives
+//                  every peer's and sums them in rank order 0..R-1 in fp32 (recvReduce: exactly
+//                  the one-shot's sum);
+//   all-gather     (buffer 1): the owner bcasts that fp32 sum (a 16-bit line's sums take two
+//                  lines: kWiden) and keeps the bits the peers receive; a non-owner receives it.
+// Then every rank adds ITS OWN residual, rounds once (r, as in the one-shot), stores r into
+// res_out and adds v * v into ss, and after the last pass runs the one-shot's sum of squares and
+// normalisation on its r: y and the FP8 copy are computed on every rank, not gathered. So the
+// results are the one-shot's bit for bit (rmsnorm.reference with the same RowGeometry), whatever
+// the ranks' residuals and weights. Gathering the sum, not y, is also what keeps the exchange per
+// pass: y needs the whole row's ss, i.e. every pass of a row in flight without credit. Per line of
+// a row each rank receives R - 1 lines (owner) or kWiden lines (the others) instead of R - 1.
+//
+// Credit across the two buffers (ll_buffer.h's argument, per pair): in every pass an owner o and a
+// non-owner s make one round trip, s -> o on buffer 0, then o -> s on buffer 1, and o sends its
+// buffer-1 line only after its buffer-0 receive (program order, data dependence); two non-owners
+// exchange nothing (their lines are other lines: one per source). So when s writes buffer 0's
+// line of parity p again (epoch e+2, whoever owns that row), it has received o's buffer-1 line of
+// epoch e, sent after o read s's epoch e; when o writes buffer 1's line again at e+2, it has
+// received s's buffer-0 line of epoch e+2, sent after s read o's epoch e. Each buffer alone
+// carries traffic one way only: its credit is the other's. Sentinel: the resets of one buffer are
+// fenced (releaseResets) before the other buffer's send that frees them for the peer. Every rank
+// uses the thread's channels in every pass (as sender or receiver), so the epochs agree.
+//
 // Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
 // (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4), SOLLAT_RMSNORM_FP8
-// (0 or absent, 1); SOLLAT_OP is OpSum and not used. Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr
-// (parameters: abi.h SOLLAT_RMSNORM_PG_PARAMS / SOLLAT_RMSNORM_VR_PARAMS), with SOLLAT_RMSNORM_FP8
-// instead ar_rmsnorm_fp8_pg and ar_rmsnorm_fp8_vr (SOLLAT_RMSNORM_FP8_PG_PARAMS / _VR_PARAMS).
+// (0 or absent, 1), SOLLAT_RMSNORM_TWOSHOT (0 or absent, 1); SOLLAT_OP is OpSum and not used.
+// Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr (parameters: abi.h SOLLAT_RMSNORM_PG_PARAMS /
+// SOLLAT_RMSNORM_VR_PARAMS), with SOLLAT_RMSNORM_FP8 instead ar_rmsnorm_fp8_pg and ar_rmsnorm_fp8_vr
+// (SOLLAT_RMSNORM_FP8_PG_PARAMS / _VR_PARAMS); the two-shot's are named ar_rmsnorm_twoshot_pg /
+// _vr and ar_rmsnorm_twoshot_fp8_pg / _vr (abi.rmsnorm_entry), with the same parameters.
 #include "sollat/collective.h"
 
 #ifndef SOLLAT_RMSNORM_FP8
 #define SOLLAT_RMSNORM_FP8 0
 #endif
+#ifndef SOLLAT_RMSNORM_TWOSHOT
+#define SOLLAT_RMSNORM_TWOSHOT 0
+#endif
 
 using namespace sollat;
 
-constexpr int kBuffers = kArRmsnormBuffers;  // abi.h (sollat/abi.py KERNELS)
+// abi.h (sollat/abi.py KERNELS): the one-shot runs on one buffer, the two-shot on two.
+constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? kArRmsnormTwoshotBuffers : kArRmsnormBuffers;
 constexpr int kMaxRowBlocks = kRmsnormMaxRowBlocks;  // abi.h (sollat/abi.py): the widest row cluster
 
 namespace {
@@ -164,9 +198,22 @@ __device__ __forceinline__ void cluster_all_gather(u32* slots, int k, int j, u32
   cluster_barrier();
 }
 
+// The one-shot's stand-in for the two-shot's second buffer: nothing, no code (the two-shot's
+// exchange, which names recvUnrolled and bcast, is never called in the one-shot).
+struct NoBuffer {
+  template <class... Args> __device__ __forceinline__ explicit NoBuffer(const Args&...) {}
+  template <typename T, class V> __device__ __forceinline__ V bcast(int, const V& v) { return v; }
+  template <typename T, class... Args> __device__ __forceinline__ bool recvUnrolled(const Args&...) { return false; }
+  __device__ __forceinline__ void releaseResets() {}
+  __device__ __forceinline__ void advanceEpoch() {}
+  __device__ __forceinline__ void commit() {}
+};
+template <bool kOn, class B> struct SecondBuffer { typedef NoBuffer type; };
+template <class B> struct SecondBuffer<true, B> { typedef B type; };
+
 }  // namespace
 
-template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8>
+template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8, bool kTwoShot>
 __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
                                            const T* res, T* res_out, const T* weight, Fp8Out fp8) {
   typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
@@ -174,6 +221,14 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
   constexpr int kBytes = (int)sizeof(P);
+  // Two-shot: the all-gather carries fp32 sums (each rank adds its own residual, as in the
+  // one-shot): kWiden lines of kPiece floats per line of T.
+  constexpr int kWiden = (int)(sizeof(float) / sizeof(T));
+  static_assert(!kTwoShot || kSlots * kWiden <= kMaxSlotsPerThread, "the all-gather's channels per thread");
+  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden> AgBuf;
+  typedef typename AgBuf::template PackT<float> F;
+  constexpr int kPiece = F::kElems;
+  static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
   __shared__ float warp_sums[2][kWarpSize];  // by row parity: a fast warp's next row never
                                              // overwrites sums a slow warp has not read yet
   __shared__ u32 block_totals[2][kMaxRowBlocks];  // by row parity, as warp_sums: [j] from block j
@@ -247,10 +302,70 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
           slot_index(blockIdx.x, 0, threadIdx.x));
+  // Two-shot: buffer 1, the all-gather of the fp32 sums: kWiden lines per line of T (a 16-bit
+  // line's sums fill two lines), on channels slot0 + c * kSlotStride, c < kSlots * kWiden (the
+  // first kSlots of them are buffer 0's channel numbers, in buffer 1's own region and epochs).
+  typename SecondBuffer<kTwoShot, AgBuf>::type ag(make_desc<kMaxRanks>(a, 1, region_bytes(a.nranks, a.lines_per_src)),
+                                                 fault, slot_index(blockIdx.x, 0, threadIdx.x));
   // The scale, on the device at every launch (a graph replay sees its current value); the load
   // has the whole exchange to arrive.
   float scale = 0.0f;
   if constexpr (kFp8) scale = *fp8.scale;
+
+  // Two-shot: one pass's exchange of row `row` (see the top of the file): r of each active line
+  // goes to take(i, r), on every rank the bits the one-shot computes there; the last pass also
+  // loads the weight into wt. False on a fault (recorded; nothing more may be sent).
+  auto twoshot_pass = [&](u64 row, int p, bool last, int active, const P (&mine)[kSlots], P (&wt)[kSlots],
+                          auto&& take) -> bool {
+    const int owner = (int)(row % (u64)a.nranks);  // rmsnorm.row_owner
+    if (owner != a.rank) {
+      // Sentinel: the buffer-1 lines reset so far land before this send, which frees them for the owner.
+      ag.releaseResets();
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) buf.template send<T>(owner, i, mine[i]);
+    }
+    P r_in[kSlots];  // this rank's residual (and the weight) load while the lines travel
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
+    if (last) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
+    }
+    F sums[kSlots * kWiden];  // the fp32 sums of the pass's lines: piece w of line i at [i * kWiden + w]
+    if (owner != a.rank) {
+      if (!ag.template recvUnrolled<float>(owner, active * kWiden, sums)) return false;
+    } else {
+      A acc[kSlots];
+      if (!buf.template recvReduce<T, OpSum>(active, mine, acc)) return false;
+      // Sentinel: the buffer-0 lines just reset land before the bcast, which frees them for the peers.
+      buf.releaseResets();
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+#pragma unroll
+        for (int w = 0; w < kWiden; ++w) {
+          if (i >= active) continue;
+          F f;
+#pragma unroll
+          for (int e = 0; e < kPiece; ++e) f.v[e] = acc[i].v[w * kPiece + e];
+          sums[i * kWiden + w] = ag.template bcast<float>(i * kWiden + w, f);  // as the peers receive it
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= active) continue;
+      P r;  // the one-shot's r: the rank-order fp32 sum plus this rank's residual, one rounding
+#pragma unroll
+      for (int w = 0; w < kWiden; ++w)
+#pragma unroll
+        for (int e = 0; e < kPiece; ++e)
+          r.v[w * kPiece + e] = from_acc<T>(add_rn(sums[i * kWiden + w].v[e], to_acc(r_in[i].v[w * kPiece + e])));
+      take(i, r);
+    }
+    return true;
+  };
 
   int parity = 0;
   for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
@@ -266,6 +381,26 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
           if (i < active) own[i] = load_row(in, row, line_of(p, i));
       }
       if (active == 0) continue;  // this thread has no line in this pass: its channels keep their epochs
+      if constexpr (kTwoShot) {
+        // r of line i of this pass, as every rank has it: into res_out and the sum of squares,
+        // exactly as the one-shot below.
+        auto take = [&](int i, const P& r) {
+          store_row(res_out, row, line_of(p, i), r);
+#pragma unroll
+          for (int e = 0; e < kElems; ++e) {
+            const float v = to_acc(r.v[e]);
+            ss = add_rn(ss, mul_rn(v, v));
+          }
+          kept[i] = r;
+        };
+        if (!twoshot_pass(row, p, p == passes - 1, active, own, wt, take)) {  // fault recorded
+          ok = false;
+          break;
+        }
+        buf.advanceEpoch();
+        ag.advanceEpoch();
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
         if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
@@ -350,13 +485,14 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     }
   }
   buf.commit();
+  ag.commit();
 }
 
 __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u32 eps_bits, const void* in,
                                                 void* out, const void* res, void* res_out, const void* weight,
                                                 Fp8Out fp8 = Fp8Out{nullptr, nullptr}) {
   typedef SOLLAT_T T;
-  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0>(
+  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0, SOLLAT_RMSNORM_TWOSHOT != 0>(
       a, hidden, bit_cast<float>(eps_bits), (const T*)in, (T*)out, (const T*)res, (T*)res_out, (const T*)weight, fp8);
 }
 
@@ -385,23 +521,38 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
                   sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7),                     \
                   sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7) __VA_ARGS__);
 
+// Entry-point names by variant (abi.rmsnorm_entry): ar_rmsnorm[_twoshot][_fp8]_{pg,vr}.
+#if SOLLAT_RMSNORM_TWOSHOT
+#define SOLLAT_RMSNORM_ENTRY_PG ar_rmsnorm_twoshot_pg
+#define SOLLAT_RMSNORM_ENTRY_VR ar_rmsnorm_twoshot_vr
+#define SOLLAT_RMSNORM_FP8_ENTRY_PG ar_rmsnorm_twoshot_fp8_pg
+#define SOLLAT_RMSNORM_FP8_ENTRY_VR ar_rmsnorm_twoshot_fp8_vr
+#else
+#define SOLLAT_RMSNORM_ENTRY_PG ar_rmsnorm_pg
+#define SOLLAT_RMSNORM_ENTRY_VR ar_rmsnorm_vr
+#define SOLLAT_RMSNORM_FP8_ENTRY_PG ar_rmsnorm_fp8_pg
+#define SOLLAT_RMSNORM_FP8_ENTRY_VR ar_rmsnorm_fp8_vr
+#endif
+
 #if SOLLAT_RMSNORM_FP8
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-ar_rmsnorm_fp8_pg(SOLLAT_RMSNORM_FP8_PG_PARAMS) {
+SOLLAT_RMSNORM_FP8_ENTRY_PG(SOLLAT_RMSNORM_FP8_PG_PARAMS) {
   SOLLAT_RMSNORM_PG_BODY(, Fp8Out{(unsigned char*)fp8_out, fp8_scale})
 }
 
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-ar_rmsnorm_fp8_vr(SOLLAT_RMSNORM_FP8_VR_PARAMS) {
+SOLLAT_RMSNORM_FP8_ENTRY_VR(SOLLAT_RMSNORM_FP8_VR_PARAMS) {
   SOLLAT_RMSNORM_VR_BODY(, Fp8Out{(unsigned char*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, f0, f1, f2, f3, f4, f5, f6, f7),
                                   sollat::pick_rank<SOLLAT_MAX_RANKS>(y, s0, s1, s2, s3, s4, s5, s6, s7)})
 }
 #else
-extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_pg(SOLLAT_RMSNORM_PG_PARAMS) {
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+SOLLAT_RMSNORM_ENTRY_PG(SOLLAT_RMSNORM_PG_PARAMS) {
   SOLLAT_RMSNORM_PG_BODY()
 }
 
-extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1) ar_rmsnorm_vr(SOLLAT_RMSNORM_VR_PARAMS) {
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+SOLLAT_RMSNORM_ENTRY_VR(SOLLAT_RMSNORM_VR_PARAMS) {
   SOLLAT_RMSNORM_VR_BODY()
 }
 #endif

@@ -33,6 +33,8 @@
 //                every spin is bounded (fault.h): on timeout or another thread's fault they
 //                return false and the kernel must stop. recvReduce/recvGather reset each sentinel
 //                line as soon as its poll has read it (store after load, same thread and address).
+//   releaseResets sentinel: the send() fence on its own (acq_rel at peer scope) if this buffer
+//                reset lines since its last send; LL: no-op.
 //   reset        sentinel: store all-ones into this rank's own line (ordering as for send); LL: no-op.
 //   advanceEpoch no memory access.
 //   commit       plain stores of the epoch counters; the kernel boundary orders them before the
@@ -88,6 +90,11 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // it consumed). LL: no-op. resetRange does lines first..first+count-1.
   __device__ void reset(int peer, int i);
   __device__ void resetRange(int peer, int first, int count);
+  // Sentinel: the resets this buffer stored since its last send land before any later store of
+  // this thread (the fence send() would issue), for a kernel whose credit crosses buffers: there
+  // the store that frees these lines for the peer is another buffer's send
+  // (kernels/allreduce_rmsnorm.cu, two-shot). LL, or nothing reset: no-op.
+  __device__ void releaseResets() { beforeSend(); }
 
   // Moves every channel used since the last call to its next epoch (and the other parity).
   __device__ void advanceEpoch();
