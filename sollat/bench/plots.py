@@ -61,6 +61,8 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
 
 def _style(label: str, colors: dict[str, str] | None = None) -> dict[str, Any]:
     color = (colors or {}).get(label)
+    if label == "sollat auto_symm":  # auto in place on Communicator.empty tensors: black, dotted
+        return {"linestyle": ":", "linewidth": 2.4, "marker": "D", "markersize": 4, "color": "black"}
     if label.startswith("sollat auto"):
         return {"linestyle": "-", "linewidth": 2.4, "marker": "o", "markersize": 4, "color": "black"}
     style: dict[str, Any]
