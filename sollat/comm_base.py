@@ -329,7 +329,7 @@ class _CommBase(LaunchFitting, DeviceState):
             name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
             if symmetric:
                 name = self._symmetric_path(name, algo, n * dt.size, dt.torch_dtype, op)
-            if name in select.HANDOVERS or name == select.TORCH_TWOSHOT_ZERO_COPY:
+            if name in select.LIBRARY_PATHS:
                 self._check_handover(name, n * dt.size, dt, op)
                 entry = name
             else:

@@ -29,7 +29,7 @@ from .comm_gather_scatter import GatherScatterCalls
 from .comm_launch import CLUSTER_MAX_BLOCKS
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
-from .dtypes import DTYPES, OPS, DType
+from .dtypes import DTYPES, OPS, DType, lookup
 from .errors import SollatError, UnsupportedError
 from .registry import lookup_comm
 from .validate import (
@@ -191,9 +191,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
             size = tuple(size[0])
         if not all(isinstance(d, int) and d >= 0 for d in size):
             raise UnsupportedError(f"Communicator.empty: size must be non-negative ints, got {size!r}")
-        if dtype not in DTYPES:
-            raise UnsupportedError(f"Communicator.empty: dtype {dtype} is not one sollat reduces; supported: "
-                                   + ", ".join(str(d).removeprefix("torch.") for d in DTYPES))
+        lookup(dtype, "Communicator.empty")  # a dtype sollat reduces, or a clear error
         return self._symm.empty(tuple(size), dtype)
 
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algo: str = "auto", *,

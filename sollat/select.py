@@ -54,6 +54,7 @@ HANDOVERS = (NCCL, TORCH_TWOSHOT)  # library paths a rule may name (real ranks o
 # torch's two-shot in place on a tensor in symmetric memory (Communicator.empty), with no copy in:
 # not a table entry; ``auto`` takes it for such calls where it would hand over.
 TORCH_TWOSHOT_ZERO_COPY = "torch_twoshot_zero_copy"
+LIBRARY_PATHS = (*HANDOVERS, TORCH_TWOSHOT_ZERO_COPY)  # every plan that is a library call, not a kernel
 # What torch's two_shot_all_reduce_ serves (torch 2.11: float and bfloat16, sum).
 TORCH_TWOSHOT_DTYPES = frozenset({torch.float32, torch.bfloat16})
 ANY = "any"

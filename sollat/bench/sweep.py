@@ -53,7 +53,7 @@ class Target(Protocol):
 
     def call(self, bufs: Any, i: int, algo: str) -> None: ...
 
-    def check(self, bufs: Any, dtype: str) -> str: ...
+    def check(self, bufs: Any, dtype: str, algo: str = "") -> str: ...
 
     def finish(self) -> None: ...
 
@@ -109,7 +109,7 @@ class VirtualTarget(_CommTarget):
         dt = torch_dtype(dtype)
         return rotating_sets(self.ranks, max(1, nbytes // dt.itemsize), dt, self.device, n_sets)
 
-    def check(self, bufs: Any, dtype: str) -> str:
+    def check(self, bufs: Any, dtype: str, algo: str = "") -> str:
         ins, outs = bufs
         for s in range(len(ins)):
             ref = rank_order_sum(ins[s])
@@ -134,7 +134,8 @@ class DistributedTarget(_CommTarget):
     and ``auto`` it measures ``auto_symm``: ``auto`` in place on tensors in symmetric memory
     (``Communicator.empty``, holding copies of the same inputs), as torch's symmetric-memory and
     NCCL peers run (in place; their values grow from call to call, which none of them looks at).
-    That row is checked on one fresh in-place call per input set."""
+    That row is checked on one fresh in-place call per input set (``check`` is told the row's
+    algorithm)."""
 
     extra_rows = (AUTO_SYMM,)
 
@@ -148,7 +149,6 @@ class DistributedTarget(_CommTarget):
         self.ranks = dist.get_world_size()
         self.rank = dist.get_rank()
         self._pool: Any = None  # symmetric float32 elements, grown (collectively) as sizes grow
-        self._last = ""  # the algorithm of the last call: check() needs to know auto_symm's
 
     def _symmetric(self, n: int, dt: Any, n_sets: int) -> list[Any]:
         """``n_sets`` views of ``n`` elements into the symmetric pool, each 256-byte aligned."""
@@ -174,19 +174,18 @@ class DistributedTarget(_CommTarget):
         return ins, outs, syms
 
     def call(self, bufs: Any, i: int, algo: str) -> None:
-        self._last = algo
         if algo != AUTO_SYMM:
             return super().call(bufs, i, algo)
         syms = bufs[2]
         x = syms[i % len(syms)]
         self.comm.all_reduce(x, op="sum", algo="auto", out=x)
 
-    def check(self, bufs: Any, dtype: str) -> str:
+    def check(self, bufs: Any, dtype: str, algo: str = "") -> str:
         import torch
         import torch.distributed as dist
 
         ins, outs = bufs[0], bufs[1]
-        if self._last == AUTO_SYMM:  # in place: one fresh call per set, compared like the others
+        if algo == AUTO_SYMM:  # in place: one fresh call per set, compared like the others
             outs = bufs[2]
             for sym, x in zip(outs, ins, strict=True):
                 sym.copy_(x)
@@ -345,6 +344,6 @@ def _finish_row(target: Target, cfg: SweepConfig, bufs: Any, dtype: str, row: Ro
 
     row.set_stats(Stats.of(per_call))
     try:
-        row.check = target.check(bufs, dtype) if cfg.check else "n/a"
+        row.check = target.check(bufs, dtype, row.algo) if cfg.check else "n/a"
     except Exception as exc:
         row.check = f"check failed: {_reason(exc)}"

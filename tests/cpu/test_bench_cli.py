@@ -116,7 +116,7 @@ def test_bench_pipeline_with_fakes(tmp_path, monkeypatch: pytest.MonkeyPatch, ca
         def call(self, bufs: object, i: int, algo: str) -> None:
             pass
 
-        def check(self, bufs: object, dtype: str) -> str:
+        def check(self, bufs: object, dtype: str, algo: str = "") -> str:
             return "ok"
 
         def finish(self) -> None:

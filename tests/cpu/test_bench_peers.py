@@ -284,7 +284,7 @@ class FakeTarget:
         if algo == "oneshot_ll" and bufs[0] == 1024:
             raise PeerTimeoutError("peer 1 did not deliver", rank=0, peer=1, slot=0, epoch=1)
 
-    def check(self, bufs: Any, dtype: str) -> str:
+    def check(self, bufs: Any, dtype: str, algo: str = "") -> str:
         return "ok"
 
     def finish(self) -> None:
