@@ -34,14 +34,19 @@ import torch
 import torch.nn.functional as F
 
 import sollat
-from sollat import rmsnorm
+from sollat import algorithms, rmsnorm
 from sollat.bench import env
 from sollat.bench.timing import measure_floor, slowest_rank, time_calls
 
 SHAPES = ((1, 4096), (1, 8192), (4, 8192), (8, 4096), (8, 8192))  # (tokens, hidden): decode steps
 EPS = 1e-6
 SETS = 4
-FUSED = ("oneshot_ll", "oneshot_sentinel", "auto")
+ONESHOT = ("oneshot_ll", "oneshot_sentinel", "auto")
+TWOSHOT = ("twoshot_ll", "twoshot_sentinel")  # rows only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1
+
+
+def fused_algos() -> tuple[str, ...]:
+    return ONESHOT + (TWOSHOT if algorithms.rmsnorm_twoshot_enabled() else ())
 
 
 def _post(y: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,8 +139,9 @@ def run_one(comm: Any, virtual: bool, ranks: int, rank: int, tokens: int, hidden
             dev: torch.device, calls: int, replays: int, sync: Callable[[], None] | None) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(1000 * tokens + hidden)  # same on every rank
     case = Case(comm, virtual, ranks, tokens, hidden, dtype, dev, gen)
-    checks = {algo: check(case, algo, gen, ranks, rank) for algo in FUSED}
-    rows: dict[str, Callable[[int], None]] = {f"fused_{a.removeprefix('oneshot_')}": case.fused(a) for a in FUSED}
+    fused = fused_algos()
+    checks = {algo: check(case, algo, gen, ranks, rank) for algo in fused}
+    rows: dict[str, Callable[[int], None]] = {f"fused_{a.removeprefix('oneshot_')}": case.fused(a) for a in fused}
     rows["ar"] = case.all_reduce
     rows["ar+torch"] = case.unfused(_post)
     rows["ar+compiled"] = case.unfused(_post_compiled)
@@ -159,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", default=None)
     p.add_argument("--row-lines", type=int, default=None,
                    help="development: rmsnorm.ROW_LINES_PER_BLOCK for this run (how wide a row's cluster gets)")
+    p.add_argument("--shapes", default=",".join(f"{t}x{h}" for t, h in SHAPES),
+                   help="comma list of TOKENSxHIDDEN (default: decode steps)")
     a = p.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")]
     if a.row_lines is not None:
         rmsnorm.ROW_LINES_PER_BLOCK = a.row_lines  # read by every geometry (the kernel's and the reference's)
     env.apply_safety_env()
@@ -181,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         world = max(c[2] for c in configs)
     floor = measure_floor(dev, calls=a.calls, replays=a.replays, sync=sync).stats.median
     for comm, virtual, ranks in configs:
-        for tokens, hidden in SHAPES:
+        for tokens, hidden in shapes:
             results.append(run_one(comm, virtual, ranks, rank, tokens, hidden, torch.bfloat16, dev, a.calls,
                                    a.replays, sync))
             if rank == 0:
