@@ -313,10 +313,11 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   if constexpr (kFp8) scale = *fp8.scale;
 
   // Two-shot: one pass's exchange of row `row` (see the top of the file): r of each active line
-  // goes to take(i, r), on every rank the bits the one-shot computes there; the last pass also
-  // loads the weight into wt. False on a fault (recorded; nothing more may be sent).
+  // into rs[i], on every rank the bits the one-shot computes there; the last pass also loads the
+  // weight into wt. False on a fault (recorded; nothing more may be sent). (Not a generic lambda:
+  // NVRTC 13.0 takes a generic lambda's operator() for a host function.)
   auto twoshot_pass = [&](u64 row, int p, bool last, int active, const P (&mine)[kSlots], P (&wt)[kSlots],
-                          auto&& take) -> bool {
+                          P (&rs)[kSlots]) -> bool {
     const int owner = (int)(row % (u64)a.nranks);  // rmsnorm.row_owner
     if (owner != a.rank) {
       // Sentinel: the buffer-1 lines reset so far land before this send, which frees them for the owner.
@@ -362,7 +363,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
 #pragma unroll
         for (int e = 0; e < kPiece; ++e)
           r.v[w * kPiece + e] = from_acc<T>(add_rn(sums[i * kWiden + w].v[e], to_acc(r_in[i].v[w * kPiece + e])));
-      take(i, r);
+      rs[i] = r;
     }
     return true;
   };
@@ -381,22 +382,25 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
           if (i < active) own[i] = load_row(in, row, line_of(p, i));
       }
       if (active == 0) continue;  // this thread has no line in this pass: its channels keep their epochs
-      if constexpr (kTwoShot) {
-        // r of line i of this pass, as every rank has it: into res_out and the sum of squares,
-        // exactly as the one-shot below.
-        auto take = [&](int i, const P& r) {
-          store_row(res_out, row, line_of(p, i), r);
+      // r of line i of this pass, as every rank has it: into res_out and the sum of squares.
+      auto take = [&](int i, const P& r) {
+        store_row(res_out, row, line_of(p, i), r);
 #pragma unroll
-          for (int e = 0; e < kElems; ++e) {
-            const float v = to_acc(r.v[e]);
-            ss = add_rn(ss, mul_rn(v, v));
-          }
-          kept[i] = r;
-        };
-        if (!twoshot_pass(row, p, p == passes - 1, active, own, wt, take)) {  // fault recorded
+        for (int e = 0; e < kElems; ++e) {
+          const float v = to_acc(r.v[e]);  // past the row's end: 0 + 0, adds nothing to ss
+          ss = add_rn(ss, mul_rn(v, v));
+        }
+        kept[i] = r;
+      };
+      if constexpr (kTwoShot) {
+        P rs[kSlots];
+        if (!twoshot_pass(row, p, p == passes - 1, active, own, wt, rs)) {  // fault recorded
           ok = false;
           break;
         }
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i)
+          if (i < active) take(i, rs[i]);
         buf.advanceEpoch();
         ag.advanceEpoch();
         continue;
@@ -426,13 +430,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
         P r;
 #pragma unroll
         for (int e = 0; e < kElems; ++e) r.v[e] = from_acc<T>(add_rn(acc[i].v[e], to_acc(r_in[i].v[e])));
-        store_row(res_out, row, line_of(p, i), r);
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) {
-          const float v = to_acc(r.v[e]);  // past the row's end: 0 + 0, adds nothing to ss
-          ss = add_rn(ss, mul_rn(v, v));
-        }
-        kept[i] = r;
+        take(i, r);
       }
       buf.advanceEpoch();
     }
