@@ -4,7 +4,9 @@ CUDA-graph replay of back-to-back calls on rotating inputs, median of replays; t
 floor in the same run).
 
 Rows (µs per step; one step = one layer's AllReduce + add + norm):
-* ``fused_ll`` / ``fused_sentinel`` / ``fused_auto``: ``all_reduce_rmsnorm`` (residual in place);
+* ``fused_ll`` / ``fused_sentinel`` / ``fused_auto``: ``all_reduce_rmsnorm`` (residual in place;
+  ``fused_auto`` is ``unfused`` above rmsnorm.AUTO_FUSED_MAX_ROWS rows);
+* ``unfused``: ``all_reduce_rmsnorm(algo="unfused")``: sollat's AllReduce, then its one-GPU epilogue;
 * ``ar``: sollat's AllReduce alone (what the communication costs);
 * ``ar+torch``: sollat AllReduce, then ``r = y + residual`` and ``F.rms_norm`` (eager kernels);
 * ``ar+compiled``: sollat AllReduce, then the add and norm compiled by ``torch.compile`` (one
@@ -41,7 +43,7 @@ from sollat.bench.timing import measure_floor, slowest_rank, time_calls
 SHAPES = ((1, 4096), (1, 8192), (4, 8192), (8, 4096), (8, 8192))  # (tokens, hidden): decode steps
 EPS = 1e-6
 SETS = 4
-ONESHOT = ("oneshot_ll", "oneshot_sentinel", "auto")
+ONESHOT = ("oneshot_ll", "oneshot_sentinel", "unfused", "auto")
 TWOSHOT = ("twoshot_ll", "twoshot_sentinel")  # rows only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1
 
 
@@ -128,7 +130,7 @@ def check(case: Case, algo: str, gen: torch.Generator, world: int, rank: int) ->
     case.comm.check()
     if algo == "auto":
         return "ok (auto)" if same else "ranks differ"
-    want_y, want_r = rmsnorm.reference(xs, before, case.w, EPS, rmsnorm.geometry(algo, dt, *shape, world))
+    want_y, want_r = rmsnorm.algo_reference(algo, xs, before, case.w, EPS)
     ok = same and torch.equal(y.cpu(), want_y) and torch.equal(r.cpu(), want_r)
     unfused_y, _ = _post(sum(x.float() for x in xs).to(dt), before, case.w)
     close = torch.allclose(unfused_y.float(), y.float(), rtol=5e-2, atol=5e-2)
@@ -141,7 +143,8 @@ def run_one(comm: Any, virtual: bool, ranks: int, rank: int, tokens: int, hidden
     case = Case(comm, virtual, ranks, tokens, hidden, dtype, dev, gen)
     fused = fused_algos()
     checks = {algo: check(case, algo, gen, ranks, rank) for algo in fused}
-    rows: dict[str, Callable[[int], None]] = {f"fused_{a.removeprefix('oneshot_')}": case.fused(a) for a in fused}
+    rows: dict[str, Callable[[int], None]] = {
+        a if a == rmsnorm.UNFUSED else f"fused_{a.removeprefix('oneshot_')}": case.fused(a) for a in fused}
     rows["ar"] = case.all_reduce
     rows["ar+torch"] = case.unfused(_post)
     rows["ar+compiled"] = case.unfused(_post_compiled)

@@ -198,6 +198,14 @@ RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
     tuple(Param(f"{_RMSNORM_FP8_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_FP8_PTRS for r in range(MAX_RANKS))
     + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
 )
+# Residual add + RMSNorm on one GPU (kernels/add_rmsnorm.cu): the epilogue of all_reduce_rmsnorm's
+# "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
+# peers. fp8_out / fp8_scale are 0 without the FP8 copy. One block of at most
+# ADD_RMSNORM_MAX_THREADS threads per row.
+ADD_RMSNORM_ENTRY = "add_rmsnorm"
+ADD_RMSNORM_MAX_THREADS = 1024
+ADD_RMSNORM_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + (
+    Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
 # float8_e4m3fn (OCP E4M3, torch.float8_e4m3fn): the largest finite value (0x7E; the copy is
 # clamped to +-FP8_E4M3_MAX) and the one NaN byte the kernel writes for every NaN (0x7F: no
 # infinities in this format; 0xFF, the negative NaN, is never written).
@@ -271,6 +279,8 @@ def _per_kernel_lines() -> list[str]:
         "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
+        "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row).",
+        _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS)]),
         "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",
         _enum("Fp8E4M3", [("kFp8E4M3Max", FP8_E4M3_MAX), ("kFp8E4M3NaN", FP8_E4M3_NAN)]),
         "// LL128 warp-unit (ll128.h names them in namespace ll128).",
@@ -353,6 +363,7 @@ def header_text() -> str:
         *_params_macro("SOLLAT_RMSNORM_VR_PARAMS", RMSNORM_VR_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_FP8_PG_PARAMS", RMSNORM_FP8_PG_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_FP8_VR_PARAMS", RMSNORM_FP8_VR_PARAMS),
+        *_params_macro("SOLLAT_ADD_RMSNORM_PARAMS", ADD_RMSNORM_PARAMS),
         "",
         "#endif  // SOLLAT_ABI_H_",
     ]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import abi, agree, algorithms, build, driver_launch, launch, layout, registry, rmsnorm, select
+from . import rmsnorm_epilogue as epilogue
 from .algorithms import ALGORITHMS, Algorithm
 from .comm_launch import LaunchFitting
 from .comm_state import DeviceState, _host_device_pointer
@@ -203,15 +204,15 @@ class _CommBase(LaunchFitting, DeviceState):
         return plan
 
     # ---- fused AllReduce + residual add + RMSNorm (rmsnorm.py, kernels/allreduce_rmsnorm.cu) --------
-    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype) -> str:
-        """What ``all_reduce_rmsnorm(algo="auto")`` picks for ``nbytes`` of ``x`` (a public name)."""
-        name = self._rmsnorm_resolve("auto", nbytes, dtype)
-        return next(public for public, internal in rmsnorm.ALGOS.items() if internal == name)
+    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
+        """What ``all_reduce_rmsnorm(algo="auto")`` picks for ``nbytes`` of ``x`` in ``rows`` rows
+        (a public name: ``oneshot_ll``, ``oneshot_sentinel`` or ``unfused``)."""
+        return rmsnorm.public_name(self._rmsnorm_resolve("auto", nbytes, dtype, rows))
 
-    def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype) -> str:
-        """Internal algorithm name. ``auto`` follows the AllReduce table among the one-shot
-        algorithms only (rmsnorm.AUTO_ALGOS: LL or sentinel by size, never NCCL; the fused two-shot
-        is picked only by name until it has been measured on GPUs)."""
+    def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
+        """Internal algorithm name. ``auto``: above rmsnorm.AUTO_FUSED_MAX_ROWS rows the unfused
+        hand-over, else the AllReduce table among the fused one-shot algorithms only
+        (rmsnorm.AUTO_ALGOS: LL or sentinel by size; the fused two-shot only by name)."""
         if algo == "auto":
             key = ("rmsnorm", nbytes, dtype)
             choice = self._choices.get(key)
@@ -219,7 +220,7 @@ class _CommBase(LaunchFitting, DeviceState):
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
                                        handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
-            return rmsnorm.ALGOS[choice]
+            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, choice))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
             raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (it has not run on a GPU yet): "
@@ -261,13 +262,17 @@ class _CommBase(LaunchFitting, DeviceState):
         return plan
 
     def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,
-                           fp8: bool = False) -> _Plan:
-        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank."""
+                           fp8: bool = False) -> _Plan | epilogue.Epilogue:
+        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank. The
+        unfused algorithm's entry is its epilogue (the AllReduce plans its own call)."""
         key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo, fp8)
         entry = self._calls.get(key)
         if entry is None:
-            name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype)
-            entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
+            name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype, rows)
+            if name == rmsnorm.UNFUSED:
+                entry = epilogue.Epilogue(dt, rows, hidden, eps_bits)
+            else:
+                entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
             self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits, fp8),
                                   "this call (algorithm|dtype|rows|hidden|eps[|fp8])")
             self._calls[key] = entry

@@ -23,6 +23,7 @@ from typing import Any, overload
 import torch
 
 from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select
+from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
@@ -306,6 +307,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
+        if isinstance(plan, epilogue.Epilogue):  # unfused: the sum into y (same bits on every rank), then y in place
+            self._all_reduce_impl(x, "sum", "auto", y, True)
+            plan.launch(y, y, residual, r_out, weight, fp8)
+            return result
         ptrs = (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr())
         if fp8 is not None:  # abi.RMSNORM_FP8_PG_PARAMS: then the copy, then its scale
             ptrs += (fp8[1].data_ptr(), fp8[0].data_ptr())

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 
-from . import algorithms, build
+from . import algorithms, build, rmsnorm, rmsnorm_epilogue
 from .dtypes import DTYPES
 
 DEFAULT_ARCH = build.DEFAULT_ARCH
@@ -46,7 +46,8 @@ def check_arch(arch: str) -> str:
 
 def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
     """(kernel file, defines) for every (algorithm, dtype, op, max ranks, slots) combination, the fused
-    RMSNorm kernels (plain and with the FP8 copy) and the built-in AllGather / ReduceScatter included."""
+    RMSNorm kernels (plain and with the FP8 copy), their unfused epilogue and the built-in AllGather /
+    ReduceScatter included."""
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values(),
                 *algorithms.GATHER_SCATTER_ALGORITHMS.values()):
@@ -60,6 +61,8 @@ def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
                     if key not in seen:
                         seen.add(key)
                         yield alg.kernel_file, d
+    for dtype in rmsnorm.DTYPES_SUPPORTED:  # the unfused algorithm's one-GPU epilogue
+        yield rmsnorm_epilogue.KERNEL_FILE, {"SOLLAT_T": DTYPES[dtype].cxx}
 
 
 def _compile_one(args: tuple[str, dict[str, str], str]) -> str:

@@ -46,9 +46,18 @@ DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
                          "twoshot_ll": "rmsnorm_twoshot_ll", "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
-# What ``algo="auto"`` chooses among (by the AllReduce table's LL / sentinel choice): the one-shot
-# only. The two-shot has never run on a GPU; it must be measured before auto may pick it.
+# The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``,
+# library paths included) into the output, then kernels/add_rmsnorm.cu on one GPU (the residual add
+# and the norm with the fused kernel's arithmetic, ``unfused_geometry``).
+UNFUSED = "unfused"
+PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
+# What ``algo="auto"`` chooses: a fused one-shot of AUTO_ALGOS (by the AllReduce table's LL /
+# sentinel choice) for up to AUTO_FUSED_MAX_ROWS rows, the unfused hand-over above: the fused
+# kernel's row clusters take the rows a few at a time, one exchange after another, while the
+# AllReduce moves them all at once (2 H200s, docs/benchmarks.md run 18). The two-shot measured
+# slower than the one-shot at every shape there: auto never picks it.
 AUTO_ALGOS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel")
+AUTO_FUSED_MAX_ROWS = 16
 
 
 # Lines one block of a row takes at most before the row is split over more blocks of a cluster
@@ -107,8 +116,30 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
     """``row_geometry`` by public algorithm name (``oneshot_ll``, ``twoshot_sentinel`` ...), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
-    once, never a narrower row cluster: the reduction order does not depend on the block count)."""
+    once, never a narrower row cluster: the reduction order does not depend on the block count);
+    ``unfused``: its epilogue's ``unfused_geometry``."""
+    if algo == UNFUSED:
+        return unfused_geometry(DTYPES[dtype], rows, hidden)
     return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
+
+
+UNFUSED_MAX_GRID = 1 << 16  # blocks of the epilogue; more rows loop (block b: rows b, b + grid, ...)
+
+
+def unfused_geometry(dt: DType, rows: int, hidden: int) -> RowGeometry:
+    """The cut of kernels/add_rmsnorm.cu: one block per row, 16-byte lines, one line per thread and
+    pass, as many threads as lines up to abi.ADD_RMSNORM_MAX_THREADS (more lines: more passes)."""
+    epl = layout.LINE_BYTES // dt.size
+    row_lines = layout.ceil_div(hidden, epl)
+    threads = min(abi.ADD_RMSNORM_MAX_THREADS, layout.ceil_div(row_lines, layout.WARP) * layout.WARP)
+    passes = layout.ceil_div(row_lines, threads)
+    return RowGeometry(max(1, min(rows, UNFUSED_MAX_GRID)), threads, 1, passes, row_lines, epl, 1)
+
+
+def auto_choice(rows: int, fused: str) -> str:
+    """``algo="auto"``'s public name for a call of ``rows`` rows, ``fused`` being the one-shot the
+    AllReduce table names for its size."""
+    return UNFUSED if rows > AUTO_FUSED_MAX_ROWS else fused
 
 
 def row_owner(row: int, world_size: int) -> int:
@@ -125,11 +156,17 @@ def rows_owned(rows: int, world_size: int, rank: int) -> range:
 
 
 def internal_name(algo: str) -> str:
+    """The registry's name of a public algorithm name (``unfused`` is its own)."""
     if algo in ALGOS:
         return ALGOS[algo]
-    if algo in RMSNORM_ALGORITHMS:
+    if algo in RMSNORM_ALGORITHMS or algo == UNFUSED:
         return algo
-    raise UnsupportedError(f"{OPNAME}: unknown algorithm {algo!r}; known: {', '.join(ALGOS)} or 'auto'")
+    raise UnsupportedError(f"{OPNAME}: unknown algorithm {algo!r}; known: {', '.join(PUBLIC_ALGOS)} or 'auto'")
+
+
+def public_name(name: str) -> str:
+    """The public name of an internal one (``internal_name``'s inverse)."""
+    return next((public for public, internal in ALGOS.items() if internal == name), name)
 
 
 def eps_bits(eps: object) -> int:
@@ -362,6 +399,25 @@ def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tens
     rstd = row_rstd(total, hidden, eps)
     y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
     return y.reshape(shape), r.reshape(shape)
+
+
+def unfused_sum(xs: list[torch.Tensor]) -> torch.Tensor:
+    """What the unfused algorithm's epilogue starts from: the AllReduce's output as sollat's
+    deterministic AllReduce computes it, the rank-order fp32 sum rounded once to the dtype (on the
+    CPU)."""
+    acc = xs[0].detach().cpu().to(torch.float32)
+    for x in xs[1:]:
+        acc = acc + x.detach().cpu().to(torch.float32)
+    return acc.to(xs[0].dtype)
+
+
+def algo_reference(algo: str, xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``reference`` of a call of public algorithm ``algo`` with every rank's ``xs`` (rank order):
+    its geometry, and for ``unfused`` the epilogue of ``unfused_sum``."""
+    hidden = int(xs[0].shape[-1])
+    geo = geometry(algo, xs[0].dtype, xs[0].numel() // max(1, hidden), hidden, len(xs))
+    return reference([unfused_sum(xs)] if algo == UNFUSED else xs, residual, weight, eps, geo)
 
 
 def fp8_reference(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import overload
 import torch
 
 from . import layout, rmsnorm
+from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
@@ -265,6 +266,11 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
+        if isinstance(plan, epilogue.Epilogue):  # unfused: the sums into ys, then each rank's epilogue in place
+            self._all_reduce_impl([c[0] for c in checked], "sum", "auto", ys, True)
+            for r, c in enumerate(checked):
+                plan.launch(ys[r], ys[r], c[1], rs[r], c[2], None if fp8 is None else fp8[r])
+            return result
         pad = self._pad
         ptrs: list[int] = []
         for k in (0, 3, 1, 4, 2):  # x, out, residual, residual_out, weight (abi.RMSNORM_VR_PARAMS)

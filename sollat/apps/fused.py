@@ -19,8 +19,10 @@ with the other backends within the tolerance, never bitwise, so ``rank_order_for
 ========================  ===========================================================================
 spec                      what runs at each fusion point
 ========================  ===========================================================================
-``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel)
-``sollat_fused:<algo>``   that fused algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``twoshot_ll`` ...
+``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel;
+                          ``unfused`` above rmsnorm.AUTO_FUSED_MAX_ROWS rows)
+``sollat_fused:<algo>``   that algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``twoshot_ll``,
+                          ``unfused`` ...
 ========================  ===========================================================================
 """
 
@@ -41,7 +43,7 @@ def fused_algorithms() -> tuple[str, ...]:
     """The algorithms ``sollat_fused:<algo>`` accepts (sollat.rmsnorm's public names)."""
     from sollat import rmsnorm
 
-    return tuple(rmsnorm.ALGOS)
+    return rmsnorm.PUBLIC_ALGOS
 
 
 def check_fused_algo(algo: str) -> None:
@@ -109,7 +111,8 @@ class _SollatFused(_SollatMixin, FusedRMSNormBackend):
             return "auto" if select is None else str(select(call.nbytes, call.dtype, call.op))
         if self.algo != "auto":
             return self.algo
-        return str(self.comm.selected_rmsnorm_algorithm(call.nbytes, call.dtype))
+        rows = call.nbytes // max(1, call.hidden * call.dtype.itemsize)
+        return str(self.comm.selected_rmsnorm_algorithm(call.nbytes, call.dtype, rows))
 
     def rank_order_for(self, calls: Sequence[CallRecord]) -> bool:
         return False  # see the module docstring: never bitwise equal to an unfused backend

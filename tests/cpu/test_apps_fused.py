@@ -64,7 +64,7 @@ class FakeVirtualComm:
         both = [fused_reference(xs, residuals[r], weight, eps, name, self.world) for r in range(self.world)]
         return [y for y, _ in both], [r for _, r in both]
 
-    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype) -> str:
+    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
         return self.auto
 
 

@@ -128,7 +128,9 @@ def test_algorithm_names() -> None:
     assert rmsnorm.internal_name("twoshot_ll") == "rmsnorm_twoshot_ll"
     assert rmsnorm.internal_name("twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
     assert rmsnorm.internal_name("rmsnorm_twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
-    known = "known: oneshot_ll, oneshot_sentinel, twoshot_ll, twoshot_sentinel or 'auto'"
+    assert rmsnorm.internal_name("unfused") == "unfused" == rmsnorm.public_name("unfused")
+    assert rmsnorm.public_name("rmsnorm_twoshot_ll") == "twoshot_ll"
+    known = "known: oneshot_ll, oneshot_sentinel, twoshot_ll, twoshot_sentinel, unfused or 'auto'"
     for bad in ("ll128", "twoshot", "oneshot", "twoshot_LL"):
         with pytest.raises(sollat.UnsupportedError, match=f"unknown algorithm '{bad}'; {known}"):
             rmsnorm.internal_name(bad)
@@ -522,14 +524,62 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
-    """algo="auto" picks a fused one-shot algorithm from the AllReduce table at every size (never a
-    library path: the fused op has none; never the two-shot, which has not been measured)."""
+    """algo="auto" picks a fused one-shot algorithm from the AllReduce table at every size up to
+    AUTO_FUSED_MAX_ROWS rows (never a library path there; never the two-shot, measured slower), and
+    the unfused hand-over above, whatever the size."""
     c = fake_virtual(2)
+    most = rmsnorm.AUTO_FUSED_MAX_ROWS
     for nbytes in (4, 1024, 1 << 20, 64 << 20):
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            assert c._rmsnorm_resolve("auto", nbytes, dtype) in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
-            assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype)] == c._rmsnorm_resolve("auto", nbytes,
-                                                                                                   dtype)
+            for rows in (1, most):
+                name = c._rmsnorm_resolve("auto", nbytes, dtype, rows)
+                assert name in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
+                assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype, rows)] == name
+            for rows in (most + 1, 4096):
+                assert c._rmsnorm_resolve("auto", nbytes, dtype, rows) == rmsnorm.UNFUSED
+                assert c.selected_rmsnorm_algorithm(nbytes, dtype, rows) == "unfused"
+
+
+@pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
+def test_unfused_geometry_covers_each_line_once(dtype: torch.dtype) -> None:
+    """kernels/add_rmsnorm.cu: one block per row (up to UNFUSED_MAX_GRID blocks), 16-byte lines,
+    line p * threads + t to thread t in pass p, no empty pass, threads a multiple of 32 up to
+    abi.ADD_RMSNORM_MAX_THREADS; rmsnorm.geometry("unfused", ...) is it."""
+    dt = DTYPES[dtype]
+    for rows in (1, 3, 17, 70000):
+        for hidden in (1, 7, 1000, 4096, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
+            g = rmsnorm.unfused_geometry(dt, rows, hidden)
+            assert g == rmsnorm.geometry("unfused", dtype, rows, hidden, 8)
+            assert (g.row_blocks, g.slots, g.elems_per_line) == (1, 1, layout.LINE_BYTES // dt.size)
+            assert g.blocks == min(rows, rmsnorm.UNFUSED_MAX_GRID)
+            assert g.threads % layout.WARP == 0 and g.threads <= abi.ADD_RMSNORM_MAX_THREADS
+            assert g.row_lines == -(-hidden // g.elems_per_line)
+            assert g.passes * g.threads >= g.row_lines > (g.passes - 1) * g.threads
+            if g.passes > 1:
+                assert g.threads == abi.ADD_RMSNORM_MAX_THREADS
+
+
+def test_unfused_reference_is_the_epilogue_of_the_rounded_sum() -> None:
+    """The unfused algorithm's bits: the reference of ONE input, the AllReduce's rounded output
+    (its sum rounded to the dtype, then the residual added and rounded again)."""
+    gen = torch.Generator().manual_seed(5)
+    xs = [torch.randn(5, 1000, generator=gen).to(torch.bfloat16) for _ in range(2)]
+    res = torch.randn(5, 1000, generator=gen).to(torch.bfloat16)
+    w = torch.randn(1000, generator=gen).to(torch.bfloat16)
+    s = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
+    y, r = rmsnorm.reference([s], res, w, 1e-6, rmsnorm.geometry("unfused", torch.bfloat16, 5, 1000, 2))
+    assert torch.equal(r, (s.float() + res.float()).to(torch.bfloat16))
+    want = torch.nn.functional.rms_norm(r.float(), (1000,), w.float(), 1e-6)
+    assert torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_add_rmsnorm_kernel_compiles_for_every_dtype(tmp_path, monkeypatch) -> None:
+    pytest.importorskip("cuda.core")
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    src = build.kernel_source("add_rmsnorm.cu")
+    assert "SOLLAT_ADD_RMSNORM_PARAMS" in src
+    for dtype in rmsnorm.DTYPES_SUPPORTED:
+        build.compile_cubin(src, name="add_rmsnorm", arch="sm_90", defines={"SOLLAT_T": DTYPES[dtype].cxx})
 
 
 # ---- the FP8 copy (fp8_scale / fp8_out) -----------------------------------------------------------

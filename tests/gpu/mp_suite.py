@@ -470,7 +470,8 @@ def rmsnorm_algos() -> list[str]:
     the communicators, which accept it only then)."""
     from sollat import algorithms, rmsnorm
 
-    return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()]
+    return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()] + [
+        rmsnorm.UNFUSED]
 
 
 @section("rmsnorm", 220)  # 150 before the two-shot calls (about a third more calls, 8 more modules)
@@ -478,8 +479,9 @@ def rmsnorm_values(s: Suite) -> None:
     """all_reduce_rmsnorm: both protocols x dtype x shape x input class (x from the hash inputs,
     the residual and the weight equal on every rank, as in tensor parallelism), out of place and
     with the residual updated in place; bitwise against sollat.rmsnorm.reference and across ranks.
-    The two-shot algorithms (never run on real ranks before) the same way, with two input classes
-    and a few more rows (fewer rows than ranks, rows not divisible by the ranks, many per block)."""
+    The two-shot algorithms (with their variable) the same way, with two input classes and a few
+    more rows (fewer rows than ranks, rows not divisible by the ranks, many per block); the unfused
+    hand-over (sollat's AllReduce, then the one-GPU epilogue) likewise, its AllReduce included."""
     from sollat import rmsnorm
 
     comm = s.main
@@ -501,8 +503,7 @@ def rmsnorm_values(s: Suite) -> None:
                     y, r = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo,
                                                    residual_out=res if in_place else None)
                     s.expect(not in_place or r.data_ptr() == res.data_ptr(), f"{what}: residual not updated in place")
-                    want_y, want_r = rmsnorm.reference(xs, res_before, w, 1e-6,
-                                                       rmsnorm.geometry(algo, dt, tokens, hidden, s.world))
+                    want_y, want_r = rmsnorm.algo_reference(algo, xs, res_before, w, 1e-6)
                     for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
                         got = got.cpu()
                         if int(ref.bitwise_bad(got, want)):
@@ -539,8 +540,7 @@ def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
                         q_out = buf[1:].view(torch.float8_e4m3fn).view(tokens, hidden)
                     y, r, q = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo, fp8_scale=scale, fp8_out=q_out)
                     s.expect(q_out is None or q is q_out, f"{what}: fp8_out not used")
-                    want_y, want_r = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(algo, dt, tokens, hidden,
-                                                                                          s.world))
+                    want_y, want_r = rmsnorm.algo_reference(algo, xs, res, w, 1e-6)
                     for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
                         got = got.cpu()
                         if int(ref.bitwise_bad(got, want)):

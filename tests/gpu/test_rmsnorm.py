@@ -33,12 +33,14 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # The two-shot is experimental (never run on a GPU yet): its tests run only with
 # SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1, which also lets the communicators built here accept it.
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
-ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS]
+# unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against
+# rmsnorm.algo_reference like the fused algorithms.
+ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS] + [rmsnorm.UNFUSED]
 
 
 def algos(*names: str) -> list[str]:
     """``names`` without the two-shot ones unless it is enabled."""
-    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS]
+    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a == rmsnorm.UNFUSED]
 
 
 needs_twoshot = pytest.mark.skipif(not TWOSHOT, reason=f"experimental: set {algorithms.RMSNORM_TWOSHOT_ENV}=1")
@@ -77,15 +79,12 @@ def check(ys, rs, xs, res, w, eps: float, algo: str, what: str) -> None:
     ranks whose residual and weight hold the same bits), and every rank's outputs bitwise equal
     (NaN payloads included) among ranks with the same residual and weight."""
     r = len(xs)
-    shape = xs[0].shape
-    hidden = shape[-1]
-    geo = rmsnorm.geometry(algo, xs[0].dtype, xs[0].numel() // hidden, hidden, r)
     done: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (rank, reference y, reference residual)
     for k in range(r):
         same = next((d for d in done if torch.equal(raw(res[k]), raw(res[d[0]])) and torch.equal(raw(w[k]), raw(w[d[0]]))),
                     None)
         if same is None:
-            ry, rr = rmsnorm.reference(xs, res[k], w[k], eps, geo)
+            ry, rr = rmsnorm.algo_reference(algo, xs, res[k], w[k], eps)
             done.append((k, ry, rr))
             assert_bitwise(rs[k].cpu(), rr, f"{what} residual_out rank {k}")
             assert_bitwise(ys[k].cpu(), ry, f"{what} y rank {k}")
@@ -238,16 +237,16 @@ def test_twoshot_rows_and_owners(r: int, algo: str) -> None:
     c.check()
 
 
-def test_auto_uses_a_one_shot_algorithm() -> None:
+def test_auto_uses_a_one_shot_algorithm_or_the_unfused_hand_over() -> None:
+    most = rmsnorm.AUTO_FUSED_MAX_ROWS
     for r in (2, 4, 8):
         c = comm(r)
         gen = torch.Generator(device=DEV).manual_seed(40 + r)
-        for tokens, hidden in ((1, 7), (1, 4096), (8, 8192), (64, 8192)):
+        for tokens, hidden in ((1, 7), (1, 4096), (8, 8192), (most, 4096), (most + 1, 4096), (64, 8192)):
             xs, res, w = inputs(r, tokens, hidden, torch.bfloat16, gen)
             ys, rs = c.all_reduce_rmsnorm(xs, res, w)  # eps 1e-6, algo auto
-            name = c._rmsnorm_resolve("auto", tokens * hidden * 2, torch.bfloat16)
-            public = {v: k for k, v in rmsnorm.ALGOS.items()}[name]
-            assert public in rmsnorm.AUTO_ALGOS  # never the two-shot until it has been measured
+            public = c.selected_rmsnorm_algorithm(tokens * hidden * 2, torch.bfloat16, tokens)
+            assert public in rmsnorm.AUTO_ALGOS if tokens <= most else public == rmsnorm.UNFUSED  # never the two-shot
             check(ys, rs, xs, res, w, 1e-6, public, f"auto ({public}) R={r} {tokens}x{hidden}")
 
 
@@ -367,7 +366,7 @@ def test_small_epoch_space_wraps_correctly() -> None:
     c.check()
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_sentinel"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_sentinel", "unfused"))
 def test_torch_compile_keeps_the_op(algo: str) -> None:
     r = 2
     c = comm(r)
@@ -381,7 +380,7 @@ def test_torch_compile_keeps_the_op(algo: str) -> None:
     a, b, res = (torch.randn(4, 1000, device=DEV, generator=gen) for _ in range(3))
     w = torch.randn(1000, device=DEV, generator=gen)
     out = cf(a, b, res, w)
-    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry(algo, torch.float32, 4, 1000, 2))
+    y, r_ = rmsnorm.algo_reference(algo, [a * 2, b * 2], res, w, 1e-5)
     assert_bitwise(out.cpu(), y + r_, f"torch.compile {algo}")
 
 
@@ -391,8 +390,7 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
     gen = torch.Generator(device=DEV).manual_seed(100)
     for algo in ALGOS:
         xs, res, w = inputs(r, 20, 8192, torch.float32, gen)
-        ref = [rmsnorm.reference(xs, res[k], w[k], 1e-6, rmsnorm.geometry(algo, torch.float32, 20, 8192, r))
-               for k in range(r)]
+        ref = [rmsnorm.algo_reference(algo, xs, res[k], w[k], 1e-6) for k in range(r)]
         testing.inject(c, absent=2)
         outs = [torch.zeros_like(x) for x in xs]
         routs = [torch.zeros_like(x) for x in xs]
@@ -468,15 +466,13 @@ def check_fp8(ys, qs, scales, xs, res, w, eps: float, algo: str, what: str) -> N
     """Each rank's copy bit for bit against fp8_reference of the reference y (one NaN byte, 0x7F)
     with that rank's scale, and equal on ranks with the same inputs and scale."""
     r = len(xs)
-    hidden = xs[0].shape[-1]
-    geo = rmsnorm.geometry(algo, xs[0].dtype, xs[0].numel() // hidden, hidden, r)
     cache: dict[tuple[int, int], torch.Tensor] = {}
     for k in range(r):
         assert qs[k].dtype == FP8 and qs[k].shape == xs[0].shape, what
         same = next((d for d in range(k) if torch.equal(raw(res[k]), raw(res[d])) and torch.equal(raw(w[k]), raw(w[d]))),
                     k)
         if same not in cache:
-            cache[same] = rmsnorm.reference(xs, res[same], w[same], eps, geo)[0]
+            cache[same] = rmsnorm.algo_reference(algo, xs, res[same], w[same], eps)[0]
         want = rmsnorm.fp8_reference(cache[same], scales[k]).view(torch.uint8)
         got = qs[k].cpu().view(torch.uint8)
         bad = got != want
@@ -638,7 +634,7 @@ def test_fp8_cuda_graph_reads_the_scale_at_every_replay(r: int) -> None:
     c.check()
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_ll"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "twoshot_ll", "unfused"))
 def test_fp8_torch_compile_keeps_the_op(algo: str) -> None:
     r = 2
     c = comm(r)
@@ -653,7 +649,7 @@ def test_fp8_torch_compile_keeps_the_op(algo: str) -> None:
     w = torch.randn(1000, device=DEV, generator=gen)
     s = torch.tensor([0.02], device=DEV)
     out, q = cf(a, b, res, w, s)
-    y, r_ = rmsnorm.reference([a * 2, b * 2], res, w, 1e-5, rmsnorm.geometry(algo, torch.float32, 4, 1000, 2))
+    y, r_ = rmsnorm.algo_reference(algo, [a * 2, b * 2], res, w, 1e-5)
     assert_bitwise(out.cpu(), y + r_, f"fp8 torch.compile {algo}")
     assert q.dtype == FP8 and torch.equal(q.cpu().view(torch.uint8), rmsnorm.fp8_reference(y, s).view(torch.uint8))
 
@@ -665,8 +661,7 @@ def test_fp8_fault_poisons_the_copy_too() -> None:
     for algo in ALGOS:
         xs, res, w = inputs(r, 20, 8192, torch.bfloat16, gen)
         scales = scale_tensors(r, 0.01)
-        geo = rmsnorm.geometry(algo, torch.bfloat16, 20, 8192, r)
-        want = [rmsnorm.fp8_reference(rmsnorm.reference(xs, res[k], w[k], 1e-6, geo)[0], scales[k]).view(torch.uint8)
+        want = [rmsnorm.fp8_reference(rmsnorm.algo_reference(algo, xs, res[k], w[k], 1e-6)[0], scales[k]).view(torch.uint8)
                 for k in range(r)]
         testing.inject(c, absent=2)
         qouts = fp8_outputs(xs)

@@ -28,6 +28,8 @@ enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffe
 enum Parity : int { kParities = 2 };
 // Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };
+// Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row).
+enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 1024 };
 // float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.
 enum Fp8E4M3 : int { kFp8E4M3Max = 448, kFp8E4M3NaN = 127 };
 // LL128 warp-unit (ll128.h names them in namespace ll128).
@@ -114,5 +116,9 @@ static_assert(sizeof(CommState) == 88, "CommState: sollat/abi.py STATE_FORMAT");
     sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
     sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
     sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
+#define SOLLAT_ADD_RMSNORM_PARAMS \
+    const void* in, void* out, const void* res, void* res_out, \
+    const void* weight, void* fp8_out, const float* fp8_scale, sollat::u64 rows, \
+    sollat::u64 hidden, sollat::u32 eps_bits
 
 #endif  // SOLLAT_ABI_H_
