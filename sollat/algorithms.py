@@ -113,13 +113,16 @@ ALGORITHMS: dict[str, Algorithm] = {
 # all_reduce never sees them), but each has its own scratch region and epochs in every
 # communicator, like those, of RMSNORM_MAX_BLOCKS blocks per rank: 8 decode rows of 4 blocks each
 # (rmsnorm.row_geometry). The two-shot (one module define of the same kernel file: two buffers, the
-# reduce-scatter of x to each row's owner and the all-gather of the fp32 sums) has never run on a
-# GPU: ``algo="auto"`` does not pick it (rmsnorm.AUTO_ALGOS) until it has been measured.
+# reduce-scatter of x to each row's owner and the all-gather of the fp32 sums): ``algo="auto"``
+# never picks it (rmsnorm.AUTO_ALGOS; measured slower, below).
 RMSNORM_MAX_BLOCKS = 32
-# Until the two-shot has run on a GPU it is opt-in: a communicator gives it scratch regions (and
-# accepts algo="twoshot_*") only when this variable is "1" in its process at construction, on
-# every rank alike (part of the setup agreement). Without it the layout and scratch size are those
-# verified on GPUs.
+# The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_*")
+# only when this variable is "1" in its process at construction, on every rank alike (part of the
+# setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
+# (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,
+# but it was slower than the one-shot at every shape (1-512 rows x 8192), and two virtual-rank
+# tests fail with it: a wrong residual after epoch wraps (SOLLAT_EPOCH_BITS=2, 4 ranks) and a
+# timeout that names the waiting owner instead of the absent rank. It stays experimental.
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
 RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_ll", "rmsnorm_twoshot_sentinel"})
 

@@ -269,10 +269,12 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``[..., hidden]``, ``residual`` the residual of the same shape and dtype, ``weight``
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
-        ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. Always a sollat
-        kernel, never NCCL: ``algo`` ``auto`` (a one-shot), ``oneshot_ll``, ``oneshot_sentinel``,
-        or the two-shot ``twoshot_ll`` / ``twoshot_sentinel`` (same bits as the one-shot of its
-        protocol; never run on a GPU yet, so ``auto`` does not pick it).
+        ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
+        (a fused one-shot up to ``rmsnorm.AUTO_FUSED_MAX_ROWS`` rows, ``unfused`` above),
+        ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
+        library paths included, into ``out``, then one kernel for the add and the norm with the
+        same arithmetic after the AllReduce's rounding: ``rmsnorm.algo_reference``), or the
+        experimental two-shot ``twoshot_ll`` / ``twoshot_sentinel`` (``algorithms.RMSNORM_TWOSHOT_ENV``).
 
         ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
         scale, read by the kernel at every launch) also writes and returns, third, the

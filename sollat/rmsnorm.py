@@ -52,12 +52,14 @@ ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel":
 UNFUSED = "unfused"
 PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
 # What ``algo="auto"`` chooses: a fused one-shot of AUTO_ALGOS (by the AllReduce table's LL /
-# sentinel choice) for up to AUTO_FUSED_MAX_ROWS rows, the unfused hand-over above: the fused
-# kernel's row clusters take the rows a few at a time, one exchange after another, while the
-# AllReduce moves them all at once (2 H200s, docs/benchmarks.md run 18). The two-shot measured
-# slower than the one-shot at every shape there: auto never picks it.
+# sentinel choice) for up to AUTO_FUSED_MAX_ROWS rows, the unfused hand-over above. Measured on 2
+# H200s (docs/benchmarks.md run 18, bf16, µs, fused sentinel / unfused): 1 x 8192 5.04 / 5.22,
+# 8 x 4096 5.41 / 4.85, 8 x 8192 5.74 / 5.64, 16 x 8192 10.39 / 6.14, 128 x 8192 72.9 / 12.4: the
+# fused kernel's row clusters take the rows eight at a time, one exchange after another, while the
+# AllReduce moves them all at once and the epilogue normalises every row in parallel. The fused
+# two-shot measured slower than the one-shot at every shape there (2 ranks): auto never picks it.
 AUTO_ALGOS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel")
-AUTO_FUSED_MAX_ROWS = 16
+AUTO_FUSED_MAX_ROWS = 4
 
 
 # Lines one block of a row takes at most before the row is split over more blocks of a cluster

@@ -207,6 +207,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         same shape, ``weight`` one ``[hidden]`` tensor for every rank or a list of R. Returns every
         rank's normalised output and updated residual (``residual_out=residuals`` updates them in
         place; ``out=xs`` writes the outputs over the inputs). Every rank's results are identical.
+        ``algo`` as Communicator's (``unfused``: the AllReduce, then one epilogue launch per rank).
         ``fp8_scale`` (one float32 element on the device, or a list of R) also returns every rank's
         float8_e4m3fn copy of its output (into ``fp8_out`` when given), as Communicator's.
         """
