@@ -5,7 +5,7 @@ floor in the same run).
 
 Rows (µs per step; one step = one layer's AllReduce + add + norm):
 * ``fused_ll`` / ``fused_sentinel`` / ``fused_auto``: ``all_reduce_rmsnorm`` (residual in place;
-  ``fused_auto`` is ``unfused`` above rmsnorm.AUTO_FUSED_MAX_ROWS rows);
+  ``fused_auto`` is ``unfused`` but for one or two wide rows: rmsnorm.auto_choice);
 * ``unfused``: ``all_reduce_rmsnorm(algo="unfused")``: sollat's AllReduce, then its one-GPU epilogue;
 * ``ar``: sollat's AllReduce alone (what the communication costs);
 * ``ar+torch``: sollat AllReduce, then ``r = y + residual`` and ``F.rms_norm`` (eager kernels);

@@ -210,9 +210,9 @@ class _CommBase(LaunchFitting, DeviceState):
         return rmsnorm.public_name(self._rmsnorm_resolve("auto", nbytes, dtype, rows))
 
     def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
-        """Internal algorithm name. ``auto``: above rmsnorm.AUTO_FUSED_MAX_ROWS rows the unfused
-        hand-over, else the AllReduce table among the fused one-shot algorithms only
-        (rmsnorm.AUTO_ALGOS: LL or sentinel by size; the fused two-shot only by name)."""
+        """Internal algorithm name. ``auto``: rmsnorm.auto_choice (few wide rows: the AllReduce
+        table among the fused one-shot algorithms only, rmsnorm.AUTO_ALGOS, LL or sentinel by
+        size; else the unfused hand-over; the fused two-shot only by name)."""
         if algo == "auto":
             key = ("rmsnorm", nbytes, dtype)
             choice = self._choices.get(key)
@@ -220,7 +220,7 @@ class _CommBase(LaunchFitting, DeviceState):
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
                                        handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
-            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, choice))
+            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
             raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on 2 GPUs, two known test failures): "

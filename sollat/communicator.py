@@ -270,7 +270,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
-        (a fused one-shot up to ``rmsnorm.AUTO_FUSED_MAX_ROWS`` rows, ``unfused`` above),
+        (a fused one-shot for one or two rows of 16 KiB or more, else ``unfused``: ``rmsnorm.auto_choice``),
         ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
         library paths included, into ``out``, then one kernel for the add and the norm with the
         same arithmetic after the AllReduce's rounding: ``rmsnorm.algo_reference``), or the

@@ -52,14 +52,17 @@ ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel":
 UNFUSED = "unfused"
 PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
 # What ``algo="auto"`` chooses: a fused one-shot of AUTO_ALGOS (by the AllReduce table's LL /
-# sentinel choice) for up to AUTO_FUSED_MAX_ROWS rows, the unfused hand-over above. Measured on 2
-# H200s (docs/benchmarks.md run 18, bf16, µs, fused sentinel / unfused): 1 x 8192 5.04 / 5.22,
-# 8 x 4096 5.41 / 4.85, 8 x 8192 5.74 / 5.64, 16 x 8192 10.39 / 6.14, 128 x 8192 72.9 / 12.4: the
-# fused kernel's row clusters take the rows eight at a time, one exchange after another, while the
-# AllReduce moves them all at once and the epilogue normalises every row in parallel. The fused
+# sentinel choice) for at most AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES each,
+# else the unfused hand-over. Measured on 2 H200s (docs/benchmarks.md run 18, bf16, µs, best fused
+# one-shot / unfused): 1 x 8192 5.08 / 5.21, 2 x 8192 5.27 / 5.34, 4 x 8192 5.48 / 5.44,
+# 8 x 8192 5.73 / 5.63, 1 x 4096 4.81 / 4.49, 8 x 4096 5.41 / 4.90, 16 x 8192 10.1 / 6.14,
+# 128 x 8192 47.2 / 12.4: the fused kernel's row clusters take the rows eight at a time, one
+# exchange after another, while the AllReduce moves them all at once and the epilogue normalises
+# every row in parallel; only one or two wide rows gain from doing it all in one kernel. The fused
 # two-shot measured slower than the one-shot at every shape there (2 ranks): auto never picks it.
 AUTO_ALGOS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel")
-AUTO_FUSED_MAX_ROWS = 4
+AUTO_FUSED_MAX_ROWS = 2
+AUTO_FUSED_MIN_ROW_BYTES = 16 << 10
 
 
 # Lines one block of a row takes at most before the row is split over more blocks of a cluster
@@ -138,10 +141,11 @@ def unfused_geometry(dt: DType, rows: int, hidden: int) -> RowGeometry:
     return RowGeometry(max(1, min(rows, UNFUSED_MAX_GRID)), threads, 1, passes, row_lines, epl, 1)
 
 
-def auto_choice(rows: int, fused: str) -> str:
-    """``algo="auto"``'s public name for a call of ``rows`` rows, ``fused`` being the one-shot the
-    AllReduce table names for its size."""
-    return UNFUSED if rows > AUTO_FUSED_MAX_ROWS else fused
+def auto_choice(rows: int, nbytes: int, fused: str) -> str:
+    """``algo="auto"``'s public name for a call of ``rows`` rows and ``nbytes`` bytes, ``fused``
+    being the one-shot the AllReduce table names for its size."""
+    wide = nbytes >= AUTO_FUSED_MIN_ROW_BYTES * max(1, rows)
+    return fused if rows <= AUTO_FUSED_MAX_ROWS and wide else UNFUSED
 
 
 def row_owner(row: int, world_size: int) -> int:

@@ -19,8 +19,8 @@ with the other backends within the tolerance, never bitwise, so ``rank_order_for
 ========================  ===========================================================================
 spec                      what runs at each fusion point
 ========================  ===========================================================================
-``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel;
-                          ``unfused`` above rmsnorm.AUTO_FUSED_MAX_ROWS rows)
+``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel,
+                          for one or two wide rows, else ``unfused``: rmsnorm.auto_choice)
 ``sollat_fused:<algo>``   that algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``twoshot_ll``,
                           ``unfused`` ...
 ========================  ===========================================================================

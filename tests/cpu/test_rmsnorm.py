@@ -524,18 +524,22 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
-    """algo="auto" picks a fused one-shot algorithm from the AllReduce table at every size up to
-    AUTO_FUSED_MAX_ROWS rows (never a library path there; never the two-shot, measured slower), and
-    the unfused hand-over above, whatever the size."""
+    """algo="auto" picks a fused one-shot algorithm from the AllReduce table for at most
+    AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES (never a library path there;
+    never the two-shot, measured slower), and the unfused hand-over otherwise."""
     c = fake_virtual(2)
-    most = rmsnorm.AUTO_FUSED_MAX_ROWS
-    for nbytes in (4, 1024, 1 << 20, 64 << 20):
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            for rows in (1, most):
+    most, wide = rmsnorm.AUTO_FUSED_MAX_ROWS, rmsnorm.AUTO_FUSED_MIN_ROW_BYTES
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for rows in range(1, most + 1):
+            for row_bytes in (wide, 2 * wide, 1 << 20):
+                nbytes = rows * row_bytes
                 name = c._rmsnorm_resolve("auto", nbytes, dtype, rows)
                 assert name in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
                 assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype, rows)] == name
-            for rows in (most + 1, 4096):
+            for nbytes in (4, rows * wide - 2):  # narrow rows
+                assert c._rmsnorm_resolve("auto", nbytes, dtype, rows) == rmsnorm.UNFUSED
+        for rows in (most + 1, 8, 4096):
+            for nbytes in (rows * 2, rows * wide, rows * (1 << 20)):
                 assert c._rmsnorm_resolve("auto", nbytes, dtype, rows) == rmsnorm.UNFUSED
                 assert c.selected_rmsnorm_algorithm(nbytes, dtype, rows) == "unfused"
 

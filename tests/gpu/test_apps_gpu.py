@@ -118,7 +118,7 @@ def fused_specs() -> list[str]:
     from sollat import algorithms, rmsnorm
 
     names = rmsnorm.ALGOS if algorithms.rmsnorm_twoshot_enabled() else rmsnorm.AUTO_ALGOS  # two-shot: opt-in
-    return ["sollat_fused"] + [f"sollat_fused:{a}" for a in names]
+    return ["sollat_fused"] + [f"sollat_fused:{a}" for a in (*names, rmsnorm.UNFUSED)]
 
 
 @pytest.mark.parametrize("tp", [2, 4])
@@ -138,7 +138,7 @@ def test_decode_virtual_tp_fused_matches_unsharded(tp: int,
         assert [c.op for c in sess.calls] == [FUSED_OP] * (2 * CFG.n_layers) + ["max", "min"]
         assert (sess.calls[0].nbytes, sess.calls[0].hidden) == (BATCH * CFG.hidden * 2, CFG.hidden)
         algo = backend.algorithm_for(sess.calls[0])
-        assert algo in rmsnorm.ALGOS and (spec == "sollat_fused" or spec.endswith(":" + algo))
+        assert algo in rmsnorm.PUBLIC_ALGOS and (spec == "sollat_fused" or spec.endswith(":" + algo))
         logits, tokens = [], []
         for i in range(STEPS):
             logits.append(full_logits(sess.step(force_tokens=inputs[i].to(DEV))).cpu())

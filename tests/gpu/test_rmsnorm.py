@@ -242,11 +242,12 @@ def test_auto_uses_a_one_shot_algorithm_or_the_unfused_hand_over() -> None:
     for r in (2, 4, 8):
         c = comm(r)
         gen = torch.Generator(device=DEV).manual_seed(40 + r)
-        for tokens, hidden in ((1, 7), (1, 4096), (8, 8192), (most, 4096), (most + 1, 4096), (64, 8192)):
+        for tokens, hidden in ((1, 7), (1, 4096), (1, 8192), (most, 8192), (most + 1, 8192), (8, 8192), (64, 8192)):
             xs, res, w = inputs(r, tokens, hidden, torch.bfloat16, gen)
             ys, rs = c.all_reduce_rmsnorm(xs, res, w)  # eps 1e-6, algo auto
             public = c.selected_rmsnorm_algorithm(tokens * hidden * 2, torch.bfloat16, tokens)
-            assert public in rmsnorm.AUTO_ALGOS if tokens <= most else public == rmsnorm.UNFUSED  # never the two-shot
+            fused = tokens <= most and hidden * 2 >= rmsnorm.AUTO_FUSED_MIN_ROW_BYTES
+            assert public in rmsnorm.AUTO_ALGOS if fused else public == rmsnorm.UNFUSED  # never the two-shot
             check(ys, rs, xs, res, w, 1e-6, public, f"auto ({public}) R={r} {tokens}x{hidden}")
 
 
