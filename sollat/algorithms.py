@@ -121,8 +121,16 @@ RMSNORM_MAX_BLOCKS = 32
 # setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
 # (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,
 # but it was slower than the one-shot at every shape (1-512 rows x 8192), and two virtual-rank
-# tests fail with it: a wrong residual after epoch wraps (SOLLAT_EPOCH_BITS=2, 4 ranks) and a
-# timeout that names the waiting owner instead of the absent rank. It stays experimental.
+# tests fail with it (4 ranks), for reasons found since (not yet fixed):
+# * LL: a line-channel's slot s -> o is written only in passes whose row o owns, so a slot can hold
+#   a line many epochs old; protocol_ll.h's "no reset needed" argument assumes a slot holds e - 2 at
+#   worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads as current (the test saw the older
+#   call's signature: a mismatch fault, NaN rows); with 32 bits the same takes 2^31 passes of one
+#   channel. A fix: per-line resets as the sentinel does, or a write to every slot every pass.
+# * A non-owner waits on the owner's all-gather while the owner waits on the absent rank: both
+#   spin with the same bound, so either may record the fault first and the error may name the
+#   owner. A fix: the all-gather's wait bounded by twice the timeout.
+# It stays experimental.
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
 RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_ll", "rmsnorm_twoshot_sentinel"})
 
