@@ -44,7 +44,7 @@ SHAPES = ((1, 4096), (1, 8192), (4, 8192), (8, 4096), (8, 8192))  # (tokens, hid
 EPS = 1e-6
 SETS = 4
 ONESHOT = ("oneshot_ll", "oneshot_sentinel", "unfused", "auto")
-TWOSHOT = ("twoshot_ll", "twoshot_sentinel")  # rows only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1
+TWOSHOT = ("twoshot_sentinel",)  # rows only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1
 
 
 def fused_algos() -> tuple[str, ...]:

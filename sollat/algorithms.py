@@ -121,18 +121,21 @@ RMSNORM_MAX_BLOCKS = 32
 # setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
 # (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,
 # but it was slower than the one-shot at every shape (1-512 rows x 8192), and two virtual-rank
-# tests fail with it (4 ranks), for reasons found since (not yet fixed):
-# * LL: a line-channel's slot s -> o is written only in passes whose row o owns, so a slot can hold
-#   a line many epochs old; protocol_ll.h's "no reset needed" argument assumes a slot holds e - 2 at
-#   worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads as current (the test saw the older
-#   call's signature: a mismatch fault, NaN rows); with 32 bits the same takes 2^31 passes of one
-#   channel. A fix: per-line resets as the sentinel does, or a write to every slot every pass.
-# * A non-owner waits on the owner's all-gather while the owner waits on the absent rank: both
-#   spin with the same bound, so either may record the fault first and the error may name the
-#   owner. A fix: the all-gather's wait bounded by twice the timeout.
+# tests failed with it (4 ranks):
+# * LL (no longer registered): a line-channel's slot s -> o is written only in passes whose row o
+#   owns, so a slot can hold a line many epochs old, while protocol_ll.h's "no reset needed"
+#   argument needs it to hold e - 2 at worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads
+#   as current (the GPU test saw an older call's signature: a mismatch fault); with 32 bits the
+#   same takes 2^31 passes of one channel, and with the same signature it is a silently wrong sum.
+#   The protocol model reproduces it (sollat.model, "rmsnorm_twoshot": planted
+#   owner-only-slots/rmsnorm-twoshot-ll-bits2) and proves the sentinel variant clean (its reader
+#   resets every line it takes). Writing every slot every pass would cost the one-shot's traffic.
+# * Not fixed: a non-owner waits on the owner's all-gather while the owner waits on the absent
+#   rank; both spin with the same bound, so either may record the fault first and the error may
+#   name the owner. A fix: the all-gather's wait bounded by twice the timeout.
 # It stays experimental.
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
-RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_ll", "rmsnorm_twoshot_sentinel"})
+RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_sentinel"})
 
 
 def rmsnorm_twoshot_enabled() -> bool:
@@ -151,10 +154,7 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, a cluster of blocks per token row"),
-        Algorithm("rmsnorm_twoshot_ll", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "ll", RMSNORM_MAX_BLOCKS, True,
-                  False, dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  doc="fused AllReduce + residual add + RMSNorm, two-shot LL (reduce-scatter to the row's owner, "
-                      "all-gather of the fp32 sums), a cluster of blocks per token row"),
+        # Sentinel only: an LL two-shot is not sound (RMSNORM_TWOSHOT_ENV's comment).
         Algorithm("rmsnorm_twoshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "sentinel",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),

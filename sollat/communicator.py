@@ -274,7 +274,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
         library paths included, into ``out``, then one kernel for the add and the norm with the
         same arithmetic after the AllReduce's rounding: ``rmsnorm.algo_reference``), or the
-        experimental two-shot ``twoshot_ll`` / ``twoshot_sentinel`` (``algorithms.RMSNORM_TWOSHOT_ENV``).
+        experimental two-shot ``twoshot_sentinel`` (``algorithms.RMSNORM_TWOSHOT_ENV``).
 
         ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
         scale, read by the kernel at every launch) also writes and returns, third, the

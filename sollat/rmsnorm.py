@@ -19,11 +19,11 @@ sum of squares is taken in a fixed order that depends on the launch geometry (``
 described in the kernel file), so every rank computes the same bits and a host reference can
 reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
 
-The two-shot algorithms (``twoshot_ll`` / ``twoshot_sentinel``) cut a row exactly as the one-shot
-of their protocol (same blocks, slots and clusters: ``row_geometry`` of an algorithm with the same
-limits) and compute the same bits: rank ``row_owner(row)`` sums the row's partials in rank order in
+The experimental two-shot (``twoshot_sentinel``; sentinel only, sollat/algorithms.py says why) cuts
+a row exactly as the one-shot of its protocol (same blocks, slots and clusters: ``row_geometry`` of an algorithm with the same
+limits) and computes the same bits: rank ``row_owner(row)`` sums the row's partials in rank order in
 fp32 and sends that sum to the others, and every rank adds its own residual and normalises, as in
-the one-shot. So ``reference`` is theirs too, with their geometry (equal to the one-shot's).
+the one-shot. So ``reference`` is its too, with its geometry (equal to the one-shot's).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this
 DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
-                         "twoshot_ll": "rmsnorm_twoshot_ll", "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
+                         "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
 # The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``,
 # library paths included) into the output, then kernels/add_rmsnorm.cu on one GPU (the residual add
 # and the norm with the fused kernel's arithmetic, ``unfused_geometry``).

@@ -21,8 +21,8 @@ spec                      what runs at each fusion point
 ========================  ===========================================================================
 ``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel,
                           for one or two wide rows, else ``unfused``: rmsnorm.auto_choice)
-``sollat_fused:<algo>``   that algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``twoshot_ll``,
-                          ``unfused`` ...
+``sollat_fused:<algo>``   that algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``unfused``,
+                          ``twoshot_sentinel`` (experimental)
 ========================  ===========================================================================
 """
 

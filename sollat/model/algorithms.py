@@ -8,7 +8,7 @@ where the cut of a call is ``layout.plan`` and the epoch of every line-channel i
 device memory that advances once per iteration in which the channel carries data.
 
 The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
-``allreduce_twoshot.cu``, ``allreduce_ll128.cu``) and the ``LLBuffer`` primitives they call
+``allreduce_twoshot.cu``, ``allreduce_ll128.cu``, the exchange of ``allreduce_rmsnorm.cu``'s two-shot) and the ``LLBuffer`` primitives they call
 (``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (lazy fence per buffer: ``beforeSend``),
 ``recvReduce``/``recvGather`` (``pollAll``: every line polled; a sentinel line reset once read),
 ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel end).
@@ -148,8 +148,8 @@ class _Gen:
 
     def make(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
         """Threads of call ``k`` (``n`` lines) on rank ``r``; advances ``epochs`` as the call would."""
-        return {"oneshot": self.oneshot, "twoshot": self.twoshot, "ll128": self.ll128}[self.cfg.algorithm](
-            r, k, n, epochs)
+        return {"oneshot": self.oneshot, "twoshot": self.twoshot, "ll128": self.ll128,
+                "rmsnorm_twoshot": self.rowshot}[self.cfg.algorithm](r, k, n, epochs)
 
     def sig(self, r: int, k: int, n: int) -> int:
         """The call signature; the mismatch test hook flips bit 1 (``call_signature``)."""
@@ -299,6 +299,60 @@ class _Gen:
                                 B.at(it, i)
                                 B.emit(OUT, reg=got[(c, i)], expect=sum(inp(q, m) for q in range(R)), value=m)
                     for _i, _x, s in chans:  # rs.advanceEpoch(); ag.advanceEpoch()
+                        B.advance(epochs, ("rs", s))
+                        B.advance(epochs, ("ag", s))
+                threads.append(B.end())
+        return threads
+
+    # ---- fused RMSNorm two-shot's exchange: allreduce_rmsnorm.cu, SOLLAT_RMSNORM_TWOSHOT ------------
+    def rowshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
+        """``twoshot_pass``: a model line of a call is one row (of one line), owned by rank
+        ``row % R`` (``rmsnorm.row_owner``); cut as the one-shot's message. Per iteration: every slot
+        whose row another rank owns sends its line to that owner only (buffer "rs", after
+        ``ag.releaseResets``); then per slot the owner ``recvReduce``s the others' lines and
+        ``bcast``s the sum (buffer "ag", after ``buf.releaseResets``), a non-owner receives the
+        owner's sum; both buffers advance on every active channel. Only the exchange is modelled
+        (the norm is local arithmetic)."""
+        cfg, R = self.cfg, self.cfg.nranks
+        geo = rules.model_geometry(cfg, n)
+        sig = self.sig(r, k, n)
+        threads = []
+        for b in range(geo.blocks):
+            for t in range(geo.threads):
+                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
+                for it in range(geo.iterations):
+                    B.at(it, 0)
+                    chans = self._active(geo, it, b, t, n)
+                    if not chans:
+                        break
+                    for i, x, s in chans:  # non-owner: buf.send(owner, i, own[i])
+                        if x % R != r:
+                            B.at(it, i)
+                            e = epochs.get(("rs", s), 0)
+                            B.before_send("ag")  # ag.releaseResets (== its beforeSend)
+                            B.before_send("rs")
+                            B.emit(SEND, line=self.line(x % R, "rs", e, r, s), value=input_value(r, k, x),
+                                   flag=self.flag(sig, e), tag=(k, x, e), peer=x % R)
+                    for i, x, s in chans:
+                        B.at(it, i)
+                        want = sum(input_value(q, k, x) for q in range(R))
+                        got = B.reg()
+                        if x % R == r:  # owner: recvReduce, then bcast the sum
+                            e_rs, e_ag = epochs.get(("rs", s), 0), epochs.get(("ag", s), 0)
+                            items = [(p, i, s, got, (k, x, e_rs)) for p in range(R) if p != r]
+                            self._poll_all(B, r, "rs", items, sig, epochs)
+                            B.emit(ADDC, reg=got, value=input_value(r, k, x))
+                            B.before_send("rs")  # buf.releaseResets
+                            B.before_send("ag")
+                            for p in range(R):
+                                if p != r:
+                                    B.emit(SEND, line=self.line(p, "ag", e_ag, r, s), reg=got,
+                                           flag=self.flag(sig, e_ag), tag=(k, x, e_ag), peer=p)
+                        else:  # ag.recvUnrolled from the owner
+                            item = (x % R, i, s, got, (k, x, epochs.get(("ag", s), 0)))
+                            self._poll_all(B, r, "ag", [item], sig, epochs)
+                        B.emit(OUT, reg=got, expect=want, value=x)
+                    for _i, _x, s in chans:  # buf.advanceEpoch(); ag.advanceEpoch()
                         B.advance(epochs, ("rs", s))
                         B.advance(epochs, ("ag", s))
                 threads.append(B.end())

@@ -90,7 +90,7 @@ class Fault:
         return f"{self.kind}(r{self.rank}@{self.call}{extra})"
 
 
-ALGORITHMS = ("oneshot", "twoshot", "ll128")
+ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
 PROTOCOLS = ("ll", "sentinel")
 
 
@@ -104,7 +104,7 @@ class Config:
     :func:`sollat.layout.plan` chooses, at bundle granularity.
     """
 
-    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128"
+    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" (rows of one line each)
     protocol: str = "ll"  # "ll" | "sentinel"; LL128's all-gather is always LL
     nranks: int = 2
     calls: tuple[int, ...] = (1, 2)  # model lines per call (message for one-shot, whole message for two-shot)

@@ -47,6 +47,14 @@ EXHAUSTIVE: list[Config] = [
     _c("twoshot-sentinel-2r2t", algorithm="twoshot", protocol="sentinel", nranks=2, threads=2, calls=(4, 6, 2)),
     _c("ll128-2r1t", algorithm="ll128", nranks=2, calls=(2, 4, 2)),
     _c("ll128-3r1t", algorithm="ll128", nranks=3, calls=(3, 7)),
+    # the fused RMSNorm two-shot's exchange (rows owned by row % R): ownership of a channel's slot
+    # changes from call to call; 2-bit epochs wrap within these sequences
+    _c("rmsnorm-twoshot-sentinel-2r1t-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=2,
+       calls=(1, 3, 1, 2), epoch_bits=2),
+    _c("rmsnorm-twoshot-sentinel-3r1t-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3,
+       calls=(1, 2, 3, 1, 2), epoch_bits=2),
+    _c("rmsnorm-twoshot-sentinel-2r2t-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=2, threads=2,
+       calls=(2, 5, 1, 3), epoch_bits=2),
     _c("ll128-split-torn-2r1t", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
        ll128_split=True, ll128_lines=1),
 ]
@@ -79,6 +87,8 @@ RANDOM: list[tuple[Config, int]] = [
     (_c("ll128-split-torn-3r1t", algorithm="ll128", nranks=3, calls=(3, 7, 2), ll128_line_atomic=False,
         ll128_split=True), 1200),
     (_c("ll128-4r1t-lanes4", algorithm="ll128", nranks=4, calls=(4, 9), ll128_lines=2, ll128_lanes=4), 800),
+    (_c("rmsnorm-twoshot-sentinel-4r2t-b2s2-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4,
+        threads=2, max_blocks=2, max_slots=2, calls=(3, 1, 9, 2, 5), epoch_bits=2), 500),
 ]
 
 
@@ -124,6 +134,12 @@ PLANTED: list[Planted] = [
        "LL: the flag carries the epoch"),
     _p("epoch-bits-1/oneshot", replace(_O_LL, calls=(2, 2), epoch_bits=1), ("stale",),
        "LL: at least 2 epoch bits (stale lines hold e-2)"),
+    # Not a mutation: the LL variant of the fused RMSNorm two-shot as it was written (session 5),
+    # found on a GPU (session 6) and by this model; sollat ships that two-shot in sentinel only.
+    _p("owner-only-slots/rmsnorm-twoshot-ll-bits2", Config(algorithm="rmsnorm_twoshot", protocol="ll", nranks=2,
+                                                           calls=(1, 3, 1, 2), epoch_bits=2),
+       ("stale", "mismatch"), "LL: a slot is rewritten at least every other epoch of its channel (the fused "
+                              "two-shot writes s -> o only in passes whose row o owns)"),
     _p("reset-after-send/oneshot-sentinel", _O_SE.with_mutation(Mutation.RESET_AFTER_SEND), _RACE,
        "sentinel: the reset is fenced before the next send"),
     _p("reset-after-send/twoshot-sentinel", _T_SE.with_mutation(Mutation.RESET_AFTER_SEND), _RACE,

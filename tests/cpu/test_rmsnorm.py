@@ -125,13 +125,12 @@ def test_eps_is_rounded_to_float32() -> None:
 def test_algorithm_names() -> None:
     assert rmsnorm.internal_name("oneshot_ll") == "rmsnorm_oneshot_ll"
     assert rmsnorm.internal_name("rmsnorm_oneshot_sentinel") == "rmsnorm_oneshot_sentinel"
-    assert rmsnorm.internal_name("twoshot_ll") == "rmsnorm_twoshot_ll"
     assert rmsnorm.internal_name("twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
     assert rmsnorm.internal_name("rmsnorm_twoshot_sentinel") == "rmsnorm_twoshot_sentinel"
     assert rmsnorm.internal_name("unfused") == "unfused" == rmsnorm.public_name("unfused")
-    assert rmsnorm.public_name("rmsnorm_twoshot_ll") == "twoshot_ll"
-    known = "known: oneshot_ll, oneshot_sentinel, twoshot_ll, twoshot_sentinel, unfused or 'auto'"
-    for bad in ("ll128", "twoshot", "oneshot", "twoshot_LL"):
+    assert rmsnorm.public_name("rmsnorm_twoshot_sentinel") == "twoshot_sentinel"
+    known = "known: oneshot_ll, oneshot_sentinel, twoshot_sentinel, unfused or 'auto'"
+    for bad in ("ll128", "twoshot", "oneshot", "twoshot_LL", "twoshot_ll"):  # no LL two-shot: algorithms.py
         with pytest.raises(sollat.UnsupportedError, match=f"unknown algorithm '{bad}'; {known}"):
             rmsnorm.internal_name(bad)
     assert set(rmsnorm.ALGOS.values()) == set(algorithms.RMSNORM_ALGORITHMS)
@@ -139,8 +138,10 @@ def test_algorithm_names() -> None:
 
 
 def test_twoshot_algorithms_are_registered() -> None:
-    """Own regions of two buffers each, the two-shot module define, the one-shot defines untouched."""
-    for proto in ("ll", "sentinel"):
+    """Own regions of two buffers each, the two-shot module define, the one-shot defines untouched;
+    sentinel only (an LL two-shot is unsound: the protocol model's owner-only-slots counterexample)."""
+    assert "rmsnorm_twoshot_ll" not in algorithms.RMSNORM_ALGORITHMS
+    for proto in ("sentinel",):
         one = algorithms.RMSNORM_ALGORITHMS[f"rmsnorm_oneshot_{proto}"]
         two = algorithms.RMSNORM_ALGORITHMS[f"rmsnorm_twoshot_{proto}"]
         assert (two.kernel_file, two.kernel, two.proto, two.buffers) == ("allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot",
@@ -181,7 +182,7 @@ def test_twoshot_row_ownership(r: int) -> None:
             assert all(not owned[k] for k in range(rows, r))  # ranks >= rows own nothing
 
 
-@pytest.mark.parametrize("proto", ["ll", "sentinel"])
+@pytest.mark.parametrize("proto", ["sentinel"])
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
 def test_twoshot_geometry_and_reference_are_the_one_shot_s(proto: str, dtype: torch.dtype) -> None:
     """The two-shot cuts every call as the one-shot of its protocol (rows < ranks, rows not
@@ -214,7 +215,7 @@ def test_fused_algorithms_are_not_allreduce_algorithms(monkeypatch: pytest.Monke
     # the experimental two-shot gets regions only when enabled
     fused = [a for n, a in algorithms.RMSNORM_ALGORITHMS.items() if twoshot or n not in algorithms.RMSNORM_EXPERIMENTAL]
     assert names == ("oneshot_ll", *(a.name for a in fused))
-    assert len(fused) == (4 if twoshot else 2)
+    assert len(fused) == (3 if twoshot else 2)
     from sollat.comm_state import scratch_bytes_per_rank
 
     extra = sum(a.scratch_bytes(4) for a in fused)  # their own blocks
@@ -227,7 +228,7 @@ def test_the_experimental_two_shot_is_refused_unless_enabled() -> None:
     comm = fake_virtual(2)
     assert not comm._rmsnorm_twoshot
     with pytest.raises(sollat.UnsupportedError, match=algorithms.RMSNORM_TWOSHOT_ENV):
-        comm._rmsnorm_resolve("twoshot_ll", 1024, torch.bfloat16)
+        comm._rmsnorm_resolve("twoshot_sentinel", 1024, torch.bfloat16)
     assert comm._rmsnorm_resolve("oneshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_oneshot_sentinel"
     comm._rmsnorm_twoshot = True
     assert comm._rmsnorm_resolve("twoshot_sentinel", 1024, torch.bfloat16) == "rmsnorm_twoshot_sentinel"
