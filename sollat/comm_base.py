@@ -223,7 +223,7 @@ class _CommBase(LaunchFitting, DeviceState):
             return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
-            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on 2 GPUs, two known test failures): "
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on 2 GPUs; a fault may name the wrong peer): "
                                    f"construct the communicator with {algorithms.RMSNORM_TWOSHOT_ENV}=1 in the "
                                    "environment of every rank to enable it")
         return name

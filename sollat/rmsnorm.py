@@ -19,11 +19,15 @@ sum of squares is taken in a fixed order that depends on the launch geometry (``
 described in the kernel file), so every rank computes the same bits and a host reference can
 reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
 
-The experimental two-shot (``twoshot_sentinel``; sentinel only, sollat/algorithms.py says why) cuts
-a row exactly as the one-shot of its protocol (same blocks, slots and clusters: ``row_geometry`` of an algorithm with the same
-limits) and computes the same bits: rank ``row_owner(row)`` sums the row's partials in rank order in
-fp32 and sends that sum to the others, and every rank adds its own residual and normalises, as in
-the one-shot. So ``reference`` is its too, with its geometry (equal to the one-shot's).
+The experimental two-shot (``twoshot_sentinel``; sentinel only, sollat/algorithms.py says why)
+cuts a row exactly as the one-shot of its protocol (same blocks, slots and clusters:
+``row_geometry`` of an algorithm with the same limits) and computes the same bits: rank
+``row_owner(row)`` sums the row's partials in rank order in fp32 and sends that sum to the others,
+and every rank adds its own residual and normalises, as in the one-shot. So ``reference`` is its
+reference too, with its geometry (equal to the one-shot's).
+
+The ``unfused`` hand-over runs sollat's AllReduce and then kernels/add_rmsnorm.cu (``auto`` takes
+it for all but one or two wide rows: ``auto_choice``); its bits are ``algo_reference``'s.
 """
 
 from __future__ import annotations
