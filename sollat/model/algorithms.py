@@ -25,6 +25,7 @@ local instructions     ``RESET``/``ZERO`` (issue a store to own scratch that may
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -199,39 +200,50 @@ class _Gen:
                  for i in range(geo.slots)]
         return [c for c in chans if c[1] < lines]
 
+    def _threads(self, r: int, k: int, geo: Geometry, lines: int,
+                 iteration: Callable[[_Builder, int, list[tuple[int, int, int]]], None]) -> list[ThreadProgram]:
+        """One program per (block, thread) of call ``k`` on rank ``r``: ``iteration(B, it, chans)``
+        for every iteration in which the thread has data (``_active``), then the kernel end
+        (``commit``)."""
+        threads = []
+        for b in range(geo.blocks):
+            for t in range(geo.threads):
+                B = _Builder(self.cfg, f"r{r} call{k} b{b}.t{t}")
+                for it in range(geo.iterations):
+                    B.at(it, 0)
+                    chans = self._active(geo, it, b, t, lines)
+                    if not chans:
+                        break
+                    iteration(B, it, chans)
+                threads.append(B.end())  # buf.commit, kernel end
+        return threads
+
     # ---- one-shot: allreduce_oneshot.cu ---------------------------------------------------------
     def oneshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
         geo = rules.model_geometry(cfg, n)
         sig = self.sig(r, k, n)
-        threads = []
-        for b in range(geo.blocks):
-            for t in range(geo.threads):
-                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
-                for it in range(geo.iterations):
-                    B.at(it, 0)
-                    chans = self._active(geo, it, b, t, n)
-                    if not chans:
-                        break
-                    for i, x, s in chans:  # buf.bcast(i, own[i])
-                        B.at(it, i)
-                        e = epochs.get(("oneshot", s), 0)
-                        B.before_send("oneshot")
-                        for p in range(R):
-                            if p != r:
-                                B.emit(SEND, line=self.line(p, "oneshot", e, r, s), value=input_value(r, k, x),
-                                       flag=self.flag(sig, e), tag=(k, x, e), peer=p)
-                    acc = {i: B.reg() for i, _, _ in chans}
-                    items = [(p, i, s, acc[i], (k, x, epochs.get(("oneshot", s), 0)))
-                             for p in range(R) if p != r for i, x, s in chans]
-                    self._poll_all(B, r, "oneshot", items, sig, epochs)  # buf.recvReduce
-                    for i, x, s in chans:  # own value in rank order (sum: exact either way)
-                        B.at(it, i)
-                        B.emit(ADDC, reg=acc[i], value=input_value(r, k, x))
-                        B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
-                        B.advance(epochs, ("oneshot", s))  # buf.advanceEpoch
-                threads.append(B.end())  # buf.commit, kernel end
-        return threads
+
+        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+            for i, x, s in chans:  # buf.bcast(i, own[i])
+                B.at(it, i)
+                e = epochs.get(("oneshot", s), 0)
+                B.before_send("oneshot")
+                for p in range(R):
+                    if p != r:
+                        B.emit(SEND, line=self.line(p, "oneshot", e, r, s), value=input_value(r, k, x),
+                               flag=self.flag(sig, e), tag=(k, x, e), peer=p)
+            acc = {i: B.reg() for i, _, _ in chans}
+            items = [(p, i, s, acc[i], (k, x, epochs.get(("oneshot", s), 0)))
+                     for p in range(R) if p != r for i, x, s in chans]
+            self._poll_all(B, r, "oneshot", items, sig, epochs)  # buf.recvReduce
+            for i, x, s in chans:  # own value in rank order (sum: exact either way)
+                B.at(it, i)
+                B.emit(ADDC, reg=acc[i], value=input_value(r, k, x))
+                B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
+                B.advance(epochs, ("oneshot", s))  # buf.advanceEpoch
+
+        return self._threads(r, k, geo, n, iteration)
 
     # ---- two-shot: allreduce_twoshot.cu ---------------------------------------------------------
     def twoshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -244,65 +256,56 @@ class _Gen:
         def inp(q: int, m: int) -> int:
             return input_value(q, k, m) if m < n else 0  # load_pack pads past n with zeros
 
-        threads = []
-        for b in range(geo.blocks):
-            for t in range(geo.threads):
-                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
-                for it in range(geo.iterations):
-                    B.at(it, 0)
-                    chans = self._active(geo, it, b, t, cl)
-                    if not chans:
-                        break
+        def exists(c: int, x: int) -> bool:
+            return not unpadded or c * cl + x < n
 
-                    def exists(c: int, x: int) -> bool:
-                        return not unpadded or c * cl + x < n
-
-                    # reduce-scatter: rs.send(c, i, line x of chunk c) for every c != self
-                    for c in range(R):
-                        if c == r:
-                            continue
-                        for i, x, s in chans:
-                            if not exists(c, x):
-                                continue
-                            B.at(it, i)
-                            e = epochs.get(("rs", s), 0)
-                            B.before_send("rs")
-                            B.emit(SEND, line=self.line(c, "rs", e, r, s), value=inp(r, c * cl + x),
-                                   flag=self.flag(sig, e), tag=(k, c * cl + x, e), peer=c)
-                    mine = [ch for ch in chans if exists(r, ch[1])]
-                    acc = {i: B.reg() for i, _, _ in mine}
-                    items = [(p, i, s, acc[i], (k, r * cl + x, epochs.get(("rs", s), 0)))
-                             for p in range(R) if p != r for i, x, s in mine]
-                    self._poll_all(B, r, "rs", items, sig, epochs)  # rs.recvReduce
-                    for i, x, _s in mine:
-                        B.emit(ADDC, reg=acc[i], value=inp(r, r * cl + x))
-                    # all-gather: ag.bcast(i, reduced), write own chunk's line
-                    for i, x, s in mine:
+        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+            # reduce-scatter: rs.send(c, i, line x of chunk c) for every c != self
+            for c in range(R):
+                if c == r:
+                    continue
+                for i, x, s in chans:
+                    if not exists(c, x):
+                        continue
+                    B.at(it, i)
+                    e = epochs.get(("rs", s), 0)
+                    B.before_send("rs")
+                    B.emit(SEND, line=self.line(c, "rs", e, r, s), value=inp(r, c * cl + x),
+                           flag=self.flag(sig, e), tag=(k, c * cl + x, e), peer=c)
+            mine = [ch for ch in chans if exists(r, ch[1])]
+            acc = {i: B.reg() for i, _, _ in mine}
+            items = [(p, i, s, acc[i], (k, r * cl + x, epochs.get(("rs", s), 0)))
+                     for p in range(R) if p != r for i, x, s in mine]
+            self._poll_all(B, r, "rs", items, sig, epochs)  # rs.recvReduce
+            for i, x, _s in mine:
+                B.emit(ADDC, reg=acc[i], value=inp(r, r * cl + x))
+            # all-gather: ag.bcast(i, reduced), write own chunk's line
+            for i, x, s in mine:
+                B.at(it, i)
+                e = epochs.get(("ag", s), 0)
+                m = r * cl + x
+                B.before_send("ag")
+                for p in range(R):
+                    if p != r:
+                        B.emit(SEND, line=self.line(p, "ag", e, r, s), reg=acc[i],
+                               flag=self.flag(sig, e), tag=(k, m, e), peer=p)
+                if m < n:
+                    B.emit(OUT, reg=acc[i], expect=sum(inp(q, m) for q in range(R)), value=m)
+            got = {(c, i): B.reg() for c in range(R) for i, x, _ in chans if c != r and exists(c, x)}
+            items = [(c, i, s, got[(c, i)], (k, c * cl + x, epochs.get(("ag", s), 0)))
+                     for c in range(R) if c != r for i, x, s in chans if exists(c, x)]
+            self._poll_all(B, r, "ag", items, sig, epochs)  # ag.recvGather
+            for c in range(R):
+                for i, x, _s in chans:
+                    m = c * cl + x
+                    if c != r and m < n:
                         B.at(it, i)
-                        e = epochs.get(("ag", s), 0)
-                        m = r * cl + x
-                        B.before_send("ag")
-                        for p in range(R):
-                            if p != r:
-                                B.emit(SEND, line=self.line(p, "ag", e, r, s), reg=acc[i],
-                                       flag=self.flag(sig, e), tag=(k, m, e), peer=p)
-                        if m < n:
-                            B.emit(OUT, reg=acc[i], expect=sum(inp(q, m) for q in range(R)), value=m)
-                    got = {(c, i): B.reg() for c in range(R) for i, x, _ in chans if c != r and exists(c, x)}
-                    items = [(c, i, s, got[(c, i)], (k, c * cl + x, epochs.get(("ag", s), 0)))
-                             for c in range(R) if c != r for i, x, s in chans if exists(c, x)]
-                    self._poll_all(B, r, "ag", items, sig, epochs)  # ag.recvGather
-                    for c in range(R):
-                        for i, x, _s in chans:
-                            m = c * cl + x
-                            if c != r and m < n:
-                                B.at(it, i)
-                                B.emit(OUT, reg=got[(c, i)], expect=sum(inp(q, m) for q in range(R)), value=m)
-                    for _i, _x, s in chans:  # rs.advanceEpoch(); ag.advanceEpoch()
-                        B.advance(epochs, ("rs", s))
-                        B.advance(epochs, ("ag", s))
-                threads.append(B.end())
-        return threads
+                        B.emit(OUT, reg=got[(c, i)], expect=sum(inp(q, m) for q in range(R)), value=m)
+            for _i, _x, s in chans:  # rs.advanceEpoch(); ag.advanceEpoch()
+                B.advance(epochs, ("rs", s))
+                B.advance(epochs, ("ag", s))
+
+        return self._threads(r, k, geo, cl, iteration)
 
     # ---- fused RMSNorm two-shot's exchange: allreduce_rmsnorm.cu, SOLLAT_RMSNORM_TWOSHOT ------------
     def rowshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -316,47 +319,40 @@ class _Gen:
         cfg, R = self.cfg, self.cfg.nranks
         geo = rules.model_geometry(cfg, n)
         sig = self.sig(r, k, n)
-        threads = []
-        for b in range(geo.blocks):
-            for t in range(geo.threads):
-                B = _Builder(cfg, f"r{r} call{k} b{b}.t{t}")
-                for it in range(geo.iterations):
-                    B.at(it, 0)
-                    chans = self._active(geo, it, b, t, n)
-                    if not chans:
-                        break
-                    for i, x, s in chans:  # non-owner: buf.send(owner, i, own[i])
-                        if x % R != r:
-                            B.at(it, i)
-                            e = epochs.get(("rs", s), 0)
-                            B.before_send("ag")  # ag.releaseResets (== its beforeSend)
-                            B.before_send("rs")
-                            B.emit(SEND, line=self.line(x % R, "rs", e, r, s), value=input_value(r, k, x),
-                                   flag=self.flag(sig, e), tag=(k, x, e), peer=x % R)
-                    for i, x, s in chans:
-                        B.at(it, i)
-                        want = sum(input_value(q, k, x) for q in range(R))
-                        got = B.reg()
-                        if x % R == r:  # owner: recvReduce, then bcast the sum
-                            e_rs, e_ag = epochs.get(("rs", s), 0), epochs.get(("ag", s), 0)
-                            items = [(p, i, s, got, (k, x, e_rs)) for p in range(R) if p != r]
-                            self._poll_all(B, r, "rs", items, sig, epochs)
-                            B.emit(ADDC, reg=got, value=input_value(r, k, x))
-                            B.before_send("rs")  # buf.releaseResets
-                            B.before_send("ag")
-                            for p in range(R):
-                                if p != r:
-                                    B.emit(SEND, line=self.line(p, "ag", e_ag, r, s), reg=got,
-                                           flag=self.flag(sig, e_ag), tag=(k, x, e_ag), peer=p)
-                        else:  # ag.recvUnrolled from the owner
-                            item = (x % R, i, s, got, (k, x, epochs.get(("ag", s), 0)))
-                            self._poll_all(B, r, "ag", [item], sig, epochs)
-                        B.emit(OUT, reg=got, expect=want, value=x)
-                    for _i, _x, s in chans:  # buf.advanceEpoch(); ag.advanceEpoch()
-                        B.advance(epochs, ("rs", s))
-                        B.advance(epochs, ("ag", s))
-                threads.append(B.end())
-        return threads
+
+        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+            for i, x, s in chans:  # non-owner: buf.send(owner, i, own[i])
+                if x % R != r:
+                    B.at(it, i)
+                    e = epochs.get(("rs", s), 0)
+                    B.before_send("ag")  # ag.releaseResets (== its beforeSend)
+                    B.before_send("rs")
+                    B.emit(SEND, line=self.line(x % R, "rs", e, r, s), value=input_value(r, k, x),
+                           flag=self.flag(sig, e), tag=(k, x, e), peer=x % R)
+            for i, x, s in chans:
+                B.at(it, i)
+                want = sum(input_value(q, k, x) for q in range(R))
+                got = B.reg()
+                if x % R == r:  # owner: recvReduce, then bcast the sum
+                    e_rs, e_ag = epochs.get(("rs", s), 0), epochs.get(("ag", s), 0)
+                    items = [(p, i, s, got, (k, x, e_rs)) for p in range(R) if p != r]
+                    self._poll_all(B, r, "rs", items, sig, epochs)
+                    B.emit(ADDC, reg=got, value=input_value(r, k, x))
+                    B.before_send("rs")  # buf.releaseResets
+                    B.before_send("ag")
+                    for p in range(R):
+                        if p != r:
+                            B.emit(SEND, line=self.line(p, "ag", e_ag, r, s), reg=got,
+                                   flag=self.flag(sig, e_ag), tag=(k, x, e_ag), peer=p)
+                else:  # ag.recvUnrolled from the owner
+                    item = (x % R, i, s, got, (k, x, epochs.get(("ag", s), 0)))
+                    self._poll_all(B, r, "ag", [item], sig, epochs)
+                B.emit(OUT, reg=got, expect=want, value=x)
+            for _i, _x, s in chans:  # buf.advanceEpoch(); ag.advanceEpoch()
+                B.advance(epochs, ("rs", s))
+                B.advance(epochs, ("ag", s))
+
+        return self._threads(r, k, geo, n, iteration)
 
     # ---- two-shot LL128 atomic: allreduce_ll128.cu ------------------------------------------------
     def ll128(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
