@@ -204,8 +204,8 @@ RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
 # ADD_RMSNORM_MAX_THREADS threads per row.
 ADD_RMSNORM_ENTRY = "add_rmsnorm"
 ADD_RMSNORM_MAX_THREADS = 1024
-ADD_RMSNORM_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + (
-    Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
+ADD_RMSNORM_TAIL_PARAMS: tuple[Param, ...] = (Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
+ADD_RMSNORM_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + ADD_RMSNORM_TAIL_PARAMS
 # float8_e4m3fn (OCP E4M3, torch.float8_e4m3fn): the largest finite value (0x7E; the copy is
 # clamped to +-FP8_E4M3_MAX) and the one NaN byte the kernel writes for every NaN (0x7F: no
 # infinities in this format; 0xFF, the negative NaN, is never written).

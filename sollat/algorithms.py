@@ -116,7 +116,7 @@ ALGORITHMS: dict[str, Algorithm] = {
 # reduce-scatter of x to each row's owner and the all-gather of the fp32 sums): ``algo="auto"``
 # never picks it (rmsnorm.AUTO_ALGOS; measured slower, below).
 RMSNORM_MAX_BLOCKS = 32
-# The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_*")
+# The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_sentinel")
 # only when this variable is "1" in its process at construction, on every rank alike (part of the
 # setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
 # (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,

@@ -28,7 +28,7 @@ MAX_ELEMENTS = 1 << 34
 class _Plan:
     """Everything one call needs that depends only on (algorithm, dtype, op, n): cached."""
 
-    alg: Algorithm
+    alg: Algorithm | None  # None: the unfused RMSNorm's epilogue (rmsnorm_epilogue.py: no scratch, no peers)
     kernel: Any
     config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
@@ -223,9 +223,9 @@ class _CommBase(LaunchFitting, DeviceState):
             return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
-            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on 2 GPUs; a fault may name the wrong peer): "
-                                   f"construct the communicator with {algorithms.RMSNORM_TWOSHOT_ENV}=1 in the "
-                                   "environment of every rank to enable it")
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on "
+                                   "2 GPUs; a fault may name the wrong peer): construct the communicator with "
+                                   f"{algorithms.RMSNORM_TWOSHOT_ENV}=1 in the environment of every rank to enable it")
         return name
 
     def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
@@ -261,16 +261,21 @@ class _CommBase(LaunchFitting, DeviceState):
         self._plans[key] = plan
         return plan
 
+    def _rmsnorm_epilogue_plan(self, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
+        """The unfused algorithm's epilogue (``alg`` None); its AllReduce plans its own call."""
+        kernel, config, tail = epilogue.launch_parts(dt, rows, hidden, eps_bits)
+        bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.N_PTRS) if driver_launch.enabled() else None
+        return _Plan(None, kernel, config, tail, bound)
+
     def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,
-                           fp8: bool = False) -> _Plan | epilogue.Epilogue:
-        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank. The
-        unfused algorithm's entry is its epilogue (the AllReduce plans its own call)."""
+                           fp8: bool = False) -> _Plan:
+        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank."""
         key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo, fp8)
         entry = self._calls.get(key)
         if entry is None:
             name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype, rows)
             if name == rmsnorm.UNFUSED:
-                entry = epilogue.Epilogue(dt, rows, hidden, eps_bits)
+                entry = self._rmsnorm_epilogue_plan(dt, rows, hidden, eps_bits)
             else:
                 entry = self._rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
             self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits, fp8),

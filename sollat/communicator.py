@@ -309,9 +309,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
-        if isinstance(plan, epilogue.Epilogue):  # unfused: the sum into y (same bits on every rank), then y in place
+        if plan.alg is None:  # unfused: the sum into y (same bits on every rank), then the epilogue on y in place
             self._all_reduce_impl(x, "sum", "auto", y, True)
-            plan.launch(y, y, residual, r_out, weight, fp8)
+            self._launch(plan, epilogue.pointers(y, y, residual, r_out, weight, fp8))
             return result
         ptrs = (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr())
         if fp8 is not None:  # abi.RMSNORM_FP8_PG_PARAMS: then the copy, then its scale

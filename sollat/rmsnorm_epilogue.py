@@ -1,31 +1,33 @@
 """The one-GPU epilogue of ``all_reduce_rmsnorm``'s ``unfused`` algorithm: kernels/add_rmsnorm.cu
-(residual add + RMSNorm, optionally the FP8 copy) on the AllReduce's output, launched on torch's
-current stream right after it (PDL: its launch overlaps the AllReduce's tail)."""
+(residual add + RMSNorm, optionally the FP8 copy) on the AllReduce's output. A communicator makes
+it one of its launch plans (``_CommBase._rmsnorm_epilogue_plan``) and launches it on torch's current
+stream right after the AllReduce (PDL: its launch overlaps the AllReduce's tail)."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
+
 import torch
 
 from . import abi, build, launch, rmsnorm
 from .dtypes import DType
 
 KERNEL_FILE = "add_rmsnorm.cu"
+N_PTRS = len(abi.ADD_RMSNORM_PARAMS) - len(abi.ADD_RMSNORM_TAIL_PARAMS)
 
 
-class Epilogue:
-    """One call shape's compiled epilogue: ``launch`` it after the AllReduce wrote ``x``."""
+def launch_parts(dt: DType, rows: int, hidden: int, eps_bits: int) -> tuple[Any, Any, tuple[Any, ...]]:
+    """(kernel, LaunchConfig, trailing arguments) of one call shape: ``unfused_geometry``'s grid."""
+    geo = rmsnorm.unfused_geometry(dt, rows, hidden)
+    kernel = build.get_kernel(KERNEL_FILE, abi.ADD_RMSNORM_ENTRY, defines={"SOLLAT_T": dt.cxx})
+    config = launch.launch_config((geo.blocks, 1), geo.threads, pdl=True)
+    tail = abi.kernel_tail({"rows": rows, "hidden": hidden, "eps_bits": eps_bits}, abi.ADD_RMSNORM_TAIL_PARAMS)
+    return kernel, config, tail
 
-    def __init__(self, dt: DType, rows: int, hidden: int, eps_bits: int) -> None:
-        geo = rmsnorm.unfused_geometry(dt, rows, hidden)
-        self.kernel = build.get_kernel(KERNEL_FILE, abi.ADD_RMSNORM_ENTRY, defines={"SOLLAT_T": dt.cxx})
-        self.config = launch.launch_config((geo.blocks, 1), geo.threads, pdl=True)
-        self.tail = (np.uint64(rows), np.uint64(hidden), np.uint32(eps_bits))
 
-    def launch(self, x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor,
-               weight: torch.Tensor, fp8: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """``fp8``: (scale, q) of the FP8 copy, or None. ``out`` may be ``x`` and ``residual_out``
-        may be ``residual``."""
-        q, scale = (fp8[1].data_ptr(), fp8[0].data_ptr()) if fp8 is not None else (0, 0)
-        ptrs = (x.data_ptr(), out.data_ptr(), residual.data_ptr(), residual_out.data_ptr(), weight.data_ptr(), q, scale)
-        launch.launch(self.kernel, self.config, tuple(np.uint64(p) for p in ptrs) + self.tail, device=x.device)
+def pointers(x: torch.Tensor, out: torch.Tensor, residual: torch.Tensor, residual_out: torch.Tensor,
+             weight: torch.Tensor, fp8: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[int, ...]:
+    """The leading arguments (abi.ADD_RMSNORM_PARAMS). ``fp8``: (scale, q) of the FP8 copy, or None
+    (two null pointers). ``out`` may be ``x`` and ``residual_out`` may be ``residual``."""
+    q, scale = (fp8[1].data_ptr(), fp8[0].data_ptr()) if fp8 is not None else (0, 0)
+    return x.data_ptr(), out.data_ptr(), residual.data_ptr(), residual_out.data_ptr(), weight.data_ptr(), q, scale

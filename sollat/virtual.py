@@ -267,10 +267,10 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
-        if isinstance(plan, epilogue.Epilogue):  # unfused: the sums into ys, then each rank's epilogue in place
+        if plan.alg is None:  # unfused: the sums into ys, then each rank's epilogue on its ys in place
             self._all_reduce_impl([c[0] for c in checked], "sum", "auto", ys, True)
             for r, c in enumerate(checked):
-                plan.launch(ys[r], ys[r], c[1], rs[r], c[2], None if fp8 is None else fp8[r])
+                self._launch(plan, epilogue.pointers(ys[r], ys[r], c[1], rs[r], c[2], None if fp8 is None else fp8[r]))
             return result
         pad = self._pad
         ptrs: list[int] = []

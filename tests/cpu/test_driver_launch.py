@@ -113,3 +113,32 @@ def test_launcher_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOLLAT_LAUNCHER", "fast")
     with pytest.raises(SollatError, match="SOLLAT_LAUNCHER must be"):
         driver_launch.enabled()
+
+
+def test_rmsnorm_epilogue_packs_its_pointers_and_tail() -> None:
+    """The unfused RMSNorm's epilogue plan: abi.ADD_RMSNORM_PARAMS in order (seven pointers, the
+    FP8 pair null without the copy, then rows, hidden and eps's bits), as the kernel declares them."""
+    import torch
+
+    from sollat import abi, rmsnorm_epilogue
+
+    sizes = [struct_size(p.ctype) for p in abi.ADD_RMSNORM_PARAMS]
+    assert sizes == [8] * 7 + [8, 8, 4] and rmsnorm_epilogue.N_PTRS == 7
+    tail = abi.kernel_tail({"rows": 3, "hidden": 4096, "eps_bits": 0x358637BD}, abi.ADD_RMSNORM_TAIL_PARAMS)
+    rec = _Recorder(sizes)
+    bound = BoundLaunch(_FakeKernel(sizes), _Config(grid=(3, 1), block=512, programmatic_stream_serialization=True),
+                        tail, rmsnorm_epilogue.N_PTRS, launch_fn=rec)
+    x, res, w = torch.zeros(3, 4096), torch.zeros(3, 4096), torch.zeros(4096)
+    r_out, scale, q = torch.zeros(3, 4096), torch.ones(1), torch.zeros(3, 4096, dtype=torch.uint8)
+    bound(0, rmsnorm_epilogue.pointers(x, x, res, r_out, w, None))
+    bound(0, rmsnorm_epilogue.pointers(x, x, res, r_out, w, (scale, q)))
+    plain, fp8 = rec.calls
+    common = [x.data_ptr(), x.data_ptr(), res.data_ptr(), r_out.data_ptr(), w.data_ptr()]
+    assert plain["args"] == [*common, 0, 0, 3, 4096, 0x358637BD] and plain["pdl"] == 1
+    assert fp8["args"] == [*common, q.data_ptr(), scale.data_ptr(), 3, 4096, 0x358637BD]
+
+
+def struct_size(ctype: str) -> int:
+    from sollat import abi
+
+    return np.dtype(abi.ctype(ctype).np_type).itemsize
