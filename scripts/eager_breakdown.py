@@ -3,10 +3,9 @@
 Each step of ``Communicator.all_reduce(x, out=out)`` timed on its own, in the same process and
 run as the yardsticks ``x.add_(y)`` and ``x + y``: the pure-host steps (no launch) over many
 iterations, the launching ones as in ``scripts/eager_real.py`` (500 back-to-back calls, one
-synchronize, fastest of five runs, slowest rank). The driver launch is timed three ways on
-sollat's own kernel: ``cuLaunchKernelEx`` with the PDL attribute (what sollat does), without it,
-and the plain ``cuLaunchKernel``. Every launching case is a real collective (both ranks make the
-same calls), so the loops stay paired.
+synchronize, fastest of five runs, slowest rank). The steps are ``sollat.testing.eager_probes``.
+Every launching case is a real collective (both ranks make the same calls), so the loops stay
+paired.
 
     torchrun --nproc-per-node 2 scripts/eager_breakdown.py [--bytes 128] [--into DIR]
 """
@@ -14,7 +13,6 @@ same calls), so the loops stay paired.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import time
@@ -25,8 +23,7 @@ import torch
 import torch.distributed as dist
 
 import sollat
-from sollat import driver_launch, launch
-from sollat.dtypes import DTYPES
+from sollat import testing
 
 CALLS, RUNS, HOST_ITERS = 500, 5, 20000
 
@@ -62,22 +59,6 @@ def slowest(v: float) -> float:
     return float(t.item())
 
 
-def plain_launcher(bound: driver_launch.BoundLaunch) -> Callable[[int, tuple[int, int]], None]:
-    """The same kernel and arguments through cuLaunchKernel (no launch attributes)."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    f, cfg, params = bound._func, bound._cfg, bound._params  # noqa: SLF001 - diagnostic reuse
-    fn = lib.cuLaunchKernel
-    g, b = tuple(cfg.grid), tuple(cfg.block)
-    pack, slots = bound._pack_ptrs, bound._slots  # noqa: SLF001
-
-    def go(stream: int, ptrs: tuple[int, int]) -> None:
-        pack(slots, 0, *ptrs)
-        rc = fn(f, g[0], g[1], g[2], b[0], b[1], b[2], cfg.shared_mem_bytes, ctypes.c_void_p(stream), params, None)
-        if rc:
-            raise RuntimeError(f"cuLaunchKernel failed: {rc}")
-    return go
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bytes", type=int, default=128, help="fp32 bytes per rank")
@@ -90,46 +71,23 @@ def main() -> int:
     n = args.bytes // 4
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     out = torch.empty_like(x)
-    comm.all_reduce(x, out=out)  # compile and agree on the call shape
+    comm.all_reduce(x, out=out)  # compile and agree on the call shape (the hot path's cache)
     torch.cuda.synchronize()
-    dt = DTYPES[torch.float32]
-    plan = comm._call_plan(n, dt, "sum", "auto", False, False)  # noqa: SLF001
-    assert not isinstance(plan, str) and plan.bound is not None, "expected a sollat kernel at this size"
-    ptrs = (x.data_ptr(), out.data_ptr())
-    idx = torch.cuda.current_device()
-    stream = launch.stream_handle(idx)
-    no_pdl = driver_launch.BoundLaunch(plan.kernel, _without_pdl(plan.config), plan.tail, 2)
-    plain = plain_launcher(plan.bound)
-    symm = comm._symm  # noqa: SLF001
-
-    host: dict[str, Callable[[], object]] = {
+    probes = testing.eager_probes(comm, x, out)
+    host: dict[str, Callable[[], object]] = {k: v for k, v in probes.items() if k.startswith("host")}
+    host.update({
         "empty loop": lambda: None,
         "torch.compiler.is_compiling()": torch.compiler.is_compiling,
-        "comm._before_call()": comm._before_call,  # noqa: SLF001
-        "fast-path checks": lambda: (DTYPES.get(x.dtype) is not None and x.get_device() == idx and x.is_contiguous()
-                                     and x.numel() <= 1 << 40 and out.get_device() == idx
-                                     and out.dtype is x.dtype and out.shape == x.shape and out.is_contiguous()),
-        "symm.zero_copy(x, out)": lambda: bool(symm) and symm.zero_copy(x, out),
-        "comm._call_plan(...)": lambda: comm._call_plan(n, dt, "sum", "auto", False, False),  # noqa: SLF001
-        "stream_handle": lambda: launch.stream_handle(idx),
-        "2 x data_ptr()": lambda: (x.data_ptr(), out.data_ptr()),
-        "launch.is_capturing()": launch.is_capturing,
         "torch.empty_like(x)": lambda: torch.empty_like(x),
-        "x.new_empty(x.shape)": lambda: x.new_empty(x.shape),
-        "torch.empty(n, dtype, device)": lambda: torch.empty(n, dtype=x.dtype, device=x.device),
-    }
-    launched: dict[str, Callable[[], object]] = {
+    })
+    launched: dict[str, Callable[[], object]] = {k: v for k, v in probes.items() if not k.startswith("host")}
+    launched.update({
         "torch x.add_(y)": lambda: x.add_(y),
         "torch x + y": lambda: x + y,
-        "cuLaunchKernelEx + PDL (bound)": lambda: plan.bound(stream, ptrs),
-        "cuLaunchKernelEx, no PDL": lambda: no_pdl(stream, ptrs),
-        "comm._launch(plan, ptrs)": lambda: comm._launch(plan, ptrs),  # noqa: SLF001
-        "comm._all_reduce_impl(out=)": lambda: comm._all_reduce_impl(x, "sum", "auto", out, False),  # noqa: SLF001
         "comm.all_reduce(x, out=out)": lambda: comm.all_reduce(x, out=out),
+        "comm.all_reduce(x, out=x)": lambda: comm.all_reduce(x, out=x),
         "comm.all_reduce(x)": lambda: comm.all_reduce(x),
-    }
-    if getattr(plan.config, "cluster", None) is None:  # cuLaunchKernel cannot ask for a cluster
-        launched["cuLaunchKernel"] = lambda: plain(stream, ptrs)
+    })
     rows: list[dict[str, object]] = []
     for name, fn in host.items():
         rows.append({"case": name, "kind": "host", "us": slowest(host_us(fn))})
@@ -149,13 +107,6 @@ def main() -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
-
-
-def _without_pdl(config: object) -> object:
-    from cuda.core import LaunchConfig
-
-    return LaunchConfig(grid=config.grid, block=config.block, cluster=getattr(config, "cluster", None),  # type: ignore[attr-defined]
-                        programmatic_stream_serialization=False)
 
 
 if __name__ == "__main__":

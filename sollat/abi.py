@@ -39,11 +39,13 @@ PARITIES = 2  # copies of every line (double buffering by epoch parity)
 RMSNORM_MAX_ROW_BLOCKS = 8
 RMSNORM_MAX_THREADS = 256
 
-# Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes).
-PAYLOAD_BYTES: dict[str, int] = {"ll": 8, "sentinel": 16}
+# Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes; the bulk
+# protocol's data lines are all payload, its completion is one flag per area: bulk_buffer.h).
+PAYLOAD_BYTES: dict[str, int] = {"ll": 8, "sentinel": 16, "bulk": 16}
 # The byte every scratch line of a protocol's region holds at rest (the host fills regions with it):
-# LL and LL128 zero, sentinel all ones (every dtype's sentinel, checked below).
-REST_BYTE: dict[str, int] = {"ll": 0x00, "sentinel": 0xFF}
+# LL and LL128 zero, sentinel all ones (every dtype's sentinel, checked below), bulk zero (its flags
+# start at sequence number 0).
+REST_BYTE: dict[str, int] = {"ll": 0x00, "sentinel": 0xFF, "bulk": 0x00}
 
 
 # ---- kernels ----------------------------------------------------------------------------------
@@ -56,7 +58,7 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
                                                   Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
                                                   Kernel("allgather", 1),
-                                                  Kernel("reduce_scatter", 1))}
+                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:
@@ -202,6 +204,12 @@ RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
 # "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
 # peers. fp8_out / fp8_scale are 0 without the FP8 copy. One block of at most
 # ADD_RMSNORM_MAX_THREADS threads per row.
+# The bulk protocol (bulk_buffer.h): block b's area in every (parity, source) part of a region is
+# the MAX_SLOTS * MAX_THREADS lines from slot_index(b, 0, 0) (its slot indices); all but the last
+# carry data, the last holds the area's flag.
+BULK_AREA_LINES = MAX_SLOTS * MAX_THREADS
+BULK_DATA_LINES = BULK_AREA_LINES - 1
+
 ADD_RMSNORM_ENTRY = "add_rmsnorm"
 ADD_RMSNORM_MAX_THREADS = 1024
 ADD_RMSNORM_TAIL_PARAMS: tuple[Param, ...] = (Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
@@ -281,6 +289,8 @@ def _per_kernel_lines() -> list[str]:
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
         "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row).",
         _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS)]),
+        "// The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.",
+        _enum("BulkArea", [("kBulkAreaLines", BULK_AREA_LINES), ("kBulkDataLines", BULK_DATA_LINES)]),
         "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",
         _enum("Fp8E4M3", [("kFp8E4M3Max", FP8_E4M3_MAX), ("kFp8E4M3NaN", FP8_E4M3_NAN)]),
         "// LL128 warp-unit (ll128.h names them in namespace ll128).",

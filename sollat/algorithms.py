@@ -1,6 +1,7 @@
 """The algorithm registry: which kernel implements each named algorithm and what it supports.
 
-Adding an algorithm = one kernel file written with the LLBuffer API + one entry here.
+Adding an algorithm = one kernel file written with the LLBuffer API (or, for bulk transfers, the
+BulkBuffer API) + one entry here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Algorithm:
     name: str
     kernel_file: str
     kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr, a key of abi.KERNELS
-    proto: str  # "ll" | "sentinel" (LL128's all-gather is LL)
+    proto: str  # "ll" | "sentinel" (LL128's all-gather is LL) | "bulk" (bulk_buffer.h: one flag per block area)
     max_blocks: int  # default blocks per rank (virtual ranks); a communicator may size its scratch for more
     deterministic: bool
     two_shot: bool
@@ -104,6 +105,10 @@ ALGORITHMS: dict[str, Algorithm] = {
                   rests_on="NVLink delivering each 128-byte line atomically (the fused counter, SOLLAT_LL128_SPLIT=0)",
                   doc="two-shot LL128 atomic: 128 B line atomic adds with a counter element, LL all-gather; "
                       "not deterministic, fp32 atomics flush denormals"),
+        Algorithm("twoshot_bulk", "allreduce_bulk.cu", "twoshot_bulk", "bulk", 16, True, True,
+                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  doc="two-shot (reduce-scatter + all-gather) for large messages: block-sized areas copied "
+                      "straight from the input, one flag per area (bulk protocol), rank-order reduction"),
     )
 }
 
@@ -262,6 +267,9 @@ def max_ranks_template(nranks: int) -> int:
     raise UnsupportedError(f"sollat supports at most {layout.MAX_RANKS} ranks, got {nranks}")
 
 
+_PROTO_CLASSES = {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}  # protocol_ll.h, protocol_sentinel.h
+
+
 def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
                    real_ranks: bool, fp8: bool = False) -> dict[str, str]:
     """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
@@ -269,13 +277,14 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
     variant that also writes an e4m3 copy of y (entry points abi.rmsnorm_entry)."""
     d = {
         "SOLLAT_T": dt.cxx,
-        "SOLLAT_PROTO": {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}[alg.proto],
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
         # Fences that order a store to the own scratch before a peer may write it again: the peer
         # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
         "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",
     }
+    if alg.proto in _PROTO_CLASSES:  # the bulk protocol's kernels take no line protocol
+        d["SOLLAT_PROTO"] = _PROTO_CLASSES[alg.proto]
     if op:  # a user-written collective takes none (op ""): its kernel brings its own operator
         d["SOLLAT_OP"] = {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op]
     if isinstance(alg, CustomAlgorithm):

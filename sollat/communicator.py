@@ -24,7 +24,7 @@ import torch
 
 from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select
 from . import rmsnorm_epilogue as epilogue
-from .comm_base import MAX_ELEMENTS
+from .comm_base import MAX_ELEMENTS, _Plan
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
 from .comm_launch import CLUSTER_MAX_BLOCKS
@@ -47,6 +47,26 @@ from .virtual import VirtualCommunicator
 
 __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommunicator", "_STATE_FMT",
            "default_timeout_s", "launch", "lookup_comm"]
+
+
+_is_compiling = torch.compiler.is_compiling
+
+
+def _hot_numel(x: Any, out: Any, dev: int) -> int:
+    """``x.numel()`` if the hot path of ``all_reduce`` may take ``x`` and ``out``, else -1: ``x``
+    a contiguous tensor on device ``dev``; ``out`` None, ``x`` itself, or a contiguous tensor on
+    ``dev`` of ``x``'s dtype and element count. (Whether the dtype, op and algorithm are valid is
+    known from the call cache: only a checked call shape is in it.)"""
+    try:
+        if x.get_device() != dev or not x.is_contiguous():
+            return -1
+        n: int = x.numel()
+        if out is None or out is x or (out.get_device() == dev and out.dtype is x.dtype and out.numel() == n
+                                       and out.is_contiguous()):
+            return n
+    except AttributeError:  # not a tensor: _all_reduce_impl says so
+        pass
+    return -1
 
 
 class Communicator(GatherScatterCalls, CustomCalls):
@@ -200,14 +220,33 @@ class Communicator(GatherScatterCalls, CustomCalls):
         """``all_reduce(tensor, op="sum", algo="auto", *, out=None, deterministic=False) -> Tensor``
 
         Returns the reduction over every rank of ``group`` (a new tensor unless ``out`` is given;
-        ``out=tensor`` reduces in place). Every rank must call it with the same shape, dtype, op
-        and algo.
+        ``out=tensor`` reduces in place). ``out`` is a contiguous tensor of the input's dtype and
+        number of elements, in any shape (as a flat buffer, like NCCL's). Every rank must call it
+        with the same shape, dtype, op and algo.
         """
-        if torch.compiler.is_compiling():
+        if _is_compiling():
             from . import ops
 
             return ops.all_reduce(tensor, self.comm_id, op, algo, deterministic)
-        return self._all_reduce_impl(tensor, op, algo, out, deterministic)
+        # The hot path: an eager call's host time is on the decode critical path (issue 13). A
+        # call shape launched before, on tensors _hot_numel accepts, goes from one dict lookup to
+        # one driver call. Anything else (a first call, a library path, a fault seen, any argument
+        # to check) takes _all_reduce_impl, which checks every argument with a clear error.
+        n = -1 if self._faulted or self._err_host[0] else _hot_numel(tensor, out, self._dev_index)
+        if n <= 0:
+            return self._all_reduce_impl(tensor, op, algo, out, deterministic)
+        y = torch.empty_like(tensor) if out is None else out
+        px, py = tensor.data_ptr(), y.data_ptr()
+        plan = self._calls.get((n, tensor.dtype, op, algo, deterministic, px == py and self._symm.zero_copy(tensor, y)))
+        if plan.__class__ is not _Plan or plan.bound is None:  # type: ignore[union-attr]
+            return self._all_reduce_impl(tensor, op, algo, y, deterministic)
+        stream = launch.stream_handle(self._dev_index)
+        if stream != self._last_stream:
+            self._order_streams(stream)
+        plan.bound(stream, (px, py))  # type: ignore[union-attr]
+        if self.debug:
+            self._after_call()
+        return y
 
     def _all_reduce_impl(self, tensor: torch.Tensor, op: str, algo: str, out: torch.Tensor | None,
                          deterministic: bool) -> torch.Tensor:
@@ -216,7 +255,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         fast = (dt is not None and op in OPS and tensor.get_device() == self._dev_index and tensor.is_contiguous()
                 and tensor.numel() <= MAX_ELEMENTS
                 and (out is None or (isinstance(out, torch.Tensor) and out.get_device() == self._dev_index
-                                     and out.dtype is tensor.dtype and out.shape == tensor.shape
+                                     and out.dtype is tensor.dtype and out.numel() == tensor.numel()
                                      and out.is_contiguous())))
         if fast:
             x = tensor
@@ -225,8 +264,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
             x = tensor if tensor.is_contiguous() else tensor.contiguous()
             if out is not None:
                 self._check_common(out, op, "out")
-                if out.shape != tensor.shape or out.dtype != tensor.dtype or not out.is_contiguous():
-                    raise UnsupportedError("all_reduce: out must be a contiguous tensor of the input's shape and dtype")
+                if out.numel() != tensor.numel() or out.dtype != tensor.dtype or not out.is_contiguous():
+                    raise UnsupportedError("all_reduce: out must be a contiguous tensor with the input's dtype and number of "
+                                           f"elements ({tensor.numel()} {tensor.dtype}), got {out.numel()} {out.dtype}"
+                                           + ("" if out.is_contiguous() else " (not contiguous)"))
         assert dt is not None
         y = torch.empty_like(x) if out is None else out
         n = x.numel()

@@ -129,13 +129,16 @@ class BoundLaunch:
         self._cfg.shared_mem_bytes = int(getattr(config, "shmem_size", 0) or 0)
         self._cfg.attrs = ctypes.cast(self._attrs, ctypes.POINTER(_Attr))
         self._cfg.num_attrs = len(attrs)
+        self._stream = 0  # the stream in self._cfg (0: the legacy default stream, as ctypes.Structure starts)
         self._cfg_ref = ctypes.byref(self._cfg)
         self._func = ctypes.c_void_p(int(kernel.handle))
         self._call = launch_fn if launch_fn is not None else _libcuda().cuLaunchKernelEx
 
     def __call__(self, stream: int, ptrs: Sequence[int]) -> None:
         self._pack_ptrs(self._slots, 0, *ptrs)
-        self._cfg.stream = stream
+        if stream != self._stream:  # a ctypes field store costs more than the comparison
+            self._cfg.stream = stream
+            self._stream = stream
         rc = self._call(self._cfg_ref, self._func, self._params, None)
         if rc:
             if rc == _CUDA_ERROR_INVALID_CONTEXT:  # a thread where no context is current yet

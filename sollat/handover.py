@@ -100,7 +100,7 @@ class SymmetricTensors:
         """Whether a call on ``x`` with output ``y`` can run zero-copy: in place (``y`` is ``x``),
         on a view into one of these allocations that starts ``VECTOR_BYTES`` aligned. Out of place
         it cannot: the op would overwrite part of the input."""
-        return (y.data_ptr() == x.data_ptr() and x.data_ptr() % VECTOR_BYTES == 0
+        return (bool(self._bases) and y.data_ptr() == x.data_ptr() and x.data_ptr() % VECTOR_BYTES == 0
                 and x.untyped_storage().data_ptr() in self._bases)
 
     def two_shot(self, x: torch.Tensor) -> None:

@@ -7,6 +7,7 @@ Wrappers are cached by stream handle, so the lookup is a dict hit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,10 +31,14 @@ def ensure_device(index: int) -> None:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def stream_handle(index: int) -> int:
-    """Handle (CUstream as an int) of torch's current stream on device ``index``."""
-    # The raw-handle query skips building a torch.cuda.Stream object (about a microsecond a call).
-    return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+def _stream_handle_fallback(index: int) -> int:
+    return int(torch.cuda.current_stream(index).cuda_stream)
+
+
+# stream_handle(index): handle (CUstream as an int) of torch's current stream on device ``index``.
+# The raw-handle query skips building a torch.cuda.Stream object (about a microsecond a call), and
+# is bound here directly: the eager hot path calls it once per call.
+stream_handle: Callable[[int], int] = _raw_stream if _raw_stream is not None else _stream_handle_fallback
 
 
 def current_stream(device: torch.device) -> Any:

@@ -1,7 +1,8 @@
 """Fault injection for tests and drills (public: the real-rank suite and users' own tests use it),
 and the hooks of the diagnostic scripts (scripts/): diagnostic kernel builds (``set_defines``),
 a launch-geometry override (``override_block_threads``) and host-overhead probes
-(``bare_launch``, ``borrowed_communicator``). The scripts use no private member of the library.
+(``bare_launch``, ``borrowed_communicator``, ``eager_probes``). The scripts use no private member of
+the library.
 
 With ``inject``, kernels are built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
 the hooks are read from device memory at run time, so they can be turned on after a CUDA graph
@@ -21,6 +22,7 @@ makes no further calls; the protocol model, docs/protocol-model.md, shows the di
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -95,8 +97,50 @@ def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
     kernel, e.g. from ``bare_launch``); everything else is Communicator's own code. For host
     overhead measurements only: its results are those of ``launch_fn``'s arguments."""
     from .communicator import Communicator
+    from .handover import SymmetricTensors
 
     comm = object.__new__(Communicator)
     comm.__dict__.update(vc.__dict__)
-    comm._launch = lambda _plan, _ptrs: launch_fn()
+    comm._launch = lambda _plan, _ptrs: launch_fn()  # the checked path's launch
+    comm._calls = _PlansLaunching(launch_fn)  # the hot path's: every plan it caches launches launch_fn
+    comm._symm = SymmetricTensors("", vc.device)  # holds nothing: no call is zero-copy
     return comm
+
+
+class _PlansLaunching(dict):  # type: ignore[type-arg]
+    """A call cache whose plans launch ``launch_fn()`` instead of their kernel (borrowed_communicator)."""
+
+    def __init__(self, launch_fn: Callable[[], None]) -> None:
+        super().__init__()
+        self._launch_fn = launch_fn
+
+    def __setitem__(self, key: Any, plan: Any) -> None:
+        from .comm_base import _Plan
+
+        if isinstance(plan, _Plan):
+            fn = self._launch_fn
+            plan = dataclasses.replace(plan, bound=lambda _stream, _ptrs: fn())
+        super().__setitem__(key, plan)
+
+
+def eager_probes(comm: Any, x: Any, out: Any) -> dict[str, Callable[[], object]]:
+    """Each step of ``comm.all_reduce(x, out=out)``'s eager hot path (a ``Communicator`` whose
+    call cache holds this call shape: call it once first) as a function of no argument, for
+    ``scripts/eager_breakdown.py``. The ``host`` steps launch nothing; ``driver call`` makes the
+    call's own launch and nothing else (a real collective: run it on every rank alike)."""
+    from .communicator import _hot_numel
+
+    idx = comm._dev_index
+    key = (x.numel(), x.dtype, "sum", "auto", False, False)
+    plan = comm._calls[key]
+    if plan.bound is None:
+        raise ValueError("eager_probes: the call shape is not a prepacked sollat launch")
+    ptrs = (x.data_ptr(), out.data_ptr())
+    return {
+        "host: fault flags": lambda: comm._faulted or comm._err_host[0],
+        "host: argument checks (_hot_numel)": lambda: _hot_numel(x, out, idx),
+        "host: call cache lookup": lambda: comm._calls.get(key),
+        "host: stream handle": lambda: launch.stream_handle(idx),
+        "host: two data_ptr()": lambda: (x.data_ptr(), out.data_ptr()),
+        "driver call (BoundLaunch)": lambda: plan.bound(launch.stream_handle(idx), ptrs),
+    }

@@ -105,7 +105,7 @@ def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
 
 def test_host_modules_derive_from_the_contract() -> None:
     assert (layout.MAX_RANKS, layout.MAX_THREADS, layout.MAX_SLOTS, layout.LINE_BYTES, layout.WARP) == (8, 512, 4, 16, 32)
-    assert layout.PAYLOAD_BYTES == abi.PAYLOAD_BYTES == {"ll": 8, "sentinel": 16}
+    assert layout.PAYLOAD_BYTES == abi.PAYLOAD_BYTES == {"ll": 8, "sentinel": 16, "bulk": 16}
     assert (layout.CONTROL_BYTES, layout.FAULT_RECORD_OFFSET, layout.FAULT_WORDS) == (512, 0, 8)
     assert (layout.FAULT_OK, layout.FAULT_TIMEOUT, layout.FAULT_MISMATCH, layout.FAULT_CLAIMED) == (0, 1, 2, 0xFFFFFFFF)
     for d in DTYPES.values():
@@ -116,7 +116,7 @@ def test_host_modules_derive_from_the_contract() -> None:
 # Device-only constants a header may spell as a literal: bit tricks, masks and the spin cadence,
 # which the host never sees. Any other `constexpr ... kName = <number>` outside abi.h is a
 # contract fact written a second time.
-DEVICE_ONLY = {"kPollsPerCheck", "kFull", "kLow", "kHigh", "kExpMask", "kManMask", "kOne", "kMask"}
+DEVICE_ONLY = {"kPollsPerCheck", "kFull", "kLow", "kHigh", "kExpMask", "kManMask", "kOne", "kMask", "kUnroll"}
 _CONSTEXPR = re.compile(r"constexpr[^;{]*;")
 _LITERAL = re.compile(r"\b(k\w+)\s*=\s*(?:0x[0-9A-Fa-f]+|\d+)[uUlL]*\s*[,;]")
 _ENTRY = re.compile(r"SOLLAT_DEFINE_ENTRY_POINTS\((\w+),")
@@ -159,4 +159,4 @@ def test_per_kernel_and_ll128_facts_are_in_the_header() -> None:
         assert f"{abi.kernel_buffers_name(k)} = {k.buffers}" in text
     assert f"kLL128LineBytes = {abi.LL128_LINE_BYTES}," in text and f"kParities = {abi.PARITIES}" in text
     assert ALGORITHMS["ll128"].unit_user_bytes == abi.LL128_UNIT_USER_BYTES == abi.LL128_DATA_LANES * abi.LINE_BYTES
-    assert abi.REST_BYTE == {"ll": 0, "sentinel": 0xFF}
+    assert abi.REST_BYTE == {"ll": 0, "sentinel": 0xFF, "bulk": 0}

@@ -386,7 +386,7 @@ def value_case(s: Suite, comm: sollat.Communicator, algo: str, dt: torch.dtype, 
                kind: str, lay: str, rep: int = 0) -> None:
     """One checked call. lay: out (poisoned out=), fresh (out=None), misaligned (input and output
     views 1 and 3 elements into their buffers), strided (non-contiguous input), inplace (out=x),
-    transposed (a 2-D transposed input; the shape is kept)."""
+    transposed (a 2-D transposed input; the shape is kept), reshaped_out (out of shape (1, n))."""
     what = f"{algo} {dname(dt)} {op} n={n} {kind} {lay}" + (f" rep{rep}" if rep else "")
     xs = s.inputs(kind, n, dt, what)
     x = xs[s.rank]
@@ -416,6 +416,11 @@ def value_case(s: Suite, comm: sollat.Communicator, algo: str, dt: torch.dtype, 
         x = x.clone()
         y = comm.all_reduce(x, op, algo, out=x)
         s.expect(y.data_ptr() == x.data_ptr(), f"{what}: in place result is not the input tensor")
+    elif lay == "reshaped_out":  # out of the input's element count in another shape: the same memory
+        out = torch.full((1, n), NAN, dtype=dt, device=s.dev)
+        y = comm.all_reduce(x, op, algo, out=out)
+        s.expect(y is out, f"{what}: the result is not `out`")
+        y = y.view(-1)
     elif lay == "transposed":
         xs = [t.view(64, n // 64).t() for t in xs]
         y = comm.all_reduce(xs[s.rank], op, algo)  # x_after: the flat storage under the view
@@ -454,7 +459,7 @@ def values(s: Suite) -> None:
                         value_case(s, comm, algo, dt, op, n, kind, "out")
                         calls += 1
             kind = "mix" if alg.deterministic else "randn"
-            for lay in ("misaligned", "strided", "inplace"):
+            for lay in ("misaligned", "strided", "inplace", "reshaped_out"):
                 for n in (5, 1000, 65537):
                     value_case(s, comm, algo, dt, "sum", n, kind, lay)
                     calls += 1
@@ -462,6 +467,17 @@ def values(s: Suite) -> None:
             calls += 1
         comm.check()
         s.log(f"{algo}: {calls - n_before} calls checked in {time.monotonic() - t0:.1f} s")
+    x = torch.ones(1000, device=s.dev)
+    comm.all_reduce(x)  # the call shape is known: the next calls would take the hot path if they could
+    for bad, why in ((torch.empty(1000, dtype=torch.float64, device=s.dev), "dtype"),
+                     (torch.empty(1001, device=s.dev), "number of elements"),
+                     (torch.empty(2000, device=s.dev)[::2], "not contiguous"),
+                     (torch.empty(1000), "cpu")):
+        try:
+            comm.all_reduce(x, out=bad)
+            s.fail(f"out={why}: no error")
+        except sollat.UnsupportedError as exc:
+            s.expect(why in str(exc), f"out={why}: unclear error {exc}")
     s.log(f"{calls} calls in all")
 
 

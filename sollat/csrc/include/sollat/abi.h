@@ -24,12 +24,14 @@ constexpr int kFaultRecordOffset = 0;
 constexpr int kFaultWords = 8;
 
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
-enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1 };
+enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2 };
 enum Parity : int { kParities = 2 };
 // Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };
 // Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row).
 enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 1024 };
+// The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.
+enum BulkArea : int { kBulkAreaLines = 2048, kBulkDataLines = 2047 };
 // float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.
 enum Fp8E4M3 : int { kFp8E4M3Max = 448, kFp8E4M3NaN = 127 };
 // LL128 warp-unit (ll128.h names them in namespace ll128).

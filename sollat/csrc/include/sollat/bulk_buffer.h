@@ -1,0 +1,111 @@
+// sollat/bulk_buffer.h - the bulk protocol: block-wide areas published by one flag each.
+//
+// LL and sentinel lines carry their own completion (a flag word in every line, or a non-sentinel
+// value the reader must reset), which costs half the payload or one reset store per line and one
+// poll per line. For megabytes that overhead dominates. A BulkBuffer is one block's view of a
+// buffer region in which the unit of completion is an *area*: a block fills its area in a peer's
+// scratch with plain vector stores, then publishes it with one flag store (as NCCL's Simple
+// protocol and its symmetric kernels do). The reader polls one flag per (peer, area) and then reads
+// the whole area.
+//
+// Layout (the region and epoch array are the usual ones, sollat/layout.py): in every (parity,
+// source) part of the region, block b's area is the kBulkAreaLines lines (abi.h) from slot_index(b, 0, 0);
+// data in lines 0 .. kBulkDataLines-1, the flag (one u32) in the last line. The flag holds a sequence
+// number: the sender's k-th exchange on block b's channel carries seq = k (from 1; the block's
+// counter lives in the epoch array at slot_index(b, 0, 0), loaded by begin() and stored by
+// commit()), in parity seq & 1. Flags only grow, so a reader waits for flag - seq >= 0.
+//
+// Reuse (double buffering, as in ll_buffer.h): the kernel must only write a peer's area of seq + 2
+// after learning that the peer finished reading seq in it (kernels/allreduce_bulk.cu says which
+// received flag tells it). All blocks of a call exist on every rank alike (same geometry), so
+// every channel's counter agrees across ranks.
+//
+// Memory-ordering contract (every primitive is block-wide: every thread of the block calls it):
+//   store/peer area   weak 16-byte stores (the data), no fence of their own.
+//   post(seq)         bar.sync, then thread q (q < nranks, q != own rank) stores seq into peer q's flag
+//                     with st.release at the peer's scope: the barrier makes the whole block's area
+//                     stores precede that release, which publishes them with the flag.
+//   wait(seq)         thread q polls peer q's flag in the own area with ld.acquire at the peer's scope
+//                     (a bounded Spin, fault.h), then bar.sync: every thread's later area loads follow
+//                     the acquire. Returns false on every thread if any wait gave up (the kernel stops).
+//   load              ld.global.cg: served by L2, where the peer's stores land, never from a line this
+//                     SM's L1 kept from the area's use two exchanges earlier.
+#ifndef SOLLAT_BULK_BUFFER_H_
+#define SOLLAT_BULK_BUFFER_H_
+
+#include "sollat/fault.h"
+#include "sollat/impl/ll_buffer__types.h"  // BufferDesc
+#include "sollat/layout.h"
+
+namespace sollat {
+
+template <int kMaxRanks>
+class BulkBuffer {
+ public:
+  static_assert(kBulkAreaLines == kMaxSlotsPerThread * kMaxThreads, "an area is one block's slot indices");
+  static_assert(kBulkDataLines == kBulkAreaLines - 1, "the last line of an area is its flag");
+
+  // `stop` points to one int in shared memory that the kernel set to 0 before its first wait.
+  __device__ BulkBuffer(const BufferDesc<kMaxRanks>& desc, const FaultSink& fault, int block, int* stop)
+      : d_(desc), fault_(&fault), area0_(slot_index(block, 0, 0)), block_(block), stop_(stop) {}
+
+  // Line 0 of the area this rank writes in `peer`'s region for exchange `seq` (source = own rank).
+  __device__ __forceinline__ Line* peerArea(int peer, u32 seq) const { return area(peer, d_.rank, seq); }
+  // Line 0 of the own area that `src` writes for exchange `seq`.
+  __device__ __forceinline__ const Line* ownArea(int src, u32 seq) const { return area(d_.rank, src, seq); }
+
+  __device__ __forceinline__ static Line load(const Line* p) {
+    Line l;
+    asm volatile("ld.global.cg.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p));
+    return l;
+  }
+  __device__ __forceinline__ static void store(Line* p, const Line& l) { *p = l; }
+
+  __device__ __forceinline__ void post(u32 seq) const {
+    __syncthreads();  // every thread's area stores precede the release below
+    const int q = threadIdx.x;
+    if (q < d_.nranks && q != d_.rank) st<Order::Release, peer_scope()>(flag(q, d_.rank, seq), seq);
+  }
+
+  __device__ __forceinline__ bool wait(u32 seq) const {
+    const int q = threadIdx.x;
+    if (q < d_.nranks && q != d_.rank) {
+      const u32* f = flag(d_.rank, q, seq);
+      Spin spin(*fault_);
+      while ((int)(ld<Order::Acquire, peer_scope()>(f) - seq) < 0) {
+        if (!spin.again(d_.rank, q, block_, seq)) {
+          *stop_ = 1;  // benign race: every writer stores 1
+          break;
+        }
+      }
+    }
+    __syncthreads();  // the acquires above precede every thread's area loads; *stop_ is seen by all
+    return *stop_ == 0;
+  }
+
+  // The channel's counter: the last sequence number this block used (0 before the first exchange).
+  __device__ __forceinline__ u32 begin() const { return d_.epochs[area0_]; }
+  // Stores it back at the end of the kernel (not after a fault); the kernel boundary orders it
+  // before the next call, which reads it after griddepcontrol.wait.
+  __device__ __forceinline__ void commit(u32 last) const {
+    if (threadIdx.x == 0) d_.epochs[area0_] = last;
+  }
+
+ private:
+  __device__ __forceinline__ Line* area(int owner, int src, u32 seq) const {
+    return d_.base[owner] + line_base((int)(seq & 1u), src, d_.nranks, d_.lines_per_src) + area0_;
+  }
+  __device__ __forceinline__ u32* flag(int owner, int src, u32 seq) const {
+    return (u32*)(area(owner, src, seq) + kBulkDataLines);
+  }
+
+  BufferDesc<kMaxRanks> d_;
+  const FaultSink* fault_;
+  int area0_;
+  int block_;
+  int* stop_;
+};
+
+}  // namespace sollat
+
+#endif  // SOLLAT_BULK_BUFFER_H_
