@@ -1,5 +1,6 @@
 """Eager cost per call on real ranks (issue 13, item 3): 500 back-to-back calls, then one
-synchronize; per call = wall time / 500, the fastest of five runs, the slowest rank. Beside
+synchronize; per call = wall time / 500, the fastest of nine runs (the cases take turns), the
+slowest rank. Beside
 sollat (with and without ``out=``), on the same tensors and in the same run: torch's own
 elementwise ``x.add_(y)`` and ``x + y`` (the yardsticks), torch symmetric memory's one-shot
 (into a new tensor and with ``out``) and NCCL (``dist.all_reduce``, in place).
@@ -21,22 +22,18 @@ import torch.distributed as dist
 
 import sollat
 
-CALLS, RUNS = 500, 5
+CALLS, RUNS = 500, 9
 
 
 def per_call_us(fn: Callable[[], object]) -> float:
-    for _ in range(50):
+    """One run: CALLS back-to-back calls, then one synchronize; wall time per call."""
+    torch.cuda.synchronize()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(CALLS):
         fn()
-    best = float("inf")
-    for _ in range(RUNS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / CALLS * 1e6)
-    return best
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / CALLS * 1e6
 
 
 def slowest(v: float) -> float:
@@ -63,10 +60,19 @@ def one_size(comm: sollat.Communicator, nbytes: int, group: str) -> list[dict[st
         "torch one_shot new output": lambda: torch.ops.symm_mem.one_shot_all_reduce(sx, "sum", group),
         "nccl in place": lambda: dist.all_reduce(out),
     }
+    # The cases take turns, run after run (the fastest run of each counts): host noise that comes
+    # and goes (other tenants, clock changes) then weighs on every case alike.
+    best = dict.fromkeys(cases, float("inf"))
+    for fn in cases.values():
+        for _ in range(50):  # warm-up
+            fn()
+    for _ in range(RUNS):
+        for name, fn in cases.items():
+            x.normal_()  # add_ grows x; keep the values finite between cases
+            best[name] = min(best[name], per_call_us(fn))
     rows: list[dict[str, object]] = []
-    for name, fn in cases.items():
-        x.normal_()  # add_ grows x; keep the values finite between cases
-        us = slowest(per_call_us(fn))
+    for name in cases:
+        us = slowest(best[name])
         rows.append({"bytes": nbytes, "case": name, "us": us})
         if dist.get_rank() == 0:
             print(f"{nbytes:>8} B  {name:<26} {us:7.2f} us", flush=True)
