@@ -190,8 +190,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
 
     def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
         # In place on a tensor in symmetric memory, torch's two-shot needs no copy and beat NCCL
-        # in place (docs/benchmarks.md run 17): it takes every size ``auto`` would hand to a library.
-        if (algo in ("auto", select.TORCH_TWOSHOT) and name in select.HANDOVERS
+        # in place and the bulk two-shot (select.LARGE_MESSAGE_PATHS): it takes every size ``auto``
+        # would give to one of those.
+        if ((algo == "auto" and name in select.LARGE_MESSAGE_PATHS
+             or algo == select.TORCH_TWOSHOT and name in select.HANDOVERS)
                 and handover.torch_twoshot_available()
                 and select.handover_serves(select.TORCH_TWOSHOT_ZERO_COPY, dtype, op, nbytes)):
             return select.TORCH_TWOSHOT_ZERO_COPY

@@ -229,3 +229,7 @@ def test_rules_from_winners_merges_runs() -> None:
     rules = tune.rules_from_winners([(128, "a"), (256, "a"), (512, "b"), (1024, "a"), (2048, NCCL)])
     assert rules == (Rule(256, "a"), Rule(512, "b"), Rule(1024, "a"), Rule(2048, NCCL))
     assert json.loads(Table("g", 2, rules).to_json())["rules"][0] == {"max_bytes": 256, "algorithm": "a"}
+
+
+def test_the_large_message_paths_are_known() -> None:
+    assert all(p in select.HANDOVERS or p in algorithms.ALGORITHMS for p in select.LARGE_MESSAGE_PATHS)

@@ -40,6 +40,8 @@ def test_zero_copy_needs_a_held_allocation_in_place_and_16_byte_aligned() -> Non
     ("nccl", "auto", 64 << 20, torch.float32, "sum", select.TORCH_TWOSHOT_ZERO_COPY),
     ("torch_twoshot", "auto", 8 << 20, torch.bfloat16, "sum", select.TORCH_TWOSHOT_ZERO_COPY),
     ("torch_twoshot", "torch_twoshot", 8 << 20, torch.float32, "sum", select.TORCH_TWOSHOT_ZERO_COPY),
+    ("twoshot_bulk", "auto", 16 << 20, torch.float32, "sum", select.TORCH_TWOSHOT_ZERO_COPY),  # no copy either
+    ("twoshot_bulk", "twoshot_bulk", 16 << 20, torch.float32, "sum", "twoshot_bulk"),  # named: honoured
     ("oneshot_sentinel", "auto", 1 << 20, torch.float32, "sum", "oneshot_sentinel"),  # sollat's own: unchanged
     ("nccl", "nccl", 64 << 20, torch.float32, "sum", "nccl"),  # named: honoured
     ("nccl", "auto", 64 << 20, torch.float16, "sum", "nccl"),  # torch's two-shot: fp32 and bf16 only
