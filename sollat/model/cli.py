@@ -2,7 +2,8 @@
 
   --demo             short run: a few exhaustive searches, a few thousand adversarial random
                      schedules and one planted bug's counterexample (the default)
-  --sweep            the bounded CI sweep: every exhaustive config and ~10^5 random schedules
+  --sweep            the bounded CI sweep: every exhaustive config and ~10^5 random schedules,
+                     then the bulk protocol's area model (bulk.py)
   --soak SECONDS     random schedules on every random config with fresh seeds until the deadline
   --planted          every planted bug: each must be caught with a counterexample
   --mutation NAME    print the counterexample for one planted bug (see --list)
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
+from . import bulk
 from .explore import Report, exhaustive, random_runs
 from .fault_sweep import FAULT_BENIGN, FAULT_PLANTED
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep, sweep_tasks
@@ -63,6 +65,21 @@ class Ticker:
                 f"{self.schedules:,} random schedules, {elapsed:.0f} s{of}")
 
 
+def _bulk() -> int:
+    """The bulk protocol's area model (bulk.py): its configurations clean, its planted bugs caught."""
+    bad = 0
+    for name, nranks, calls, variant in bulk.BENIGN:
+        res = bulk.explore(nranks, calls, variant)
+        bad += not res.ok
+        print(f"{'proved' if res.ok else 'FAILED'}  {name:40s} every schedule, {res.states:,} states"
+              + ("" if res.ok else f": {res.violation}"), flush=True)
+    for name, nranks, calls, variant in bulk.PLANTED:
+        res = bulk.explore(nranks, calls, variant)
+        bad += res.ok
+        print(f"{'caught' if not res.ok else 'MISSED'}  {name:40s} {res.violation or 'no violation found'}", flush=True)
+    return bad
+
+
 def _list() -> int:
     print("exhaustive configurations:")
     for c in EXHAUSTIVE:
@@ -76,6 +93,9 @@ def _list() -> int:
     print("mutations proved harmless where they are listed:")
     for p in BENIGN + FAULT_BENIGN:
         print(f"  {p.name:36s} because: {p.rule}")
+    print("the bulk protocol's area model (bulk.py; --sweep and --planted run it):")
+    for name, nranks, calls, _variant in bulk.BENIGN + bulk.PLANTED:
+        print(f"  {name:36s} {nranks} ranks, calls of {'/'.join(map(str, calls))} rounds")
     return 0
 
 
@@ -95,6 +115,7 @@ def _planted(seed: int, show: str | None = None) -> int:
         if show is not None and ex.counterexample is not None:
             print(ex.counterexample.format())
     if show is None:
+        bad += _bulk()
         for p in BENIGN + FAULT_BENIGN:
             ex = exhaustive(p.config)
             ok = ex.ok and ex.complete
@@ -191,7 +212,8 @@ def _sweep(a: argparse.Namespace) -> int:
     tick = Ticker("sweep", _progress(a.verbose), total=len(tasks), every=TICK_SECONDS)
     res = sweep(scale, a.seed, workers=a.workers, progress=tick)
     print(res.summary())
-    return 0 if res.ok else 1
+    bulk_bad = _bulk()
+    return 0 if res.ok and not bulk_bad else 1
 
 
 def _soak(a: argparse.Namespace) -> int:

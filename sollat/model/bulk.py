@@ -1,0 +1,212 @@
+"""The bulk protocol's reuse argument, checked exhaustively (``kernels/allreduce_bulk.cu``).
+
+The line model (``algorithms.py``, ``machine.py``) follows LL and sentinel kernels thread by
+thread. The bulk two-shot moves whole areas and publishes each with one flag (``bulk_buffer.h``);
+what can go wrong there is not a torn line but an area written again before its reader is done,
+or read before it is full. This model follows one block's channel on every rank at that grain:
+
+* ``write`` of an area is an interval (``W`` .. ``WE``), and so is a ``read`` (``R`` .. ``RE``);
+  other ranks' steps interleave anywhere, so a write that overlaps a read, a read of an area that
+  does not (yet, or any more) hold the round it expects, and a write over data no one has read
+  are all visible;
+* ``P`` posts a flag (after the block's writes: the barrier and release of ``post``), ``A`` waits
+  for one (the acquire of ``wait``: enabled once the flag holds the sequence number);
+* areas and flags exist per parity (``parities``; the kernel has 2), and a rank's calls follow one
+  another (the kernel boundary).
+
+Every interleaving of the ranks' programs is explored (depth-first, states memoised). Planted
+variants must fail: one parity, posting before the writes end, sending the reduce-scatter two
+rounds ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+RS, AG = 0, 1  # the kernel's two buffers
+
+
+class Step(NamedTuple):
+    op: str  # W WE R RE P A
+    buf: int
+    owner: int  # the rank whose region holds the area / flag
+    src: int  # the source part of that region
+    seq: int
+
+
+@dataclass(frozen=True)
+class Variant:
+    parities: int = 2
+    post_before_write_end: bool = False  # planted: the flag may pass the data
+    send_ahead: int = 1  # rounds the reduce-scatter is sent ahead of the round being reduced (kernel: 1)
+    early_send: bool = False  # the next round's reduce-scatter sent before this round's wait (kernel: after the reduce)
+
+
+def program(rank: int, nranks: int, calls: tuple[int, ...], v: Variant) -> list[Step]:
+    """Rank ``rank``'s steps for calls of ``calls`` rounds each (one block's channel)."""
+    peers = [q for q in range(nranks) if q != rank]
+    steps: list[Step] = []
+
+    def write_and_post(buf: int, to: list[int], seq: int) -> None:
+        for q in to:
+            steps.append(Step("W", buf, q, rank, seq))
+            if not v.post_before_write_end:
+                steps.append(Step("WE", buf, q, rank, seq))
+        for q in to:
+            steps.append(Step("P", buf, q, rank, seq))
+        if v.post_before_write_end:
+            steps.extend(Step("WE", buf, q, rank, seq) for q in to)
+
+    def wait_and_read(buf: int, seq: int) -> None:
+        steps.extend(Step("A", buf, rank, q, seq) for q in peers)
+        for q in peers:
+            steps.append(Step("R", buf, rank, q, seq))
+            steps.append(Step("RE", buf, rank, q, seq))
+
+    seq0 = 0
+    for rounds in calls:
+        sent = 0
+        for k in range(1, min(v.send_ahead, rounds) + 1):  # the first rounds' reduce-scatter
+            write_and_post(RS, peers, seq0 + k)
+            sent = k
+        for k in range(1, rounds + 1):
+            if v.early_send and sent < rounds:
+                sent += 1
+                write_and_post(RS, peers, seq0 + sent)
+            wait_and_read(RS, seq0 + k)  # reduce
+            write_and_post(AG, peers, seq0 + k)  # the reduced area to every peer
+            if not v.early_send and sent < rounds and sent < k + v.send_ahead:
+                sent += 1
+                write_and_post(RS, peers, seq0 + sent)
+            wait_and_read(AG, seq0 + k)  # copy out
+        seq0 += rounds
+    return steps
+
+
+# An area's state: (sequence number of its data, 0 empty / 1 being written / 2 full / 3 read,
+# readers inside a read).
+_EMPTY = (0, 3, 0)
+
+
+@dataclass
+class Result:
+    ok: bool
+    states: int
+    violation: str = ""
+    trace: list[str] = field(default_factory=list)
+
+
+def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *, max_states: int = 2_000_000) -> Result:
+    progs = [program(r, nranks, calls, variant) for r in range(nranks)]
+    seen: set[tuple[object, ...]] = set()
+    area: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
+    flag: dict[tuple[int, int, int, int], int] = {}
+    pcs = [0] * nranks
+    trace: list[str] = []
+
+    def key() -> tuple[object, ...]:
+        return (tuple(pcs), tuple(sorted(area.items())), tuple(sorted(flag.items())))
+
+    def where(s: Step) -> tuple[int, int, int, int]:
+        return (s.buf, s.owner, s.src, s.seq % variant.parities)
+
+    def fault(r: int, s: Step) -> str:
+        """Why rank r may not take step s now ('' if it may; 'wait' if it must wait)."""
+        a = area.get(where(s), _EMPTY)
+        if s.op == "A":
+            return "" if flag.get(where(s), 0) >= s.seq else "wait"
+        if s.op == "W":
+            if a[2]:
+                return f"rank {r} writes {_name(s)} while rank {s.owner} reads round {a[0]} there"
+            if a[1] == 2:
+                return f"rank {r} writes {_name(s)} over round {a[0]}, which rank {s.owner} has not read"
+            return ""
+        if s.op == "R":
+            if a[0] != s.seq or a[1] != 2:
+                what = {0: "nothing", 1: "a write in progress", 2: "", 3: "data already read"}[a[1]]
+                return f"rank {r} reads {_name(s)} but finds round {a[0]} ({what or 'full'})"
+            return ""
+        if s.op == "RE" and (a[0] != s.seq or a[1] != 2):
+            return f"rank {r}'s read of {_name(s)} was overwritten (now round {a[0]})"
+        return ""
+
+    def apply(s: Step) -> None:
+        w = where(s)
+        a = area.get(w, _EMPTY)
+        if s.op == "W":
+            area[w] = (s.seq, 1, 0)
+        elif s.op == "WE":
+            area[w] = (s.seq, 2, 0)
+        elif s.op == "P":
+            flag[w] = s.seq
+        elif s.op == "R":
+            area[w] = (a[0], a[1], a[2] + 1)
+        elif s.op == "RE":
+            area[w] = (a[0], 3 if a[2] == 1 else a[1], a[2] - 1)
+
+    def dfs() -> Result | None:
+        k = key()
+        if k in seen:
+            return None
+        seen.add(k)
+        if len(seen) > max_states:
+            return Result(False, len(seen), f"more than {max_states} states")
+        moved = False
+        for r in range(nranks):
+            if pcs[r] == len(progs[r]):
+                continue
+            s = progs[r][pcs[r]]
+            why = fault(r, s)
+            if why == "wait":
+                continue
+            if why:
+                return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {s.op}"])
+            moved = True
+            saved_a, saved_f = dict(area), dict(flag)
+            apply(s)
+            pcs[r] += 1
+            trace.append(f"r{r} {s.op} {_name(s)}")
+            bad = dfs()
+            trace.pop()
+            pcs[r] -= 1
+            area.clear()
+            area.update(saved_a)
+            flag.clear()
+            flag.update(saved_f)
+            if bad is not None:
+                return bad
+        if not moved and any(pcs[r] < len(progs[r]) for r in range(nranks)):
+            stuck = ", ".join(f"r{r} at {progs[r][pcs[r]].op} {_name(progs[r][pcs[r]])}"
+                              for r in range(nranks) if pcs[r] < len(progs[r]))
+            return Result(False, len(seen), f"deadlock: {stuck}", list(trace))
+        return None
+
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 20 * sum(len(p) for p in progs) + 1000))
+    try:
+        bad = dfs()
+    finally:
+        sys.setrecursionlimit(limit)
+    return bad if bad is not None else Result(True, len(seen))
+
+
+def _name(s: Step) -> str:
+    return f"{'RS' if s.buf == RS else 'AG'}[{s.owner}<-{s.src}] round {s.seq}"
+
+
+# What the sweep checks: the kernel's order (and the deeper pipelining the credit also allows),
+# and the planted variants each of which must fail.
+BENIGN: tuple[tuple[str, int, tuple[int, ...], Variant], ...] = (
+    ("bulk-r2-calls-3-1-2", 2, (3, 1, 2), Variant()),
+    ("bulk-r2-calls-1-1-1-1", 2, (1, 1, 1, 1), Variant()),
+    ("bulk-r3-calls-2-1", 3, (2, 1), Variant()),
+    ("bulk-r2-early-send", 2, (3, 2), Variant(early_send=True)),
+)
+PLANTED: tuple[tuple[str, int, tuple[int, ...], Variant], ...] = (
+    ("bulk-one-parity", 2, (2, 1), Variant(parities=1)),
+    ("bulk-post-before-data", 2, (1, 1), Variant(post_before_write_end=True)),
+    ("bulk-send-two-ahead", 2, (4,), Variant(send_ahead=2)),
+)
