@@ -13,14 +13,11 @@ paired.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+import _real_ranks
 import torch
-import torch.distributed as dist
 
 import sollat
 from sollat import testing
@@ -31,16 +28,7 @@ CALLS, RUNS, HOST_ITERS = 500, 5, 20000
 def launched_us(fn: Callable[[], object]) -> float:
     for _ in range(50):
         fn()
-    best = float("inf")
-    for _ in range(RUNS):
-        torch.cuda.synchronize()
-        dist.barrier()
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / CALLS * 1e6)
-    return best
+    return min(_real_ranks.eager_us(fn, CALLS) for _ in range(RUNS))
 
 
 def host_us(fn: Callable[[], object]) -> float:
@@ -53,20 +41,13 @@ def host_us(fn: Callable[[], object]) -> float:
     return best
 
 
-def slowest(v: float) -> float:
-    t = torch.tensor([v], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bytes", type=int, default=128, help="fp32 bytes per rank")
     p.add_argument("--into", default=None, help="folder for eager-breakdown.json")
     args = p.parse_args()
-    rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    rank = _real_ranks.start()
     comm = sollat.Communicator()
     n = args.bytes // 4
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
@@ -90,22 +71,17 @@ def main() -> int:
     })
     rows: list[dict[str, object]] = []
     for name, fn in host.items():
-        rows.append({"case": name, "kind": "host", "us": slowest(host_us(fn))})
+        rows.append({"case": name, "kind": "host", "us": _real_ranks.slowest(host_us(fn))})
     for name, fn in launched.items():
         x.normal_()
-        rows.append({"case": name, "kind": "launched", "us": slowest(launched_us(fn))})
+        rows.append({"case": name, "kind": "launched", "us": _real_ranks.slowest(launched_us(fn))})
     comm.check()
     if rank == 0:
         for r in rows:
             print(f"{args.bytes:>6} B  {r['kind']:<8} {r['case']:<34} {r['us']:7.3f} us", flush=True)
         if args.into:
-            Path(args.into).mkdir(parents=True, exist_ok=True)
-            meta = {"card": torch.cuda.get_device_name(), "world_size": dist.get_world_size(), "bytes": args.bytes,
-                    "commit": os.environ.get("SOLLAT_COMMIT", "unknown"), "calls": CALLS, "runs": RUNS,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            (Path(args.into) / "eager-breakdown.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+            _real_ranks.write(args.into, "eager-breakdown.json", rows, calls=CALLS, runs=RUNS, bytes=args.bytes)
+    _real_ranks.finish()
     return 0
 
 

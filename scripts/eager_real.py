@@ -11,35 +11,15 @@ elementwise ``x.add_(y)`` and ``x + y`` (the yardsticks), torch symmetric memory
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import time
 from collections.abc import Callable
-from pathlib import Path
 
+import _real_ranks
 import torch
 import torch.distributed as dist
 
 import sollat
 
 CALLS, RUNS = 500, 9
-
-
-def per_call_us(fn: Callable[[], object]) -> float:
-    """One run: CALLS back-to-back calls, then one synchronize; wall time per call."""
-    torch.cuda.synchronize()
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(CALLS):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / CALLS * 1e6
-
-
-def slowest(v: float) -> float:
-    t = torch.tensor([v], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def one_size(comm: sollat.Communicator, nbytes: int, group: str) -> list[dict[str, object]]:
@@ -69,10 +49,10 @@ def one_size(comm: sollat.Communicator, nbytes: int, group: str) -> list[dict[st
     for _ in range(RUNS):
         for name, fn in cases.items():
             x.normal_()  # add_ grows x; keep the values finite between cases
-            best[name] = min(best[name], per_call_us(fn))
+            best[name] = min(best[name], _real_ranks.eager_us(fn, CALLS))
     rows: list[dict[str, object]] = []
     for name in cases:
-        us = slowest(best[name])
+        us = _real_ranks.slowest(best[name])
         rows.append({"bytes": nbytes, "case": name, "us": us})
         if dist.get_rank() == 0:
             print(f"{nbytes:>8} B  {name:<26} {us:7.2f} us", flush=True)
@@ -85,9 +65,7 @@ def main() -> int:
     p.add_argument("--sizes", default="128,8192,131072", help="bytes per rank, comma list (fp32)")
     p.add_argument("--into", default=None, help="folder for eager.json")
     args = p.parse_args()
-    rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    rank = _real_ranks.start()
     comm = sollat.Communicator()
     group = dist.group.WORLD.group_name
     rows = [row for nbytes in (int(v) for v in args.sizes.split(",")) for row in one_size(comm, nbytes, group)]
@@ -98,13 +76,8 @@ def main() -> int:
             b = by[(nbytes, "sollat new output")] / by[(nbytes, "torch x + y")]
             print(f"{nbytes:>8} B  sollat out= / x.add_(y) = {a:.2f}; sollat new output / (x + y) = {b:.2f}")
         if args.into:
-            Path(args.into).mkdir(parents=True, exist_ok=True)
-            meta = {"card": torch.cuda.get_device_name(), "world_size": dist.get_world_size(),
-                    "commit": os.environ.get("SOLLAT_COMMIT", "unknown"), "calls": CALLS, "runs": RUNS,
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            (Path(args.into) / "eager.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+            _real_ranks.write(args.into, "eager.json", rows, calls=CALLS, runs=RUNS)
+    _real_ranks.finish()
     return 0
 
 
