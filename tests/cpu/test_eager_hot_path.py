@@ -115,3 +115,25 @@ def test_a_new_stream_is_ordered_before_the_launch(monkeypatch: pytest.MonkeyPat
     comm.all_reduce(x, out=x)
     assert slow == [("order", 9)] and rec.calls == [(9, (x.data_ptr(), x.data_ptr()))]
 
+
+
+def test_torch_compile_traces_the_custom_op_not_the_hot_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torch.compile the call becomes ``sollat::all_reduce`` (its eager body reaches the
+    communicator by id and runs the checked path); the hot path is never traced."""
+    from sollat import registry
+
+    comm, rec, slow = _fake(monkeypatch)
+    comm.comm_id = registry.register(comm)
+    seen: list[str] = []
+
+    def backend(gm: torch.fx.GraphModule, _inputs: Any) -> Any:
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: comm.all_reduce(x) * 1, backend=backend, fullgraph=True)
+    monkeypatch.setattr(comm, "_all_reduce_impl", lambda t, *a: (slow.append(("op", t)), t + 1)[1])
+    x = torch.randn(8)
+    assert torch.equal(f(x), x + 1)
+    assert any("sollat.all_reduce" in s for s in seen), seen
+    assert rec.calls == [] and [k for k, _ in slow] == ["op"]
