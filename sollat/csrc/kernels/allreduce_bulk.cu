@@ -32,7 +32,8 @@ constexpr int kBuffers = kTwoshotBulkBuffers;  // abi.h (sollat/abi.py KERNELS)
 // Tuning, as module defines so that builds can be compared in one run (scripts/ab_latency.py
 // --define; docs/benchmarks.md): lines in flight per thread in every copy loop, the most lines
 // an area carries per round (smaller rounds pipeline the phases more finely, larger ones post
-// fewer flags; at most the area's capacity), and how the all-gather moves data.
+// fewer flags; at most the area's capacity), how the all-gather moves data, and when the next
+// round's reduce-scatter is sent.
 #ifndef SOLLAT_BULK_UNROLL
 #define SOLLAT_BULK_UNROLL 2  // 2 / 4 / 8: 218.2 / 221.5 / 232.3 us at 64 MiB fp32 (run 19)
 #endif
@@ -42,11 +43,19 @@ constexpr int kBuffers = kTwoshotBulkBuffers;  // abi.h (sollat/abi.py KERNELS)
 #ifndef SOLLAT_BULK_AG_PULL
 #define SOLLAT_BULK_AG_PULL 0
 #endif
+#ifndef SOLLAT_BULK_EARLY_SEND
+#define SOLLAT_BULK_EARLY_SEND 0
+#endif
 constexpr int kUnroll = SOLLAT_BULK_UNROLL;
 // All-gather by push (the owner stores its reduced area into every peer's region; each rank copies
 // it out of its own) or by pull (the owner stores it into its own region once; each peer reads it
 // from there over the interconnect straight into its output: one local copy fewer).
 constexpr bool kAgPull = SOLLAT_BULK_AG_PULL != 0;
+// The next round's reduce-scatter sent before this round's wait instead of after its reduce: a
+// deeper pipeline that the credit still allows (sollat/model/bulk.py proves it: "bulk-r2-early-send";
+// my area of seq + 1 at o then needs o done with seq - 1, which o's all-gather post of seq - 1,
+// received one round earlier, already says). Not measured yet, so off.
+constexpr bool kEarlySend = SOLLAT_BULK_EARLY_SEND != 0;
 constexpr u64 kRoundLines = SOLLAT_BULK_ROUND_LINES < kBulkDataLines ? SOLLAT_BULK_ROUND_LINES : kBulkDataLines;
 
 template <typename T, class Op, int kMaxRanks>
@@ -116,6 +125,7 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
   for (u32 k = 0; k < rounds; ++k) {
     const u32 seq = seq0 + k;
     const u64 lo = first(k), cnt = count(k);
+    if (kEarlySend && k + 1 < rounds) send_rs(k + 1);
     if (!rs.wait(seq)) return poison_from(k);
     // Reduce the own chunk's area in rank order; write it out, and for the all-gather push it to
     // every peer (or, pulled, leave it in the own region for the peers to read).
@@ -156,7 +166,7 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
       }
     }
     ag.post(seq);
-    if (k + 1 < rounds) send_rs(k + 1);
+    if (!kEarlySend && k + 1 < rounds) send_rs(k + 1);
     if (!ag.wait(seq)) return poison_from(k);
     for (int c = 0; c < R; ++c) {
       if (c == me) continue;
