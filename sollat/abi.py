@@ -33,6 +33,12 @@ LINE_BYTES = 16  # one vector store
 WARP = 32
 
 PARITIES = 2  # copies of every line (double buffering by epoch parity)
+# The bulk protocol (bulk_buffer.h): block b's area in every (parity, source) part of a region is
+# the MAX_SLOTS * MAX_THREADS lines from slot_index(b, 0, 0) (its slot indices); all but the last
+# carry data, the last holds the area's flag.
+BULK_AREA_LINES = MAX_SLOTS * MAX_THREADS
+BULK_DATA_LINES = BULK_AREA_LINES - 1
+
 # Fused RMSNorm: most blocks that share one row (a thread-block cluster; 8 is the portable size),
 # and most threads per block (its __launch_bounds__: at 512 threads, 128 registers per thread, the
 # 16-bit sentinel 8-rank entries spilled up to 40 bytes; at 256 none spills).
@@ -204,12 +210,6 @@ RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
 # "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
 # peers. fp8_out / fp8_scale are 0 without the FP8 copy. One block of at most
 # ADD_RMSNORM_MAX_THREADS threads per row.
-# The bulk protocol (bulk_buffer.h): block b's area in every (parity, source) part of a region is
-# the MAX_SLOTS * MAX_THREADS lines from slot_index(b, 0, 0) (its slot indices); all but the last
-# carry data, the last holds the area's flag.
-BULK_AREA_LINES = MAX_SLOTS * MAX_THREADS
-BULK_DATA_LINES = BULK_AREA_LINES - 1
-
 ADD_RMSNORM_ENTRY = "add_rmsnorm"
 ADD_RMSNORM_MAX_THREADS = 1024
 ADD_RMSNORM_TAIL_PARAMS: tuple[Param, ...] = (Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))

@@ -9,13 +9,12 @@
 //   RS wait   every peer's area of the own chunk; reduce in rank order 0..R-1 (every rank adds in
 //             the same order: bitwise-identical outputs) -> out, and -> every peer's buffer 1; post
 //   RS send   of round k + 1 (its data in flight while this round's all-gather is waited for)
-//   AG wait   every owner's reduced area; copy it -> out (SOLLAT_BULK_AG_PULL: the owner keeps its
-//             area in its own region and posts; the peers read it from there)
+//   AG wait   every owner's reduced area; copy it -> out
 // Credit (when an area is free to be written again, bulk_buffer.h), per block, from this order:
 //   * my RS area of seq + 2 at peer o is written after I received o's RS post of seq + 1, which o
 //     sent after reducing seq (it reads my area of seq before): free.
-//   * o's AG area of seq + 2 (at me when pushed, in o's own region when pulled) is written by o
-//     after it received my RS post of seq + 2, which I send after copying out the AG area of seq: free.
+//   * o's AG area of seq + 2 at me is written by o after it received my RS post of seq + 2, which
+//     I send after copying out the AG area of seq: free.
 //   Across calls the channel's sequence simply continues (the kernel boundary orders them).
 // In place (out == in) is safe: a round's output positions are read (RS send, reduce) before
 // they are written, by the same block, with a barrier between.
@@ -32,25 +31,19 @@ constexpr int kBuffers = kTwoshotBulkBuffers;  // abi.h (sollat/abi.py KERNELS)
 // Tuning, as module defines so that builds can be compared in one run (scripts/ab_latency.py
 // --define; docs/benchmarks.md): lines in flight per thread in every copy loop, the most lines
 // an area carries per round (smaller rounds pipeline the phases more finely, larger ones post
-// fewer flags; at most the area's capacity), how the all-gather moves data, and when the next
-// round's reduce-scatter is sent.
+// fewer flags; at most the area's capacity), and when the next round's reduce-scatter is sent.
+// (An all-gather pulled from the owner's region instead of pushed was measured no faster, and
+// removed: docs/benchmarks.md, run 19.)
 #ifndef SOLLAT_BULK_UNROLL
 #define SOLLAT_BULK_UNROLL 2  // 2 / 4 / 8: 218.2 / 221.5 / 232.3 us at 64 MiB fp32 (run 19)
 #endif
 #ifndef SOLLAT_BULK_ROUND_LINES
 #define SOLLAT_BULK_ROUND_LINES kBulkDataLines
 #endif
-#ifndef SOLLAT_BULK_AG_PULL
-#define SOLLAT_BULK_AG_PULL 0
-#endif
 #ifndef SOLLAT_BULK_EARLY_SEND
 #define SOLLAT_BULK_EARLY_SEND 0
 #endif
 constexpr int kUnroll = SOLLAT_BULK_UNROLL;
-// All-gather by push (the owner stores its reduced area into every peer's region; each rank copies
-// it out of its own) or by pull (the owner stores it into its own region once; each peer reads it
-// from there over the interconnect straight into its output: one local copy fewer).
-constexpr bool kAgPull = SOLLAT_BULK_AG_PULL != 0;
 // The next round's reduce-scatter sent before this round's wait instead of after its reduce: a
 // deeper pipeline that the credit still allows (sollat/model/bulk.py proves it: "bulk-r2-early-send";
 // my area of seq + 1 at o then needs o done with seq - 1, which o's all-gather post of seq - 1,
@@ -127,16 +120,14 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
     const u64 lo = first(k), cnt = count(k);
     if (kEarlySend && k + 1 < rounds) send_rs(k + 1);
     if (!rs.wait(seq)) return poison_from(k);
-    // Reduce the own chunk's area in rank order; write it out, and for the all-gather push it to
-    // every peer (or, pulled, leave it in the own region for the peers to read).
+    // Reduce the own chunk's area in rank order; write it out, and push it to every peer.
     const Line* from[kMaxRanks];  // each rank's reduce-scatter area (null: the own input)
-    Line* to[kMaxRanks];          // push: the reduced area's place at each peer (null: none)
+    Line* to[kMaxRanks];          // the reduced area's place at each peer (null: none)
 #pragma unroll
     for (int q = 0; q < kMaxRanks; ++q) {  // q is a constant in every copy: no indexed access
       from[q] = q < R && q != me ? rs.ownArea(q, seq) : nullptr;
-      to[q] = !kAgPull && q < R && q != me ? ag.peerArea(q, seq) : nullptr;
+      to[q] = q < R && q != me ? ag.peerArea(q, seq) : nullptr;
     }
-    Line* const kept = kAgPull ? ag.localArea(seq) : nullptr;  // pull: its place in the own region
     for (u64 j0 = t; j0 < cnt; j0 += (u64)kUnroll * bd) {
       A acc[kUnroll];
 #pragma unroll
@@ -159,7 +150,6 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
         P red;
         acc_to_pack(acc[u], red);
         store_pack<T, sizeof(P)>(out, elem(me, lo + j), a.n, out_aligned, red);
-        if (kAgPull) Buf::store(kept + j, bit_cast<Line>(red));
 #pragma unroll
         for (int q = 0; q < kMaxRanks; ++q)
           if (to[q] != nullptr) Buf::store(to[q] + j, bit_cast<Line>(red));
@@ -170,12 +160,12 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
     if (!ag.wait(seq)) return poison_from(k);
     for (int c = 0; c < R; ++c) {
       if (c == me) continue;
-      const Line* src = kAgPull ? ag.remoteArea(c, seq) : ag.ownArea(c, seq);
+      const Line* src = ag.ownArea(c, seq);
       for (u64 j0 = t; j0 < cnt; j0 += (u64)kUnroll * bd) {
         Line v[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
-          if (j0 + u * bd < cnt) v[u] = kAgPull ? Buf::loadRemote(src + j0 + u * bd) : Buf::load(src + j0 + u * bd);
+          if (j0 + u * bd < cnt) v[u] = Buf::load(src + j0 + u * bd);
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u)
           if (j0 + u * bd < cnt) store_pack<T, sizeof(P)>(out, elem(c, lo + j0 + u * bd), a.n, out_aligned, bit_cast<P>(v[u]));

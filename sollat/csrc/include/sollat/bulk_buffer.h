@@ -30,8 +30,6 @@
 //                     the acquire. Returns false on every thread if any wait gave up (the kernel stops).
 //   load              ld.global.cg: served by L2, where the peer's stores land, never from a line this
 //                     SM's L1 kept from the area's use two exchanges earlier.
-//   loadRemote        ld.relaxed at the peer's scope, of a peer's own area (a pulled exchange): the
-//                     peer's weak stores there precede its post, which this block's wait acquired.
 #ifndef SOLLAT_BULK_BUFFER_H_
 #define SOLLAT_BULK_BUFFER_H_
 
@@ -56,20 +54,11 @@ class BulkBuffer {
   // Line 0 of the own area that `src` writes for exchange `seq`.
   __device__ __forceinline__ const Line* ownArea(int src, u32 seq) const { return area(d_.rank, src, seq); }
 
-  // Line 0 of the area this rank fills in its own region for its peers to read (source = own
-  // rank; a pulled exchange: post() still tells each peer, in the peer's region).
-  __device__ __forceinline__ Line* localArea(u32 seq) const { return area(d_.rank, d_.rank, seq); }
-  // Line 0 of the area `owner` filled in its own region for exchange `seq` (read with loadRemote).
-  __device__ __forceinline__ const Line* remoteArea(int owner, u32 seq) const { return area(owner, owner, seq); }
-
   __device__ __forceinline__ static Line load(const Line* p) {
     Line l;
     asm volatile("ld.global.cg.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p));
     return l;
   }
-  // A line of a peer's region, after wait() saw that peer's flag: relaxed at the peer's scope, so
-  // never a copy some cache kept from the area's earlier use.
-  __device__ __forceinline__ static Line loadRemote(const Line* p) { return ld<Order::Relaxed, peer_scope()>(p); }
   __device__ __forceinline__ static void store(Line* p, const Line& l) { *p = l; }
 
   __device__ __forceinline__ void post(u32 seq) const {
