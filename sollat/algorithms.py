@@ -50,10 +50,11 @@ class Algorithm:
 
     @property
     def detects_mismatch(self) -> bool:
-        """Whether the kernel itself sees a peer that called with other arguments: LL lines carry
-        the call signature in their flag (LL128's counters overshoot). Sentinel lines are pure
-        payload: there only the host's first-use agreement catches a differing call."""
-        return self.proto == "ll"
+        """Whether the kernel itself sees a peer that called with other arguments: LL lines and
+        the bulk protocol's area flags carry the call signature (LL128's counters overshoot).
+        Sentinel lines are pure payload: there only the host's first-use agreement catches a
+        differing call."""
+        return self.proto in ("ll", "bulk")
 
     @property
     def payload_bytes(self) -> int:

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, layout
+from sollat import abi, layout, testing
 
-from ._reference import assert_bitwise, random_inputs, rank_order_reduce
+from ._reference import assert_bitwise, nan_or_exact_bad, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
 
@@ -97,4 +97,35 @@ def test_graph_of_mixed_round_counts() -> None:
         torch.cuda.synchronize()
         for k, (xs, outs) in enumerate(calls):
             _check(c, xs, outs, f"replay {replay} call {k}")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_a_peer_with_another_signature_is_a_mismatch_on_every_rank(r: int) -> None:
+    """The area flags carry the call signature: a rank whose call differs (here the test hook flips
+    a bit of the last rank's signature, on a shape every rank already used, so the host's first-use
+    agreement does not see it) is reported as a call mismatch naming it, on every rank, and no
+    output holds a wrong sum (each element NaN or exact). Then reset() and a correct call."""
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0, algorithms=[ALGO])
+    gen = torch.Generator(device=DEV).manual_seed(31 + r)
+    n = 3 * round_elems(r, torch.float32) + 1001
+    xs = random_inputs(r, n, torch.float32, DEV, gen)
+    c.all_reduce(xs, algo=ALGO, out=[torch.empty_like(x) for x in xs])
+    c.check()
+    testing.inject(c, mismatch=r - 1)
+    outs = [torch.full_like(x, float("nan")) for x in xs]
+    with pytest.raises(sollat.CallMismatchError) as e:
+        c.all_reduce(xs, algo=ALGO, out=outs)
+        c.check()
+    assert r - 1 in (e.value.rank, e.value.peer), f"the error names neither rank {r - 1}: {e.value}"
+    for rank, view in c._record_views():
+        assert int(view[0]) == abi.FAULT_CODES["mismatch"], f"rank {rank}'s record: code {int(view[0])}"
+    ref = rank_order_reduce(xs, "sum")
+    for k, y in enumerate(outs):
+        assert int(nan_or_exact_bad(y, ref)) == 0, f"rank {k}: a faulted call left a wrong value"
+    testing.clear(c)
+    c.reset()
+    outs = [torch.full_like(x, float("nan")) for x in xs]
+    c.all_reduce(xs, algo=ALGO, out=outs)
+    _check(c, xs, outs, "after reset")
     c.check()

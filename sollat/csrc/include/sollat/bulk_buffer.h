@@ -10,10 +10,13 @@
 //
 // Layout (the region and epoch array are the usual ones, sollat/layout.py): in every (parity,
 // source) part of the region, block b's area is the kBulkAreaLines lines (abi.h) from slot_index(b, 0, 0);
-// data in lines 0 .. kBulkDataLines-1, the flag (one u32) in the last line. The flag holds a sequence
-// number: the sender's k-th exchange on block b's channel carries seq = k (from 1; the block's
-// counter lives in the epoch array at slot_index(b, 0, 0), loaded by begin() and stored by
-// commit()), in parity seq & 1. Flags only grow, so a reader waits for flag - seq >= 0.
+// data in lines 0 .. kBulkDataLines-1, the flag (one u64) in the last line. The flag holds the call
+// signature (high word, as in LL flags: protocol_ll.h) and a sequence number (low word): the
+// sender's k-th exchange on block b's channel carries seq = k (from 1; the block's counter lives in
+// the epoch array at slot_index(b, 0, 0), loaded by begin() and stored by commit()), in parity
+// seq & 1. Sequence numbers only grow, so a reader waits for (low word) - seq >= 0; then a high
+// word other than its own signature means the peer made this exchange in a call with other
+// arguments (size, dtype, op or algorithm): a call mismatch, reported on every rank, never summed.
 //
 // Reuse (double buffering, as in ll_buffer.h): the kernel must only write a peer's area of seq + 2
 // after learning that the peer finished reading seq in it (kernels/allreduce_bulk.cu says which
@@ -22,12 +25,14 @@
 //
 // Memory-ordering contract (every primitive is block-wide: every thread of the block calls it):
 //   store/peer area   weak 16-byte stores (the data), no fence of their own.
-//   post(seq)         bar.sync, then thread q (q < nranks, q != own rank) stores seq into peer q's flag
-//                     with st.release at the peer's scope: the barrier makes the whole block's area
-//                     stores precede that release, which publishes them with the flag.
-//   wait(seq)         thread q polls peer q's flag in the own area with ld.acquire at the peer's scope
-//                     (a bounded Spin, fault.h), then bar.sync: every thread's later area loads follow
-//                     the acquire. Returns false on every thread if any wait gave up (the kernel stops).
+//   post(seq)         bar.sync, then thread q (q < nranks, q != own rank) stores (sig, seq) into peer q's
+//                     flag with one 8-byte st.release at the peer's scope: the barrier makes the whole
+//                     block's area stores precede that release, which publishes them with the flag.
+//   wait(seq)         thread q polls peer q's flag in the own area with 8-byte ld.acquire at the peer's
+//                     scope (a bounded Spin, fault.h; signature and seq are one untorn access), then
+//                     bar.sync: every thread's later area loads follow the acquire. Returns false on
+//                     every thread if any wait gave up or saw another call's signature (recorded as
+//                     a mismatch, fault.h): the kernel stops.
 //   load              ld.global.cg: served by L2, where the peer's stores land, never from a line this
 //                     SM's L1 kept from the area's use two exchanges earlier.
 #ifndef SOLLAT_BULK_BUFFER_H_
@@ -64,17 +69,25 @@ class BulkBuffer {
   __device__ __forceinline__ void post(u32 seq) const {
     __syncthreads();  // every thread's area stores precede the release below
     const int q = threadIdx.x;
-    if (q < d_.nranks && q != d_.rank) st<Order::Release, peer_scope()>(flag(q, d_.rank, seq), seq);
+    if (q < d_.nranks && q != d_.rank)
+      st<Order::Release, peer_scope()>(flag(q, d_.rank, seq), ((u64)d_.sig << 32) | seq);
   }
 
   __device__ __forceinline__ bool wait(u32 seq) const {
     const int q = threadIdx.x;
     if (q < d_.nranks && q != d_.rank) {
-      const u32* f = flag(d_.rank, q, seq);
+      const u64* f = flag(d_.rank, q, seq);
       Spin spin(*fault_);
-      while ((int)(ld<Order::Acquire, peer_scope()>(f) - seq) < 0) {
-        if (!spin.again(d_.rank, q, block_, seq)) {
+      for (;;) {
+        const u64 v = ld<Order::Acquire, peer_scope()>(f);
+        if ((int)((u32)v - seq) >= 0) {
+          if ((u32)(v >> 32) == d_.sig) break;
+          fault_->raise(kMismatch, d_.rank, q, block_, seq, (u32)(v >> 32));
           *stop_ = 1;  // benign race: every writer stores 1
+          break;
+        }
+        if (!spin.again(d_.rank, q, block_, seq)) {
+          *stop_ = 1;
           break;
         }
       }
@@ -95,8 +108,8 @@ class BulkBuffer {
   __device__ __forceinline__ Line* area(int owner, int src, u32 seq) const {
     return d_.base[owner] + line_base((int)(seq & 1u), src, d_.nranks, d_.lines_per_src) + area0_;
   }
-  __device__ __forceinline__ u32* flag(int owner, int src, u32 seq) const {
-    return (u32*)(area(owner, src, seq) + kBulkDataLines);
+  __device__ __forceinline__ u64* flag(int owner, int src, u32 seq) const {
+    return (u64*)(area(owner, src, seq) + kBulkDataLines);
   }
 
   BufferDesc<kMaxRanks> d_;

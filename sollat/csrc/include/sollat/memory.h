@@ -36,6 +36,11 @@ template <Order O, Scope S> struct Fence;
       asm volatile("ld" Q ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");                          \
       return v;                                                                                             \
     }                                                                                                       \
+    __device__ __forceinline__ static u64 dword(const u64* p) {                                             \
+      u64 v;                                                                                                \
+      asm volatile("ld" Q ".global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");                          \
+      return v;                                                                                             \
+    }                                                                                                       \
     __device__ __forceinline__ static Line line(const Line* p) {                                            \
       Line l;                                                                                               \
       asm volatile("ld" Q ".global.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p) : "memory");  \
@@ -50,6 +55,9 @@ SOLLAT_MEM_SCOPES(SOLLAT_MEM_LOAD, Acquire, ".acquire")
   template <> struct Store<Order::ORDER, Scope::SCOPE> {                                                    \
     __device__ __forceinline__ static void word(u32* p, u32 v) {                                            \
       asm volatile("st" Q ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                             \
+    }                                                                                                       \
+    __device__ __forceinline__ static void dword(u64* p, u64 v) {                                           \
+      asm volatile("st" Q ".global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");                             \
     }                                                                                                       \
     __device__ __forceinline__ static void line(Line* p, const Line& l) {                                   \
       asm volatile("st" Q ".global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(l.lo), "l"(l.hi) : "memory");      \
@@ -108,8 +116,10 @@ SOLLAT_MEM_SCOPES(SOLLAT_MEM_FENCE, SeqCst, ".sc")
 }  // namespace mem
 
 template <Order O, Scope S> __device__ __forceinline__ u32 ld(const u32* p) { return mem::Load<O, S>::word(p); }
+template <Order O, Scope S> __device__ __forceinline__ u64 ld(const u64* p) { return mem::Load<O, S>::dword(p); }
 template <Order O, Scope S> __device__ __forceinline__ Line ld(const Line* p) { return mem::Load<O, S>::line(p); }
 template <Order O, Scope S> __device__ __forceinline__ void st(u32* p, u32 v) { mem::Store<O, S>::word(p, v); }
+template <Order O, Scope S> __device__ __forceinline__ void st(u64* p, u64 v) { mem::Store<O, S>::dword(p, v); }
 template <Order O, Scope S> __device__ __forceinline__ void st(Line* p, const Line& l) { mem::Store<O, S>::line(p, l); }
 template <Order O, Scope S> __device__ __forceinline__ u32 atom_cas(u32* p, u32 expect, u32 value) {
   return mem::Atomic<O, S>::cas(p, expect, value);
