@@ -29,26 +29,19 @@ using namespace sollat;
 constexpr int kBuffers = kTwoshotBulkBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 // Tuning, as module defines so that builds can be compared in one run (scripts/ab_latency.py
-// --define; docs/benchmarks.md): lines in flight per thread in every copy loop, the most lines
+// --define; docs/benchmarks.md): lines in flight per thread in every copy loop, and the most lines
 // an area carries per round (smaller rounds pipeline the phases more finely, larger ones post
-// fewer flags; at most the area's capacity), and when the next round's reduce-scatter is sent.
-// (An all-gather pulled from the owner's region instead of pushed was measured no faster, and
-// removed: docs/benchmarks.md, run 19.)
+// fewer flags; at most the area's capacity). Measured no faster and removed: an all-gather pulled
+// from the owner's region instead of pushed (run 19); the next round's reduce-scatter sent before
+// this round's wait, which sollat/model/bulk.py proves safe ("bulk-r2-early-send"; run 20: equal
+// at 8-16 MiB, 5-7 % slower at 32-64 MiB).
 #ifndef SOLLAT_BULK_UNROLL
 #define SOLLAT_BULK_UNROLL 2  // 2 / 4 / 8: 218.2 / 221.5 / 232.3 us at 64 MiB fp32 (run 19)
 #endif
 #ifndef SOLLAT_BULK_ROUND_LINES
 #define SOLLAT_BULK_ROUND_LINES kBulkDataLines
 #endif
-#ifndef SOLLAT_BULK_EARLY_SEND
-#define SOLLAT_BULK_EARLY_SEND 0
-#endif
 constexpr int kUnroll = SOLLAT_BULK_UNROLL;
-// The next round's reduce-scatter sent before this round's wait instead of after its reduce: a
-// deeper pipeline that the credit still allows (sollat/model/bulk.py proves it: "bulk-r2-early-send";
-// my area of seq + 1 at o then needs o done with seq - 1, which o's all-gather post of seq - 1,
-// received one round earlier, already says). Not measured yet, so off.
-constexpr bool kEarlySend = SOLLAT_BULK_EARLY_SEND != 0;
 constexpr u64 kRoundLines = SOLLAT_BULK_ROUND_LINES < kBulkDataLines ? SOLLAT_BULK_ROUND_LINES : kBulkDataLines;
 
 template <typename T, class Op, int kMaxRanks>
@@ -118,7 +111,6 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
   for (u32 k = 0; k < rounds; ++k) {
     const u32 seq = seq0 + k;
     const u64 lo = first(k), cnt = count(k);
-    if (kEarlySend && k + 1 < rounds) send_rs(k + 1);
     if (!rs.wait(seq)) return poison_from(k);
     // Reduce the own chunk's area in rank order; write it out, and push it to every peer.
     const Line* from[kMaxRanks];  // each rank's reduce-scatter area (null: the own input)
@@ -156,7 +148,7 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
       }
     }
     ag.post(seq);
-    if (!kEarlySend && k + 1 < rounds) send_rs(k + 1);
+    if (k + 1 < rounds) send_rs(k + 1);
     if (!ag.wait(seq)) return poison_from(k);
     for (int c = 0; c < R; ++c) {
       if (c == me) continue;
