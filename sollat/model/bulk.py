@@ -12,11 +12,16 @@ or read before it is full. This model follows one block's channel on every rank 
 * ``P`` posts a flag (after the block's writes: the barrier and release of ``post``), ``A`` waits
   for one (the acquire of ``wait``: enabled once the flag holds the sequence number);
 * areas and flags exist per parity (``parities``; the kernel has 2), and a rank's calls follow one
-  another (the kernel boundary).
+  another (the kernel boundary);
+* a flag carries its call's signature with the sequence number, and an area the signature of the
+  call that wrote it: a wait that finds its sequence number with another signature records a call
+  mismatch (that rank stops: ``D``), and a read of an area another call wrote is a wrong sum.
 
 Every interleaving of the ranks' programs is explored (depth-first, states memoised). Planted
 variants must fail: one parity, posting before the writes end, sending the reduce-scatter two
-rounds ahead.
+rounds ahead, and flags without the signature when the last rank's calls differ (``MISMATCH``:
+with the signature every schedule ends in a recorded mismatch, never in a wrong sum, a finished
+call or a silent wait).
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ class Step(NamedTuple):
     owner: int  # the rank whose region holds the area / flag
     src: int  # the source part of that region
     seq: int
+    sig: int = 0  # the signature of the call the step belongs to
+
+
+# A call: its number of rounds, or (rounds, signature). A bare count is its own signature: calls of
+# one signature always have the same rounds (the signature hashes n; the rounds follow from n).
+Call = int | tuple[int, int]
+
+
+def _call(c: Call) -> tuple[int, int]:
+    return (c, c) if isinstance(c, int) else c
 
 
 @dataclass(frozen=True)
@@ -41,31 +56,35 @@ class Variant:
     post_before_write_end: bool = False  # planted: the flag may pass the data
     send_ahead: int = 1  # rounds the reduce-scatter is sent ahead of the round being reduced (kernel: 1)
     early_send: bool = False  # the next round's reduce-scatter sent before this round's wait (kernel: after the reduce)
+    signed: bool = True  # flags carry the call signature and waits check it (planted: False)
 
 
-def program(rank: int, nranks: int, calls: tuple[int, ...], v: Variant) -> list[Step]:
-    """Rank ``rank``'s steps for calls of ``calls`` rounds each (one block's channel)."""
+def program(rank: int, nranks: int, calls: tuple[Call, ...], v: Variant) -> list[Step]:
+    """Rank ``rank``'s steps for ``calls`` (one block's channel)."""
     peers = [q for q in range(nranks) if q != rank]
     steps: list[Step] = []
 
+    sig = 0
+
     def write_and_post(buf: int, to: list[int], seq: int) -> None:
         for q in to:
-            steps.append(Step("W", buf, q, rank, seq))
+            steps.append(Step("W", buf, q, rank, seq, sig))
             if not v.post_before_write_end:
-                steps.append(Step("WE", buf, q, rank, seq))
+                steps.append(Step("WE", buf, q, rank, seq, sig))
         for q in to:
-            steps.append(Step("P", buf, q, rank, seq))
+            steps.append(Step("P", buf, q, rank, seq, sig))
         if v.post_before_write_end:
-            steps.extend(Step("WE", buf, q, rank, seq) for q in to)
+            steps.extend(Step("WE", buf, q, rank, seq, sig) for q in to)
 
     def wait_and_read(buf: int, seq: int) -> None:
-        steps.extend(Step("A", buf, rank, q, seq) for q in peers)
+        steps.extend(Step("A", buf, rank, q, seq, sig) for q in peers)
         for q in peers:
-            steps.append(Step("R", buf, rank, q, seq))
-            steps.append(Step("RE", buf, rank, q, seq))
+            steps.append(Step("R", buf, rank, q, seq, sig))
+            steps.append(Step("RE", buf, rank, q, seq, sig))
 
     seq0 = 0
-    for rounds in calls:
+    for c in calls:
+        rounds, sig = _call(c)
         sent = 0
         for k in range(1, min(v.send_ahead, rounds) + 1):  # the first rounds' reduce-scatter
             write_and_post(RS, peers, seq0 + k)
@@ -85,8 +104,8 @@ def program(rank: int, nranks: int, calls: tuple[int, ...], v: Variant) -> list[
 
 
 # An area's state: (sequence number of its data, 0 empty / 1 being written / 2 full / 3 read,
-# readers inside a read).
-_EMPTY = (0, 3, 0)
+# readers inside a read, signature of the call that wrote it).
+_EMPTY = (0, 3, 0, 0)
 
 
 @dataclass
@@ -97,16 +116,24 @@ class Result:
     trace: list[str] = field(default_factory=list)
 
 
-def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *, max_states: int = 2_000_000) -> Result:
-    progs = [program(r, nranks, calls, variant) for r in range(nranks)]
+def explore(nranks: int, calls: tuple[Call, ...], variant: Variant = Variant(), *,
+            last_rank_calls: tuple[Call, ...] | None = None, max_states: int = 2_000_000) -> Result:
+    """Every schedule of ``nranks`` ranks making ``calls`` (the last rank ``last_rank_calls`` if
+    given: a call mismatch, which every schedule must end in a recorded mismatch)."""
+    per_rank = [calls] * nranks
+    if last_rank_calls is not None:
+        per_rank[-1] = last_rank_calls
+    mismatch = any(tuple(map(_call, c)) != tuple(map(_call, calls)) for c in per_rank)
+    progs = [program(r, nranks, per_rank[r], variant) for r in range(nranks)]
     seen: set[tuple[object, ...]] = set()
-    area: dict[tuple[int, int, int, int], tuple[int, int, int]] = {}
-    flag: dict[tuple[int, int, int, int], int] = {}
+    area: dict[tuple[int, int, int, int], tuple[int, int, int, int]] = {}
+    flag: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     pcs = [0] * nranks
+    detected: set[int] = set()  # ranks that recorded a call mismatch (and stopped)
     trace: list[str] = []
 
     def key() -> tuple[object, ...]:
-        return (tuple(pcs), tuple(sorted(area.items())), tuple(sorted(flag.items())))
+        return (tuple(pcs), tuple(sorted(area.items())), tuple(sorted(flag.items())), tuple(sorted(detected)))
 
     def where(s: Step) -> tuple[int, int, int, int]:
         return (s.buf, s.owner, s.src, s.seq % variant.parities)
@@ -115,7 +142,10 @@ def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *
         """Why rank r may not take step s now ('' if it may; 'wait' if it must wait)."""
         a = area.get(where(s), _EMPTY)
         if s.op == "A":
-            return "" if flag.get(where(s), 0) >= s.seq else "wait"
+            seq, sig = flag.get(where(s), (0, 0))
+            if seq < s.seq:
+                return "wait"
+            return "mismatch" if variant.signed and sig != s.sig else ""
         if s.op == "W":
             if a[2]:
                 return f"rank {r} writes {_name(s)} while rank {s.owner} reads round {a[0]} there"
@@ -126,6 +156,8 @@ def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *
             if a[0] != s.seq or a[1] != 2:
                 what = {0: "nothing", 1: "a write in progress", 2: "", 3: "data already read"}[a[1]]
                 return f"rank {r} reads {_name(s)} but finds round {a[0]} ({what or 'full'})"
+            if a[3] != s.sig:
+                return f"rank {r} reads {_name(s)} written by a call with another signature: a wrong sum, not reported"
             return ""
         if s.op == "RE" and (a[0] != s.seq or a[1] != 2):
             return f"rank {r}'s read of {_name(s)} was overwritten (now round {a[0]})"
@@ -135,15 +167,15 @@ def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *
         w = where(s)
         a = area.get(w, _EMPTY)
         if s.op == "W":
-            area[w] = (s.seq, 1, 0)
+            area[w] = (s.seq, 1, 0, s.sig)
         elif s.op == "WE":
-            area[w] = (s.seq, 2, 0)
+            area[w] = (s.seq, 2, 0, s.sig)
         elif s.op == "P":
-            flag[w] = s.seq
+            flag[w] = (s.seq, s.sig)
         elif s.op == "R":
-            area[w] = (a[0], a[1], a[2] + 1)
+            area[w] = (a[0], a[1], a[2] + 1, a[3])
         elif s.op == "RE":
-            area[w] = (a[0], 3 if a[2] == 1 else a[1], a[2] - 1)
+            area[w] = (a[0], 3 if a[2] == 1 else a[1], a[2] - 1, a[3])
 
     def dfs() -> Result | None:
         k = key()
@@ -159,6 +191,22 @@ def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *
             s = progs[r][pcs[r]]
             why = fault(r, s)
             if why == "wait":
+                continue
+            if why == "mismatch":  # recorded; this rank stops (the others see the record at their next check)
+                if not mismatch:
+                    return Result(False, len(seen), f"rank {r} records a mismatch at {_name(s)} although every "
+                                  "rank makes the same calls", [*trace, f"r{r} D {_name(s)}"])
+                moved = True
+                saved_pc = pcs[r]
+                pcs[r] = len(progs[r])
+                detected.add(r)
+                trace.append(f"r{r} D {_name(s)}")
+                bad = dfs()
+                trace.pop()
+                detected.discard(r)
+                pcs[r] = saved_pc
+                if bad is not None:
+                    return bad
                 continue
             if why:
                 return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {s.op}"])
@@ -176,7 +224,9 @@ def explore(nranks: int, calls: tuple[int, ...], variant: Variant = Variant(), *
             flag.update(saved_f)
             if bad is not None:
                 return bad
-        if not moved and any(pcs[r] < len(progs[r]) for r in range(nranks)):
+        if not moved and mismatch and not detected:
+            return Result(False, len(seen), "the calls differ but no rank recorded a mismatch", list(trace))
+        if not moved and not detected and any(pcs[r] < len(progs[r]) for r in range(nranks)):
             stuck = ", ".join(f"r{r} at {progs[r][pcs[r]].op} {_name(progs[r][pcs[r]])}"
                               for r in range(nranks) if pcs[r] < len(progs[r]))
             return Result(False, len(seen), f"deadlock: {stuck}", list(trace))
@@ -209,4 +259,16 @@ PLANTED: tuple[tuple[str, int, tuple[int, ...], Variant], ...] = (
     ("bulk-one-parity", 2, (2, 1), Variant(parities=1)),
     ("bulk-post-before-data", 2, (1, 1), Variant(post_before_write_end=True)),
     ("bulk-send-two-ahead", 2, (4,), Variant(send_ahead=2)),
+)
+# Call mismatches (the last rank's calls differ, as with the signature hook or another size): with
+# signed flags every schedule ends in a recorded mismatch; without, a wrong sum is read unreported.
+# (rounds, signature): calls of one signature have one round count.
+MISMATCH: tuple[tuple[str, int, tuple[Call, ...], tuple[Call, ...], Variant], ...] = (
+    ("bulk-mismatch-same-rounds", 2, ((2, 1),), ((2, 2),), Variant()),
+    ("bulk-mismatch-other-rounds", 2, ((1, 1), (2, 3)), ((2, 2), (1, 1)), Variant()),
+    ("bulk-mismatch-second-call", 2, ((2, 1), (1, 3)), ((2, 1), (1, 4)), Variant()),
+    ("bulk-mismatch-r3", 3, ((1, 1), (1, 2)), ((1, 1), (1, 5)), Variant()),
+)
+MISMATCH_PLANTED: tuple[tuple[str, int, tuple[Call, ...], tuple[Call, ...], Variant], ...] = (
+    ("bulk-unsigned-flags", 2, ((2, 1),), ((2, 2),), Variant(signed=False)),
 )

@@ -73,8 +73,15 @@ def _bulk() -> int:
         bad += not res.ok
         print(f"{'proved' if res.ok else 'FAILED'}  {name:40s} every schedule, {res.states:,} states"
               + ("" if res.ok else f": {res.violation}"), flush=True)
-    for name, nranks, calls, variant in bulk.PLANTED:
-        res = bulk.explore(nranks, calls, variant)
+    for name, nranks, calls, last, variant in bulk.MISMATCH:
+        res = bulk.explore(nranks, calls, variant, last_rank_calls=last)
+        bad += not res.ok
+        print(f"{'proved' if res.ok else 'FAILED'}  {name:40s} every schedule records the mismatch, {res.states:,} states"
+              + ("" if res.ok else f": {res.violation}"), flush=True)
+    planted = [(name, bulk.explore(nranks, calls, variant)) for name, nranks, calls, variant in bulk.PLANTED]
+    planted += [(name, bulk.explore(nranks, calls, variant, last_rank_calls=last))
+                for name, nranks, calls, last, variant in bulk.MISMATCH_PLANTED]
+    for name, res in planted:
         bad += res.ok
         print(f"{'caught' if not res.ok else 'MISSED'}  {name:40s} {res.violation or 'no violation found'}", flush=True)
     return bad
@@ -96,6 +103,8 @@ def _list() -> int:
     print("the bulk protocol's area model (bulk.py; --sweep and --planted run it):")
     for name, nranks, calls, _variant in bulk.BENIGN + bulk.PLANTED:
         print(f"  {name:36s} {nranks} ranks, calls of {'/'.join(map(str, calls))} rounds")
+    for name, nranks, calls, last, _variant in bulk.MISMATCH + bulk.MISMATCH_PLANTED:
+        print(f"  {name:36s} {nranks} ranks, calls (rounds, signature) {calls}, the last rank {last}")
     return 0
 
 

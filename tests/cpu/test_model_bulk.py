@@ -1,5 +1,6 @@
 """The bulk protocol's area model (sollat/model/bulk.py): the kernel's order is clean under every
-schedule, and each planted variant is caught with the violation it plants."""
+schedule, each planted variant is caught with the violation it plants, and a call mismatch is
+recorded in every schedule (the flags carry the call signature), never summed."""
 
 from __future__ import annotations
 
@@ -34,3 +35,22 @@ def test_the_program_follows_the_kernel() -> None:
                    ("W", "RS", 2), ("WE", "RS", 2), ("P", "RS", 2), ("A", "AG", 1), ("R", "AG", 1), ("RE", "AG", 1),
                    ("A", "RS", 2), ("R", "RS", 2), ("RE", "RS", 2), ("W", "AG", 2), ("WE", "AG", 2), ("P", "AG", 2),
                    ("A", "AG", 2), ("R", "AG", 2), ("RE", "AG", 2)]
+
+
+@pytest.mark.parametrize(("name", "nranks", "calls", "last", "variant"), bulk.MISMATCH, ids=[m[0] for m in bulk.MISMATCH])
+def test_a_call_mismatch_is_recorded_in_every_schedule(name: str, nranks: int, calls: tuple[bulk.Call, ...],
+                                                         last: tuple[bulk.Call, ...], variant: bulk.Variant) -> None:
+    res = bulk.explore(nranks, calls, variant, last_rank_calls=last)
+    assert res.ok, f"{name}: {res.violation}\n" + "\n".join(res.trace[-12:])
+
+
+def test_flags_without_the_signature_sum_another_calls_data() -> None:
+    name, nranks, calls, last, variant = bulk.MISMATCH_PLANTED[0]
+    res = bulk.explore(nranks, calls, variant, last_rank_calls=last)
+    assert not res.ok and "another signature" in res.violation, f"{name}: {res.violation or 'not caught'}"
+
+
+def test_identical_calls_never_record_a_mismatch() -> None:
+    # the same list on every rank, given as (rounds, signature) pairs: clean, and no rank stops early
+    res = bulk.explore(2, ((2, 7), (1, 9)), bulk.Variant(), last_rank_calls=((2, 7), (1, 9)))
+    assert res.ok and res.states > 100
