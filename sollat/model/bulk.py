@@ -64,7 +64,7 @@ def program(rank: int, nranks: int, calls: tuple[Call, ...], v: Variant) -> list
     peers = [q for q in range(nranks) if q != rank]
     steps: list[Step] = []
 
-    sig = 0
+    sig = 0  # the current call's signature (set per call below; the helpers read it)
 
     def write_and_post(buf: int, to: list[int], seq: int) -> None:
         for q in to:
@@ -192,32 +192,26 @@ def explore(nranks: int, calls: tuple[Call, ...], variant: Variant = Variant(), 
             why = fault(r, s)
             if why == "wait":
                 continue
-            if why == "mismatch":  # recorded; this rank stops (the others see the record at their next check)
-                if not mismatch:
-                    return Result(False, len(seen), f"rank {r} records a mismatch at {_name(s)} although every "
-                                  "rank makes the same calls", [*trace, f"r{r} D {_name(s)}"])
-                moved = True
-                saved_pc = pcs[r]
+            stops = why == "mismatch"  # recorded: this rank stops (the others see the record at their next check)
+            if stops and not mismatch:
+                why = f"rank {r} records a mismatch at {_name(s)} although every rank makes the same calls"
+            elif stops:
+                why = ""
+            if why:
+                return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {'D' if stops else s.op}"])
+            moved = True
+            saved_pc, saved_a, saved_f = pcs[r], dict(area), dict(flag)
+            if stops:
                 pcs[r] = len(progs[r])
                 detected.add(r)
-                trace.append(f"r{r} D {_name(s)}")
-                bad = dfs()
-                trace.pop()
-                detected.discard(r)
-                pcs[r] = saved_pc
-                if bad is not None:
-                    return bad
-                continue
-            if why:
-                return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {s.op}"])
-            moved = True
-            saved_a, saved_f = dict(area), dict(flag)
-            apply(s)
-            pcs[r] += 1
-            trace.append(f"r{r} {s.op} {_name(s)}")
+            else:
+                apply(s)
+                pcs[r] += 1
+            trace.append(f"r{r} {'D' if stops else s.op} {_name(s)}")
             bad = dfs()
             trace.pop()
-            pcs[r] -= 1
+            pcs[r] = saved_pc
+            detected.discard(r)
             area.clear()
             area.update(saved_a)
             flag.clear()
