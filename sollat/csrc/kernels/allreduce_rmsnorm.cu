@@ -435,27 +435,27 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
 // after the common tail. The FP8 module has only the FP8 entries, the plain module only the plain;
 // both run one body (the macros below), the FP8 one with the Fp8Out argument appended.
 #define SOLLAT_RMSNORM_PG_BODY(...)                                                                           \
-  sollat::StateRegs state;                                                                                    \
-  if (!sollat::prologue(st, rank, state)) return;                                                             \
+  if (!sollat::prologue(st, rank, in, out, res, weight, epochs, rec)) return;                                 \
   const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
-  sollat::CallArgs a{st, state, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),          \
+  sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),          \
                      rank, nranks, rec, prior};                                                               \
   ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
 
 #define SOLLAT_RMSNORM_VR_BODY(...)                                                                           \
   const int y = blockIdx.y;                                                                                   \
   const int rank = rank_base + y;                                                                             \
-  sollat::StateRegs state;                                                                                    \
-  if (!sollat::prologue(st, rank, state)) return;                                                             \
+  const void* in = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7);                    \
+  void* out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7);                         \
+  const void* res = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7);                   \
+  void* res_out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7);                     \
+  const void* weight = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7);                \
+  sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;                 \
   sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                              \
+  if (!sollat::prologue(st, rank, in, out, res, weight, rank_epochs, rec)) return;                            \
   const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
-  sollat::CallArgs a{st, state, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers,      \
-                     lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};         \
-  ar_rmsnorm_body(a, hidden, eps_bits, sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7), \
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7),                     \
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7),                     \
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7),                     \
-                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7) __VA_ARGS__);
+  sollat::CallArgs a{st, n, region_off, rank_epochs, lines_per_src, sollat::call_signature(st, sig, rank),     \
+                     rank, nranks, rec, prior};                                                               \
+  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
 
 // Entry-point names by variant (abi.rmsnorm_entry): ar_rmsnorm[_twoshot][_fp8]_{pg,vr}.
 #if SOLLAT_RMSNORM_TWOSHOT

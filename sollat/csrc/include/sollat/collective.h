@@ -17,29 +17,8 @@ namespace sollat {
 
 static_assert(kMaxWorld == 8, "ceil_div_ranks and pick_rank below are written for at most 8 ranks");
 
-// The CommState fields a kernel reads, held in registers. The host writes CommState once, when the
-// communicator is made, and no kernel writes it: so the prologue copies it BEFORE
-// griddepcontrol.wait, where these loads (and the fetch of the kernel parameters they start) overlap
-// the previous kernel's tail instead of following it (docs/benchmarks.md, run 21). Anything a
-// previous kernel may write (inputs, epochs, the fault record) is read only after the wait.
-struct StateRegs {
-  u64 scratch[kMaxWorld];  // every rank's scratch base (the copies beyond the kernel's ranks are never read, so never loaded)
-  u64 err_host;
-  u64 timeout_ns;
-};
-
-__device__ __forceinline__ StateRegs copy_state(const CommState* st) {
-  StateRegs s;
-#pragma unroll
-  for (int q = 0; q < kMaxWorld; ++q) s.scratch[q] = st->scratch[q];
-  s.err_host = st->err_host;
-  s.timeout_ns = st->timeout_ns;
-  return s;
-}
-
 struct CallArgs {
   const CommState* st;
-  StateRegs state;         // *st, copied before the wait (see StateRegs)
   u64 n;                   // elements per rank
   u64 region_off;          // byte offset of this kernel's buffer region(s) in every scratch
   u32* epochs;             // this launch-rank's epoch counters (already offset by blockIdx.y)
@@ -55,8 +34,8 @@ struct CallArgs {
 __device__ __forceinline__ FaultSink make_fault(const CallArgs& a) {
   FaultSink f;
   f.rec = a.rec;
-  f.host = (u32*)a.state.err_host;
-  f.timeout_ns = a.state.timeout_ns;
+  f.host = (u32*)a.st->err_host;
+  f.timeout_ns = a.st->timeout_ns;
   f.peer_scratch = a.st->scratch;
   f.nranks = a.nranks;
   return f;
@@ -68,7 +47,7 @@ __device__ __forceinline__ FaultSink make_fault(const CallArgs& a) {
 // Kernels call it after their first input loads and before their first send.
 __device__ __forceinline__ bool refused(const CallArgs& a) {
   if (a.prior == 0u) return false;
-  if (threadIdx.x == 0 && a.state.err_host) signal_host(a.state.err_host);
+  if (threadIdx.x == 0 && a.st->err_host) signal_host(a.st->err_host);
   return true;
 }
 
@@ -92,7 +71,7 @@ __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, in
   BufferDesc<kMaxRanks> d;
 #pragma unroll
   for (int q = 0; q < kMaxRanks; ++q)
-    d.base[q] = (Line*)(a.state.scratch[q] + a.region_off + (u64)which * region_bytes);
+    d.base[q] = (Line*)(a.st->scratch[q] + a.region_off + (u64)which * region_bytes);
   d.epochs = a.epochs + (u64)which * (u64)a.lines_per_src;
   d.rank = a.rank;
   d.nranks = a.nranks;
@@ -168,20 +147,30 @@ __device__ __forceinline__ P pick_rank(int k, P a0, P a1, P a2, P a3, P a4, P a5
   return b2 ? p47 : p03;
 }
 
-// Kernel prologue shared by every entry point: let the next kernel launch, copy the communicator
-// state (which no kernel writes: StateRegs), then wait for the previous kernel; nothing else is
-// read before the wait. With SOLLAT_TEST_HOOKS (test builds only, so production kernels pay no
-// extra load) the blocks of `absent_rank` return at once, which is how the tests make a peer that
-// never arrives.
-__device__ __forceinline__ bool prologue(const CommState* st, int rank, StateRegs& state) {
+// Kernel prologue shared by every entry point, in this order:
+//   1. let the next kernel launch (PDL);
+//   2. one thread asks L2 for the communicator state and for the first line of each of the call's
+//      pointers (`lines`: input, output, epochs, fault record ...);
+//   3. wait for the previous kernel.
+// A prefetch returns no data, so nothing a previous kernel may still be writing is read before
+// the wait: every read of those lines comes after it, served by L2, which is coherent. What step 2
+// buys is that the kernel-parameter lines (a prefetch needs its address) and these memory lines
+// are fetched while the previous kernel finishes instead of after it: 0.10 - 0.17 us per 128 B
+// call, never slower at any size measured (virtual ranks, docs/benchmarks.md run 21). Copying
+// CommState into registers here as well measured slower for the two-shot (longer live ranges, a
+// stack frame), so it is read after the wait where it is used. With SOLLAT_TEST_HOOKS (test
+// builds only, so production kernels pay no extra load) the blocks of `absent_rank` return at
+// once, which is how the tests make a peer that never arrives.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+template <typename... Ptrs>
+__device__ __forceinline__ bool prologue(const CommState* st, int rank, const Ptrs*... lines) {
   pdl_launch_dependents();
-#ifndef SOLLAT_STATE_AFTER_WAIT  // A/B only (session 9): the copy after the wait, as before
-  state = copy_state(st);
-#endif
+  if (threadIdx.x == 0) {  // one thread: the lines and the parameters are the whole block's
+    (prefetch_l2(lines), ...);
+    prefetch_l2(st);
+  }
   pdl_wait();
-#ifdef SOLLAT_STATE_AFTER_WAIT
-  state = copy_state(st);
-#endif
 #ifdef SOLLAT_TEST_HOOKS
   if (st->absent_rank == rank) return false;
 #endif
@@ -200,29 +189,29 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
 // `rec` is the fault record of launch rank 0 (this rank's, for _pg); launch rank y's is
 // `rank_stride` bytes further (virtual ranks' scratches are laid back to back). Its code is loaded
-// first, so the load travels together with the input and descriptor loads (relaxed: a nonzero code
-// only makes the kernel refuse; no detail word is read). The parameter lists
+// right after the wait, so the load travels together with the input and descriptor loads (relaxed:
+// a nonzero code only makes the kernel refuse; no detail word is read). The parameter lists
 // are sollat/abi.py's PG_PARAMS and VR_PARAMS (abi.h), which the host packs in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_pg(SOLLAT_PG_PARAMS) {       \
-    sollat::StateRegs state;                                                                               \
-    if (!sollat::prologue(st, rank, state)) return;                                                        \
+    if (!sollat::prologue(st, rank, in, out, epochs, rec)) return;                                         \
     const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
-    sollat::CallArgs a{st, state, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
+    sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
                        rank, nranks, rec, prior};                                                          \
     BODY(a, (const T*)in, (T*)out);                                                                        \
   }                                                                                                        \
   extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_vr(SOLLAT_VR_PARAMS) {       \
     const int y = blockIdx.y;                                                                              \
     const int rank = rank_base + y;                                                                        \
-    sollat::StateRegs state;                                                                               \
-    if (!sollat::prologue(st, rank, state)) return;                                                        \
+    const void* in = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7);               \
+    void* out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7);                    \
+    sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;            \
     sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                         \
+    if (!sollat::prologue(st, rank, in, out, rank_epochs, rec)) return;                                    \
     const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
-    sollat::CallArgs a{st, state, n, region_off, epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers, \
-                       lines_per_src, sollat::call_signature(st, sig, rank), rank, nranks, rec, prior};   \
-    BODY(a, (const T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7),             \
-         (T*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7));                      \
+    sollat::CallArgs a{st, n, region_off, rank_epochs, lines_per_src, sollat::call_signature(st, sig, rank), \
+                       rank, nranks, rec, prior};                                                          \
+    BODY(a, (const T*)in, (T*)out);                                                                        \
   }
 
 #endif  // SOLLAT_COLLECTIVE_H_
