@@ -61,21 +61,23 @@ def variants(x: torch.Tensor) -> dict[str, Callable[[], object]]:
     }
 
 
+def one_size(nbytes: int) -> list[dict[str, object]]:
+    x, y = torch.randn(nbytes // 4, device="cuda"), torch.randn(nbytes // 4, device="cuda")
+    cases = [(name, "host", host_us(fn)) for name, fn in variants(x).items()]
+    for name, fn in {"torch x.add_(y)": lambda: x.add_(y), "torch x + y": lambda: x + y}.items():
+        x.normal_()  # add_ grows x; keep the values finite
+        cases.append((name, "launched", launched_us(fn)))
+    for name, kind, us in cases:
+        print(f"{nbytes:>8} B  {kind:<8} {name:<52} {us:7.3f} us", flush=True)
+    return [{"bytes": nbytes, "case": name, "kind": kind, "us": us} for name, kind, us in cases]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bytes", default="128,8192,131072", help="fp32 bytes, comma separated")
     p.add_argument("--into", default=None, help="folder for alloc-variants.json")
     args = p.parse_args()
-    rows: list[dict[str, object]] = []
-    for nbytes in (int(b) for b in args.bytes.split(",")):
-        x, y = torch.randn(nbytes // 4, device="cuda"), torch.randn(nbytes // 4, device="cuda")
-        cases = [(name, "host", host_us(fn)) for name, fn in variants(x).items()]
-        for name, fn in {"torch x.add_(y)": lambda: x.add_(y), "torch x + y": lambda: x + y}.items():
-            x.normal_()
-            cases.append((name, "launched", launched_us(fn)))
-        for name, kind, us in cases:
-            rows.append({"bytes": nbytes, "case": name, "kind": kind, "us": us})
-            print(f"{nbytes:>8} B  {kind:<8} {name:<52} {us:7.3f} us", flush=True)
+    rows = [row for nbytes in args.bytes.split(",") for row in one_size(int(nbytes))]
     if args.into:
         Path(args.into).mkdir(parents=True, exist_ok=True)
         Path(args.into, "alloc-variants.json").write_text(json.dumps(
