@@ -12,37 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from _host_timing import eager_us, host_us
 
-HOST_ITERS, CALLS, RUNS = 20000, 500, 5
-
-
-def host_us(fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        for _ in range(HOST_ITERS):
-            fn()
-        best = min(best, (time.perf_counter() - t) / HOST_ITERS * 1e6)
-    return best
-
-
-def launched_us(fn: Callable[[], object]) -> float:
-    for _ in range(50):
-        fn()
-    best = float("inf")
-    for _ in range(RUNS):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / CALLS * 1e6)
-    return best
+CALLS = 500
 
 
 def variants(x: torch.Tensor) -> dict[str, Callable[[], object]]:
@@ -66,7 +42,7 @@ def one_size(nbytes: int) -> list[dict[str, object]]:
     cases = [(name, "host", host_us(fn)) for name, fn in variants(x).items()]
     for name, fn in {"torch x.add_(y)": lambda: x.add_(y), "torch x + y": lambda: x + y}.items():
         x.normal_()  # add_ grows x; keep the values finite
-        cases.append((name, "launched", launched_us(fn)))
+        cases.append((name, "launched", eager_us(fn, CALLS)))
     for name, kind, us in cases:
         print(f"{nbytes:>8} B  {kind:<8} {name:<52} {us:7.3f} us", flush=True)
     return [{"bytes": nbytes, "case": name, "kind": kind, "us": us} for name, kind, us in cases]

@@ -13,33 +13,22 @@ paired.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 
 import _real_ranks
 import torch
+from _host_timing import host_us
 
 import sollat
 from sollat import testing
 
-CALLS, RUNS, HOST_ITERS = 500, 5, 20000
+CALLS, RUNS = 500, 5
 
 
 def launched_us(fn: Callable[[], object]) -> float:
     for _ in range(50):
         fn()
     return min(_real_ranks.eager_us(fn, CALLS) for _ in range(RUNS))
-
-
-def host_us(fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(RUNS):
-        t = time.perf_counter()
-        for _ in range(HOST_ITERS):
-            fn()
-        best = min(best, (time.perf_counter() - t) / HOST_ITERS * 1e6)
-    return best
-
 
 
 def main() -> int:

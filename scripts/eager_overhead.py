@@ -8,43 +8,31 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import torch
+from _host_timing import eager_us
 
 import sollat
 from sollat import testing
 
-
-def per_call_us(fn, n: int = 2000, runs: int = 5) -> float:
-    for _ in range(50):
-        fn()
-    best = float("inf")
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / n * 1e6)
-    return best
+CALLS = 2000
 
 
 def main() -> int:
     dev = torch.device("cuda", 0)
     x = torch.randn(32, device=dev)
-    print(f"torch x.add_(1): {per_call_us(lambda: x.add_(1)):.2f} us", flush=True)
+    print(f"torch x.add_(1): {eager_us(lambda: x.add_(1), CALLS):.2f} us", flush=True)
     for r in (2, 4, 8):
         for launcher in ("driver", "cuda.core"):
             os.environ["SOLLAT_LAUNCHER"] = launcher  # read when a call's plan is made
             c = sollat.VirtualCommunicator(r, dev)
             xs = [torch.randn(32, device=dev) for _ in range(r)]
             outs = [torch.empty_like(v) for v in xs]
-            a = per_call_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs))
-            b = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"))
-            d = per_call_us(lambda c=c, xs=xs: c.all_reduce(xs))
+            a = eager_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs), CALLS)
+            b = eager_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"), CALLS)
+            d = eager_us(lambda c=c, xs=xs: c.all_reduce(xs), CALLS)
             # The same kernel launched directly with prepacked arguments: the launch's own cost.
-            e = per_call_us(testing.bare_launch(c, xs, outs, algo="oneshot_ll"))
+            e = eager_us(testing.bare_launch(c, xs, outs, algo="oneshot_ll"), CALLS)
             print(f"R={r} virtual, {launcher} launcher: out given {a:.2f} us; new outputs {b:.2f} us; "
                   f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
                   flush=True)
@@ -63,8 +51,8 @@ def communicator_path(dev: torch.device) -> None:
     xs = [torch.randn(32, device=dev) for _ in range(2)]
     outs = [torch.empty_like(v) for v in xs]
     comm = testing.borrowed_communicator(vc, testing.bare_launch(vc, xs, outs, algo="oneshot_ll"))
-    a = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll", out=outs[0]))
-    b = per_call_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll"))
+    a = eager_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll", out=outs[0]), CALLS)
+    b = eager_us(lambda: comm.all_reduce(xs[0], algo="oneshot_ll"), CALLS)
     print(f"Communicator hot path (one tensor), driver launcher: out given {a:.2f} us; new output {b:.2f} us",
           flush=True)
 

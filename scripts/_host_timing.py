@@ -1,0 +1,37 @@
+"""Shared by the eager-cost scripts: the host time of a call, with and without launches."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+
+def host_us(fn: Callable[[], object], iters: int = 20000, runs: int = 5) -> float:
+    """µs per call of ``fn`` in a loop of ``iters`` (no synchronisation: for host-only steps), the
+    fastest of ``runs`` runs: host noise (other tenants, clock changes) only ever adds time."""
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        best = min(best, (time.perf_counter() - t) / iters * 1e6)
+    return best
+
+
+def eager_us(fn: Callable[[], object], calls: int, runs: int = 5) -> float:
+    """µs per call of ``calls`` back-to-back launches of ``fn`` and one synchronize (after 50
+    warm-up calls), the fastest of ``runs`` runs: host-bound when a call's GPU time is shorter than
+    its host time."""
+    for _ in range(50):
+        fn()
+    best = float("inf")
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / calls * 1e6)
+    return best
