@@ -20,18 +20,23 @@ def host_us(fn: Callable[[], object], iters: int = 20000, runs: int = 5) -> floa
     return best
 
 
-def eager_us(fn: Callable[[], object], calls: int, runs: int = 5) -> float:
-    """µs per call of ``calls`` back-to-back launches of ``fn`` and one synchronize (after 50
-    warm-up calls), the fastest of ``runs`` runs: host-bound when a call's GPU time is shorter than
-    its host time."""
+def run_us(fn: Callable[[], object], calls: int, before: Callable[[], object] | None = None) -> float:
+    """One eager run: synchronize (and ``before()``, e.g. a barrier between ranks), then ``calls``
+    back-to-back calls of ``fn`` and one synchronize; wall time per call in µs."""
+    torch.cuda.synchronize()
+    if before is not None:
+        before()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / calls * 1e6
+
+
+def eager_us(fn: Callable[[], object], calls: int, runs: int = 5,
+             before: Callable[[], object] | None = None) -> float:
+    """The fastest of ``runs`` runs (``run_us``) after 50 warm-up calls: host-bound when a call's
+    GPU time is shorter than its host time, and host noise only ever adds time."""
     for _ in range(50):
         fn()
-    best = float("inf")
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t) / calls * 1e6)
-    return best
+    return min(run_us(fn, calls, before) for _ in range(runs))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from _host_timing import run_us
 
 
 def start() -> int:
@@ -25,13 +26,7 @@ def start() -> int:
 def eager_us(fn: Callable[[], object], calls: int) -> float:
     """One eager run after a barrier: ``calls`` back-to-back calls, then one synchronize; wall time
     per call in µs."""
-    torch.cuda.synchronize()
-    dist.barrier()
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / calls * 1e6
+    return run_us(fn, calls, before=dist.barrier)
 
 
 def slowest(v: float) -> float:

@@ -17,18 +17,13 @@ from collections.abc import Callable
 
 import _real_ranks
 import torch
-from _host_timing import host_us
+import torch.distributed as dist
+from _host_timing import eager_us, host_us
 
 import sollat
 from sollat import testing
 
 CALLS, RUNS = 500, 5
-
-
-def launched_us(fn: Callable[[], object]) -> float:
-    for _ in range(50):
-        fn()
-    return min(_real_ranks.eager_us(fn, CALLS) for _ in range(RUNS))
 
 
 def main() -> int:
@@ -63,7 +58,7 @@ def main() -> int:
         rows.append({"case": name, "kind": "host", "us": _real_ranks.slowest(host_us(fn))})
     for name, fn in launched.items():
         x.normal_()
-        rows.append({"case": name, "kind": "launched", "us": _real_ranks.slowest(launched_us(fn))})
+        rows.append({"case": name, "kind": "launched", "us": _real_ranks.slowest(eager_us(fn, CALLS, RUNS, before=dist.barrier))})
     comm.check()
     if rank == 0:
         for r in rows:
