@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import sollat
+from sollat.build import NvrtcMissingError
 from sollat.custom import Collective
 
 SOURCE = Path(__file__).with_name("maxabs_allreduce.cu")
@@ -59,4 +60,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NvrtcMissingError as exc:  # no traceback for a missing install step: one line naming the extra
+        raise SystemExit(str(exc)) from None

@@ -121,6 +121,25 @@ def _headers_digest() -> str:
     return h.hexdigest()
 
 
+NVRTC_EXTRA = "pip install 'sollat[nvrtc]' (in a checkout: pip install -e '.[nvrtc]')"
+
+
+class NvrtcMissingError(RuntimeError):
+    """NVRTC (libnvrtc), which compiles sollat's kernels, cannot be loaded; the message is one line."""
+
+
+def nvrtc_missing() -> str | None:
+    """Why NVRTC cannot be loaded here, one line naming the ``nvrtc`` extra; None when it loads."""
+    try:
+        from cuda.bindings import nvrtc
+
+        nvrtc.nvrtcVersion()
+    except Exception as exc:  # cuda.pathfinder's DynamicLibNotFoundError when no libnvrtc is found
+        return (f"sollat: NVRTC (libnvrtc), which compiles sollat's kernels, cannot be loaded "
+                f"({type(exc).__name__}); install sollat's nvrtc extra: {NVRTC_EXTRA}")
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def _nvrtc_version() -> str:
     try:
@@ -234,6 +253,9 @@ def compile_cubin(source: str, *, name: str, arch: str = DEFAULT_ARCH,
     cubin = _read_cached(path)
     if cubin is not None:
         return cubin
+    missing = nvrtc_missing()
+    if missing is not None:
+        raise NvrtcMissingError(missing)
     from cuda.core import Program
 
     prog = Program(source, code_type="c++", options=options)

@@ -32,7 +32,8 @@ N = TypeVar("N", int, float)
 
 def usage() -> str:
     rows = "\n".join(f"  {verb:<12}{text}" for verb, text in VERBS.items())
-    return (f"usage: {PROG} VERB [options]     ({PROG} VERB --help: the options of one verb)\n\n"
+    return (f"usage: {PROG} VERB [options]     ({PROG} VERB --help: the options of one verb; "
+            f"{PROG} --version)\n\n"
             f"verbs:\n{rows}\n\n"
             "applications (own modules): python -m sollat.apps.decode, python -m sollat.apps.cg "
             "(see docs/apps.md)\n")
@@ -85,15 +86,57 @@ def _precompile(argv: list[str]) -> int:
     p.add_argument("--arch", type=_arch, default=None,
                    help=f"sm_XY (default: this GPU, or {instantiations.DEFAULT_ARCH} without one)")
     p.add_argument("-j", "--jobs", type=positive_int, default=8, help="parallel compiles (default 8)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = p.parse_args(argv)
     t = time.time()
     try:
-        n = instantiations.precompile(a.arch, a.jobs)
+        n = instantiations.precompile(a.arch, a.jobs, progress=not a.no_progress)
     except instantiations.PrecompileError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 1
-    print(f"sollat: compiled {n} kernel modules in {time.time() - t:.1f} s")
+    arch = a.arch or _default_arch()
+    print(f"sollat: {n} kernel modules for {arch} in the cache {_cache_dir()} after {time.time() - t:.1f} s "
+          f"({a.jobs} at a time; modules already cached are not compiled again)")
     return 0
+
+
+def _default_arch() -> str:
+    from . import build
+
+    return build.device_arch()
+
+
+def _cache_dir() -> str:
+    from . import build
+
+    return str(build.cache_dir())
+
+
+def nvrtc_line() -> str:
+    """``sollat info``'s NVRTC line: its version and where it was loaded from, or that it is missing
+    and which extra brings it."""
+    from . import build
+
+    missing = build.nvrtc_missing()
+    if missing is not None:
+        return f"NVRTC: not found, so no kernel can be compiled; install sollat's nvrtc extra: {build.NVRTC_EXTRA}"
+    from importlib.metadata import PackageNotFoundError, version
+
+    from cuda.bindings import nvrtc
+
+    _, major, minor = nvrtc.nvrtcVersion()
+    try:
+        package = f"the nvidia-cuda-nvrtc {version('nvidia-cuda-nvrtc')} package"
+    except PackageNotFoundError:
+        package = "no nvidia-cuda-nvrtc package"
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        where = f", {load_nvidia_dynamic_lib('nvrtc').abs_path}"
+    except Exception:  # the version is known; where it came from is a detail
+        where = ""
+    old = "" if (major, minor) >= (13, 0) else " (too old: sollat needs NVRTC 13.0 or newer)"
+    return f"NVRTC: {major}.{minor}{old} ({package}{where})"
 
 
 def _info(argv: list[str]) -> int:
@@ -103,6 +146,7 @@ def _info(argv: list[str]) -> int:
     from . import __version__, build
 
     print(f"sollat {__version__}; torch {torch.__version__}; cache {build.cache_dir()}")
+    print(nvrtc_line())
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} x {torch.cuda.device_count()}; arch {build.device_arch()}")
     else:
@@ -132,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(usage(), end="")
+        return 0
+    if argv == ["--version"]:
+        from . import __version__
+
+        print(f"sollat {__version__}")
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:

@@ -6,7 +6,7 @@ import itertools
 import multiprocessing
 import re
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from . import algorithms, build, rmsnorm, rmsnorm_epilogue
 from .dtypes import DTYPES
@@ -77,26 +77,40 @@ def _first_error(log: str) -> str:
     return (errors or lines or ["no compile log"])[0]
 
 
-def precompile(arch: str | None = None, jobs: int = 8) -> int:
+def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False) -> int:
     """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count.
 
-    Raises ValueError for an arch sollat cannot use and PrecompileError when compiling fails."""
+    ``progress``: a progress bar on stderr (``sollat.bench.progress``: rich on a terminal, a line
+    every 10 % or 20 s otherwise), one step per module. Raises ValueError for an arch sollat cannot
+    use and PrecompileError when NVRTC is missing or compiling fails."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     arch = check_arch(arch or build.device_arch())
     try:
         import cuda.core  # noqa: F401
     except ImportError as exc:
-        raise PrecompileError(f"cuda.core is missing ({exc}); install the nvrtc extra") from exc
+        raise PrecompileError(f"cuda.core is missing ({exc}); it is a dependency of sollat: "
+                              "pip install 'cuda-core>=1.2'") from exc
+    missing = build.nvrtc_missing()
+    if missing is not None:
+        raise PrecompileError(missing.removeprefix("sollat: "))
+    from .bench.progress import Progress
+
     work = [(f, d, arch) for f, d in all_instantiations()]
     try:
-        if jobs == 1:
-            for w in work:
-                _compile_one(w)
-        else:
-            # spawn, not fork: the caller may already hold a CUDA context (a forked child must not use it)
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                list(pool.map(_compile_one, work))
+        with Progress(len(work), f"precompile {arch}", enabled=progress) as bar:
+            if jobs == 1:
+                for w in work:
+                    bar.advance(note=_compile_one(w))
+            else:
+                # spawn, not fork: the caller may already hold a CUDA context (a forked child must not use it)
+                with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                    try:
+                        for done in as_completed([pool.submit(_compile_one, w) for w in work]):
+                            bar.advance(note=done.result())
+                    except BaseException:  # the first failure is the answer: start no further compile
+                        pool.shutdown(wait=True, cancel_futures=True)
+                        raise
     except RuntimeError as exc:
         raise PrecompileError(f"NVRTC failed for {arch}: {_first_error(str(exc))}") from exc
     return len(work)
