@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,18 +157,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _nothing_measured(why: str) -> int:
+    from .cli import PROG
+
+    print(f"{PROG} tune: error: nothing could be measured: {why}", file=sys.stderr)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     if not torch.cuda.is_available():
-        print("sollat tune: no CUDA GPU is visible; nothing to measure. The built-in tables are in "
-              f"{select.TUNING_DIR}.")
-        return 0
+        return _nothing_measured("no CUDA GPU is visible (torch.cuda.is_available() is False), so no table was "
+                                 f"written; the built-in tables are in {select.TUNING_DIR}")
     distributed = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     sizes = a.sizes or (DEFAULT_SIZES_REAL if distributed else DEFAULT_SIZES)
     dtype = getattr(torch, a.dtype)
     run, algos, gpu, max_blocks = _distributed_runner(max(sizes)) if distributed else _virtual_runner(a.ranks)
     ranks = int(os.environ["WORLD_SIZE"]) if distributed else a.ranks
     results = measure(run, algos, sizes, dtype)
+    unserved = [nb for nb, best, times in results if not math.isfinite(times[best])]
+    if unserved:  # every rank sees the same times (the slowest rank's), so every rank stops here
+        return _nothing_measured(f"no algorithm ran at {', '.join(f'{nb} B' for nb in unserved)} "
+                                 f"({a.dtype}), so no table was written")
     rules = rules_from_winners([(nb, best) for nb, best, _ in results])
     driver = driver_version()
     how = (f"{ranks} GPUs under torchrun, NCCL included" if distributed else

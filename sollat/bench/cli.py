@@ -40,6 +40,16 @@ def _ranks(lo: int, hi: int | None) -> Callable[[str], str]:
     return parse
 
 
+def _folder(text: str) -> str:
+    """Argument type: an existing folder, kept as text."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"there is no folder {text!r}")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a result folder")
+    return text
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results", help="parent folder of the timestamped result folder (default: results)")
     p.add_argument("--into", default=None, help="write into exactly this folder instead of a new timestamped one")
@@ -89,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--child-timeout", type=positive_float, default=None, help="seconds per peer child (default 600, quick 150)")
 
     p = sub.add_parser("plot", help=top.VERBS["plot"])
-    p.add_argument("dir", help="a result folder with bench.json and/or barrier.json")
+    p.add_argument("dir", type=_folder, help="a result folder with bench.json and/or barrier.json")
     return parser
 
 
@@ -113,6 +123,15 @@ class BenchPlan:
     check: bool
 
 
+def known_algos() -> list[str]:
+    """What ``bench --algos`` accepts: every sollat algorithm, ``auto``, and ``auto_symm`` (auto in
+    place on symmetric memory, real ranks only)."""
+    from ..algorithms import ALGORITHMS
+    from .sweep import AUTO_SYMM
+
+    return [*ALGORITHMS, "auto", AUTO_SYMM]
+
+
 def plan_bench(a: argparse.Namespace) -> BenchPlan:
     from .barrier import DEFAULT_RANKS as B_RANKS
     from .barrier import QUICK_RANKS as B_QUICK
@@ -126,6 +145,11 @@ def plan_bench(a: argparse.Namespace) -> BenchPlan:
             raise ValueError(f"unknown dtype {d!r}; use float32, bfloat16 or float16")
         dtypes.append(DTYPES[d])
     algos = None if a.algos in ("all", "") else [x.strip() for x in a.algos.split(",") if x.strip()]
+    known = known_algos()
+    unknown = [x for x in algos or () if x not in known]
+    if unknown:
+        raise ValueError(f"unknown algorithm {unknown[0]!r} in --algos; known: {', '.join(known)} "
+                         "(auto_symm: under torchrun only), or all")
     return BenchPlan(
         sizes=parse_sizes(a.sizes or (QUICK_SIZES if a.quick else DEFAULT_SIZES)),
         ranks=parse_int_list(a.ranks),
@@ -273,14 +297,31 @@ def _write_barrier(session: _Session, rows: list[Any], floor: dict[str, Any], pl
     if plots:
         from .plots import plot_barrier
 
-        plot_barrier(meta, rows, session.run_dir / "barrier", floor.get("median_us"))
+        _draw(lambda: plot_barrier(meta, rows, session.run_dir / "barrier", floor.get("median_us")))
     return text
+
+
+def _draw(plot: Callable[[], Any]) -> None:
+    """Draw figures; without matplotlib (the bench extra) say so in one line and go on: the
+    result files are written already, and ``plot DIR`` draws them later."""
+    from .plots import MatplotlibMissingError
+
+    try:
+        plot()
+    except MatplotlibMissingError as exc:
+        print(f"sollat: no figures drawn: {exc}", file=sys.stderr)
+
+
+def _nothing_measured(verb: str, why: str) -> int:
+    print(f"{top.PROG} {verb}: error: nothing could be measured: {why}", file=sys.stderr)
+    return 1
 
 
 # ---- subcommands ----------------------------------------------------------------------------
 
 def cmd_sol(a: argparse.Namespace) -> int:
     from .results import write_json
+    from .sol import sol_failures
     from .table import format_sol
 
     session = _Session(a, "sol", [])
@@ -294,6 +335,8 @@ def cmd_sol(a: argparse.Namespace) -> int:
             print(f"results: {session.run_dir}")
     finally:
         session.close()
+    if res is None or res.get("sol_ns") is None:  # every rank has the root's result (broadcast)
+        return _nothing_measured("sol", "no SoL figure; " + ("; ".join(sol_failures(res or {})) or "no result"))
     return 0
 
 
@@ -310,9 +353,20 @@ def cmd_barrier(a: argparse.Namespace) -> int:
         if session.root:
             print(_write_barrier(session, rows, floor, plots=True), end="")
             print(f"results: {session.run_dir}")
+        failed = [r for r in rows if not r.ok]
+        why = session.broadcast(None if len(failed) < len(rows) else
+                                f"every barrier row failed or was skipped; first: {_first_reason(failed)}")
     finally:
         session.close()
+    if why is not None:
+        return _nothing_measured("barrier", why)
     return 0
+
+
+def _first_reason(rows: list[Any]) -> str:
+    """The first failure's reason (an error before a skip), for the one-line summary."""
+    rows = sorted(rows, key=lambda r: r.status != "error")
+    return f"{rows[0].variant} R={rows[0].ranks}: {rows[0].reason}" if rows else "no rows"
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -422,18 +476,26 @@ def cmd_bench(a: argparse.Namespace) -> int:
             if not a.no_plots:
                 from .plots import plot_latency, plot_speedup
 
-                plot_latency(session.meta, floor["median_us"], s_us, rows, session.run_dir / "latency")
-                plot_speedup(session.meta, rows, session.run_dir / "speedup")
+                _draw(lambda: plot_latency(session.meta, floor["median_us"], s_us, rows, session.run_dir / "latency"))
+                _draw(lambda: plot_speedup(session.meta, rows, session.run_dir / "speedup"))
             print(f"results: {session.run_dir}")
+        measured = session.broadcast(any(r.ok for r in rows))
     finally:
         session.close()
+    if not measured:
+        return _nothing_measured("bench", "no sollat algorithm and no peer gave a time (the rows' reasons are in "
+                                          "the table above)")
     return 0
 
 
 def cmd_plot(a: argparse.Namespace) -> int:
-    from .plots import plot_dir
+    from .plots import MatplotlibMissingError, plot_dir
 
-    paths = plot_dir(a.dir)
+    try:
+        paths = plot_dir(a.dir)
+    except MatplotlibMissingError as exc:
+        print(f"{top.PROG} plot: error: {exc}", file=sys.stderr)
+        return 1
     if not paths:
         print(f"{top.PROG} plot: error: no bench.json or barrier.json in {a.dir}", file=sys.stderr)
         return 1
@@ -490,13 +552,15 @@ def main(argv: list[str] | None = None) -> int:
     from .env import NO_GPU_MESSAGE, gpu_available
 
     if not gpu_available():
-        print(NO_GPU_MESSAGE.format(cmd=a.cmd))
-        if a.cmd == "bench":  # the main job: show what runs without a GPU
-            from ..model import cli as model_cli
+        if a.cmd != "bench":
+            return _nothing_measured(a.cmd, "no CUDA GPU is present (torch.cuda.is_available() is False); "
+                                            f"the protocols can be checked on the CPU: {top.PROG} model --demo")
+        # the main job (README's first command) shows what runs without a GPU, and succeeds
+        from ..model import cli as model_cli
 
-            print("\nRunning the CPU protocol demo now (python -m sollat model --demo):\n", flush=True)
-            return model_cli.main(["--demo"])
-        return 0
+        print(NO_GPU_MESSAGE.format(cmd=a.cmd))
+        print("\nRunning the CPU protocol demo now (python -m sollat model --demo):\n", flush=True)
+        return model_cli.main(["--demo"])
     if a.cmd == "bench":
         n = _gpus_to_spread_over(a)
         if n:

@@ -25,8 +25,19 @@ FORMATS = ("png", "svg")
 BASELINE_PREFERENCE = ("nccl", "nccl symmetric", "torch symm_mem one_shot", "torch symm_mem one_shot (1 rank)")
 
 
+BENCH_EXTRA = "pip install 'sollat[bench]' (in a checkout: pip install -e '.[bench]')"
+
+
+class MatplotlibMissingError(ImportError):
+    """The figures need matplotlib, which is not installed; the message is one line naming the extra."""
+
+
 def _plt() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise MatplotlibMissingError(f"the figures need matplotlib, which is not installed ({exc}); install "
+                                     f"sollat's bench extra: {BENCH_EXTRA}") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

@@ -291,6 +291,12 @@ def reference_check(res: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def sol_failures(res: dict[str, Any]) -> list[str]:
+    """``"name: reason"`` of every component of a ``run_sol`` result that failed."""
+    return [f"{comp.get('name', key)}: {comp.get('reason', 'no reason given')}"
+            for key, comp in res.items() if isinstance(comp, dict) and comp.get("status") == "error"]
+
+
 def sol_us(sol: dict[str, Any] | None) -> float | None:
     if not sol or sol.get("sol_ns") is None:
         return None
