@@ -6,11 +6,15 @@
 >>> ys = vcomm.all_reduce([x0, x1, x2, x3])
 >>> # your own kernel, written with the device API (docs/custom-collectives.md)
 >>> coll = sollat.custom.Collective("maxabs", pathlib.Path("maxabs.cu"))
+>>> sollat.testing.inject(comm, absent=1)           # fault drills
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: it would leave ``annotations`` in the package's
+# namespace. The version has one source, pyproject.toml, read back from the installed metadata.
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
-from . import custom
+from . import custom, testing
 from .algorithms import ALGORITHMS
 from .communicator import Communicator, VirtualCommunicator
 from .errors import (
@@ -21,7 +25,10 @@ from .errors import (
     UnsupportedError,
 )
 
-__version__ = "0.1.0"
+try:
+    __version__ = _version("sollat")
+except _PackageNotFoundError:  # a checkout on PYTHONPATH that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ALGORITHMS",
@@ -34,7 +41,15 @@ __all__ = [
     "VirtualCommunicator",
     "__version__",
     "custom",
+    "testing",
 ]
+# Modules README names by path (sollat.rmsnorm.algo_reference, sollat.gather_scatter.*_reference):
+# listed by dir() beside __all__; the package's other modules are its inside.
+_DOCUMENTED_MODULES = ("gather_scatter", "rmsnorm")
+
+
+def __dir__() -> list[str]:
+    return sorted({*__all__, *_DOCUMENTED_MODULES})
 
 
 def _register_ops() -> None:

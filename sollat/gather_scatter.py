@@ -28,6 +28,7 @@ import torch
 
 from . import algorithms
 from .algorithms import GATHER_SCATTER_ALGORITHMS, GatherScatterAlgorithm
+from .dtypes import OPS
 from .errors import UnsupportedError
 from .select import NCCL
 
@@ -129,6 +130,8 @@ def _op_min(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def rank_order_reduce(xs: Sequence[torch.Tensor], op: str) -> torch.Tensor:
     """Reduction in rank order 0..R-1 starting from rank 0's value, on the accumulation type
     (fp32 for 16-bit types, fp64 for float64), rounded once: recvReduce's order and arithmetic."""
+    if op not in OPS:
+        raise UnsupportedError(f"reduction op must be one of {', '.join(OPS)}, got {op!r}")
     acc_t = torch.float64 if xs[0].dtype == torch.float64 else torch.float32
     acc = xs[0].to(acc_t)
     for x in xs[1:]:
