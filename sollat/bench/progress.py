@@ -68,7 +68,9 @@ class Progress:
         if pct >= self._last_pct + 10 or now - self._last_print >= self.interval_s or self.done == self.total:
             elapsed = now - self.start
             left = elapsed / self.done * (self.total - self.done) if self.done else 0.0
-            print(f"[{self.desc}] {self.done}/{self.total} ({pct}%) {_mmss(elapsed)} elapsed, ~{_mmss(left)} left"
+            # below 5 % done the estimate of what is left is noise (start-up cost): not shown
+            eta = f", ~{_mmss(left)} left" if 20 * self.done >= self.total else ""
+            print(f"[{self.desc}] {self.done}/{self.total} ({pct}%) {_mmss(elapsed)} elapsed{eta}"
                   + (f"  {note}" if note else ""), file=self.stream, flush=True)
             self._last_print, self._last_pct = now, pct
 

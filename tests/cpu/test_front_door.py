@@ -73,7 +73,9 @@ BAD = [
     ["bench", "--replays", "0"], ["bench", "--calls", "-3"], ["bench", "--ranks", "0"], ["bench", "--ranks", "16"],
     ["bench", "--sizes", "3x"], ["bench", "--timeout", "-1"], ["bench", "--child-timeout", "nan"],
     ["bench", "--device", "-1"], ["bench", "--bogus"],
+    ["bench", "--algos", "nosuch"],
     ["sol", "--repeats", "0"], ["barrier", "--ranks", "1,2"], ["barrier", "--iters", "0"], ["plot"],
+    ["plot", "/nonexistent/folder"], ["precompile", "--bogus"],
 ]
 
 
@@ -101,6 +103,106 @@ def test_info_without_a_gpu_names_no_arch(capsys: pytest.CaptureFixture[str], mo
     rc, out, err = run(["info"], capsys)
     assert rc == 0 and err == ""
     assert "GPU: none visible, so no arch" in out and "sm_9" not in out.split("GPU:")[0]
+
+
+def test_info_names_the_nvrtc_it_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    from sollat import build
+
+    if build.nvrtc_missing() is not None:
+        pytest.skip("no NVRTC here (the nvrtc extra is not installed)")
+    _, major, minor = nvrtc.nvrtcVersion()
+    rc, out, err = run(["info"], capsys)
+    line = next(ln for ln in out.splitlines() if ln.startswith("NVRTC: "))
+    assert rc == 0 and line.startswith(f"NVRTC: {major}.{minor} (")
+    assert "libnvrtc" in line  # where it was loaded from
+
+
+def test_info_without_nvrtc_names_the_extra(capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a machine without the nvrtc extra sees; the import of libnvrtc is made to fail the way
+    cuda.pathfinder fails (its DynamicLibNotFoundError is a RuntimeError)."""
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+
+    class DynamicLibNotFoundError(RuntimeError):
+        pass
+
+    def missing() -> None:
+        raise DynamicLibNotFoundError('Failure finding "libnvrtc.so.13": No such file')
+
+    monkeypatch.setattr(nvrtc, "nvrtcVersion", missing)
+    rc, out, err = run(["info"], capsys)
+    assert rc == 0 and err == ""
+    assert ("NVRTC: not found, so no kernel can be compiled; install sollat's nvrtc extra: "
+            "pip install 'sollat[nvrtc]' (in a checkout: pip install -e '.[nvrtc]')") in out.splitlines()
+
+
+def _without_nvrtc(monkeypatch: pytest.MonkeyPatch) -> str:
+    from sollat import build
+
+    why = ("sollat: NVRTC (libnvrtc), which compiles sollat's kernels, cannot be loaded (DynamicLibNotFoundError); "
+           f"install sollat's nvrtc extra: {build.NVRTC_EXTRA}")
+    monkeypatch.setattr(build, "nvrtc_missing", lambda: why)
+    return why
+
+
+def test_precompile_without_nvrtc_names_the_extra(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cuda.core")
+    _without_nvrtc(monkeypatch)
+    rc, out, err = run(["precompile", "--arch", "sm_90"], capsys)
+    assert rc == 1 and out == ""
+    assert err == ("python -m sollat precompile: error: NVRTC (libnvrtc), which compiles sollat's kernels, cannot be "
+                   "loaded (DynamicLibNotFoundError); install sollat's nvrtc extra: pip install 'sollat[nvrtc]' "
+                   "(in a checkout: pip install -e '.[nvrtc]')\n")
+
+
+@pytest.mark.parametrize("example", ["maxabs_allreduce.py", "allgather.py"])
+def test_examples_without_nvrtc_end_in_one_line_naming_the_extra(example: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example as a script (``__main__``), on an empty kernel cache, no GPU, NVRTC missing."""
+    import runpy
+
+    import torch
+
+    pytest.importorskip("cuda.core")
+    why = _without_nvrtc(monkeypatch)
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", [example])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(ROOT / "examples" / example), run_name="__main__")
+    assert exc.value.code == why  # SystemExit(str): that one line on stderr, exit status 1
+
+
+def test_compile_without_nvrtc_raises_the_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("cuda.core")
+    from sollat import build
+
+    why = _without_nvrtc(monkeypatch)
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    with pytest.raises(build.NvrtcMissingError) as exc:
+        build.compile_cubin(build.kernel_source("probe_sol.cu"), name="probe_sol", arch="sm_90")
+    assert str(exc.value) == why and "\n" not in why
+
+
+def test_precompile_shows_progress_and_says_how_many(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real list of instantiations, each compile replaced by a no-op (one job: in this process)."""
+    pytest.importorskip("cuda.core")
+    compiled: list[str] = []
+    monkeypatch.setattr(instantiations, "_compile_one", lambda w: compiled.append(w[0]) or w[0])
+    rc, out, err = run(["precompile", "-j", "1", "--arch", "sm_90"], capsys)
+    n = len(compiled)
+    assert rc == 0 and n == len(list(instantiations.all_instantiations())) > 100
+    assert re.fullmatch(rf"sollat: {n} kernel modules for sm_90 in the cache \S+ after \d+\.\d s \(1 at a time; "
+                        r"modules already cached are not compiled again\)\n", out), out
+    lines = err.splitlines()  # not a terminal: a line every 10 % (or 20 s), the last at 100 %
+    assert 10 <= len(lines) <= 12 and all(ln.startswith("[precompile sm_90] ") for ln in lines)
+    assert lines[-1].startswith(f"[precompile sm_90] {n}/{n} (100%)")
+    compiled.clear()
+    rc, out, err = run(["precompile", "-j", "1", "--arch", "sm_90", "--no-progress"], capsys)
+    assert rc == 0 and err == "" and len(compiled) == n
 
 
 def test_precompile_checks_its_arguments() -> None:
@@ -199,17 +301,76 @@ def readme_commands() -> list[str]:
     return [b.strip() for b in re.findall(r"```bash\n(.*?)```", head, re.S)]
 
 
-def test_readme_starts_with_setup_and_test_commands() -> None:
+CPU_INDEX = "--index-url https://download.pytorch.org/whl/cpu"
+
+
+def test_readme_says_what_sollat_is_then_gives_setup_and_test_commands() -> None:
     text = (ROOT / "README.md").read_text()
-    assert text.startswith("# sollat\n")
+    assert text.startswith("# sollat\n\n")
+    first = text.split("\n\n")[1]  # the first paragraph, before any command
+    assert first.startswith("sollat is a Python library of barrier-free GPU collectives for PyTorch")
+    assert text.index(first) < text.index("```bash")
     setup, tests = readme_commands()[:2]
     assert "\n" not in setup and "\n" not in tests  # one copy-pasteable line each
-    # torch is pinned (or kept) before the extras are resolved: no newest torch + CUDA wheels on a CPU machine
+    # torch first (kept if there), before the extras are resolved; the CPU build where no GPU is seen
+    torch_step = setup.split(" && ")[0]
+    assert torch_step.startswith("(python3 -c 'import torch' 2>/dev/null || python3 -m pip install torch==2.13.0 ")
+    assert CPU_INDEX in torch_step and "nvidia-smi" in torch_step
     assert setup.index("torch==2.13.0") < setup.index("pip install -e '.[bench,nvrtc,test]'")
-    assert "import torch" in setup and setup.endswith("python3 -m sollat bench --quick")
+    assert setup.endswith("python3 -m sollat bench --quick")
     assert tests == "python3 -m pytest -q tests"
-    intro = text.split("```bash")[1].split("```")[1]  # the words before the test command: how long it takes
-    assert re.search(r"\d+ s\b", intro) and "2 cores" in intro
+
+
+@pytest.mark.parametrize(("torch_there", "gpu", "torch_install"), [
+    (True, True, None), (True, False, None),
+    (False, False, f"python3 -m pip install torch==2.13.0 {CPU_INDEX}"),
+    (False, True, "python3 -m pip install torch==2.13.0"),
+], ids=["torch-kept-gpu", "torch-kept-cpu", "no-torch-cpu", "no-torch-gpu"])
+def test_readme_setup_command_installs_the_right_torch(torch_there: bool, gpu: bool, torch_install: str | None,
+                                                       tmp_path: Path) -> None:
+    """README's first command, run by bash with stand-ins for python3 and nvidia-smi that log what
+    they were asked: which torch it installs where, and that the rest always follows."""
+    bindir, log = tmp_path / "bin", tmp_path / "log"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f'#!/bin/sh\necho "python3 $*" >> {log}\n'
+                                    f'if [ "$1" = "-c" ]; then exit {0 if torch_there else 1}; fi\nexit 0\n')
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nexit {0 if gpu else 9}\n")
+    for f in bindir.iterdir():
+        f.chmod(0o755)
+    done = subprocess.run(["bash", "-c", readme_commands()[0]], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    calls = log.read_text().splitlines()
+    assert calls == ["python3 -c import torch", *([torch_install] if torch_install else []),
+                     "python3 -m pip install -e .[bench,nvrtc,test]", "python3 -m sollat bench --quick"]
+
+
+def test_readme_command_paragraphs_are_short_their_figures_in_benchmarks() -> None:
+    """The words around README's two commands say what they do; how long they took (figures,
+    commits, runs) is in docs/benchmarks.md, in the section README names."""
+    head = (ROOT / "README.md").read_text().split("\n---\n")[0]
+    words = re.sub(r"```.*?```", "", head, flags=re.S)
+    assert len(words.split()) < 300
+    for figure in (r"\b[0-9a-f]{7,40}\b", r"\brun \d+", r"\bruns \d+", r"\d+(\.\d+)? (s|min)\b", r"\d+ passed"):
+        assert not re.search(figure, words), figure
+    m = re.search(r'docs/benchmarks\.md, "([^"]+)"', words)
+    assert m, "README points at the section of docs/benchmarks.md with the commands' times"
+    bench = (ROOT / "docs" / "benchmarks.md").read_text()
+    section = bench.split(f"\n## {m.group(1)}\n", 1)[1].split("\n## ", 1)[0]
+    assert re.search(r"\d+ s\b", section) and "2 cores" in section and re.search(r"\b[0-9a-f]{7}\b", section)
+    assert "python3 -m pytest -q tests" in section and "python3 -m sollat bench --quick" in section
+
+
+def test_readme_names_the_pinned_nvrtc() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["nvrtc"]
+    assert extra[0] in (ROOT / "README.md").read_text()
+
+
+def test_readme_has_the_vllm_sglang_section_pointing_at_its_doc() -> None:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Use it in vLLM / SGLang\n", 1)[1].split("\n## ", 1)[0]
+    assert "docs/integrations.md" in section
 
 
 def test_ci_runs_readme_test_command_with_the_slow_tests() -> None:
