@@ -49,6 +49,8 @@ def register() -> None:
     from vllm.compilation.passes.pass_manager import PostGradPassManager
     from vllm.distributed.parallel_state import GroupCoordinator
 
+    from . import vllm_pass  # noqa: F401  (registers the sollat_vllm ops before any graph, cached or new, names them)
+
     _wrap(GroupCoordinator, "_all_reduce_out_place", _all_reduce_out_place)
     _wrap(GroupCoordinator, "graph_capture", _graph_capture)
     _wrap(PostGradPassManager, "configure", _configure)
