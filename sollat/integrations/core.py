@@ -1,0 +1,305 @@
+"""The engine-free part of sollat's vLLM and SGLang plugins (no engine is imported here).
+
+An engine shim (``vllm.py``, ``sglang.py``) builds one :class:`GroupAdapter` per tensor-parallel
+group and asks it, call by call, to serve an all-reduce. The adapter answers with a tensor (sollat
+served it) or ``None`` (the engine's own path must serve it). Everything here runs under
+``torchrun`` on GPUs where the engines cannot be installed (``scripts/engine_adapter_real.py``).
+
+The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the call):
+
+* the group's sollat communicator exists: constructed collectively, lazily, on every rank of the
+  group (world size 2..8, every rank on one host, and the construction succeeded on every rank:
+  symmetric memory mapped every peer's scratch; agreed over the group's CPU group, so that no rank
+  routes to sollat while another routes to the engine);
+* the tensor lies on the communicator's device, is contiguous, has 1 .. ``MAX_ELEMENTS`` elements
+  and a dtype sollat reduces (float32, bfloat16, float16, float64; the fused RMSNorm: the first
+  three, a weight ``[hidden]`` of x's dtype, a residual of x's shape and dtype, hidden <= 65536,
+  the FP8 scale one float32 element on the device).
+
+Nothing in the rule depends on the message size below sollat's limit: a size threshold would send
+one row through two implementations at two batch sizes, which batch-invariant mode forbids.
+Everything else goes to the engine's path.
+
+The factory seam: ``set_communicator_factory(f)`` makes every adapter built afterwards construct
+its communicator as ``f(device_group, device, batch_invariant)`` (CPU tests inject a stand-in
+that reduces in rank order over gloo; ``None`` restores :func:`sollat_communicator`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import socket
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ..comm_base import MAX_ELEMENTS
+from ..dtypes import DTYPES
+from ..errors import UnsupportedError
+from ..layout import MAX_RANKS
+from ..rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
+from ..rmsnorm import MAX_HIDDEN
+
+__all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "OPT_IN_ENV", "GroupAdapter", "all_reduce_refusal",
+           "domain_refusal", "opted_in", "rmsnorm_refusal", "set_communicator_factory", "sollat_batch_invariant_env",
+           "sollat_communicator", "summary"]
+
+logger = logging.getLogger("sollat.integrations")
+
+OPT_IN_ENV = "SOLLAT_ENGINE_PLUGIN"
+BATCH_INVARIANT_ENV = "SOLLAT_BATCH_INVARIANT"
+ALL_REDUCE_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPES)
+MIN_WORLD_SIZE = 2
+
+
+def opted_in(value: str | None) -> bool:
+    """``$SOLLAT_ENGINE_PLUGIN``: unset, empty or ``0``: off; ``1``: on; anything else is an error."""
+    v = "" if value is None else value.strip()
+    if v in ("", "0"):
+        return False
+    if v == "1":
+        return True
+    raise UnsupportedError(f"{OPT_IN_ENV}={value!r} is not understood: set {OPT_IN_ENV}=1 to route the engine's "
+                           f"tensor-parallel all-reduce through sollat, or 0 (or leave it unset) to leave the "
+                           "engine untouched")
+
+
+def sollat_batch_invariant_env(value: str | None) -> bool:
+    """Whether ``$SOLLAT_BATCH_INVARIANT`` asks for sollat's batch-invariant mode on its own (the
+    engine's mode turns it on too); only ``1`` does. Any other value is left for sollat's constructor
+    to judge, so that there is one parser of that variable."""
+    return value is not None and value.strip() == "1"
+
+
+# ---- the rule -----------------------------------------------------------------------------------
+def all_reduce_refusal(x: Any, device: torch.device | None) -> str | None:
+    """``None`` when a sum all-reduce of ``x`` is sollat's to serve on a communicator on ``device``
+    (``None``: no communicator), else why not (the engine serves it)."""
+    if device is None:
+        return "no sollat communicator"
+    if not isinstance(x, torch.Tensor):
+        return f"not a tensor ({type(x).__name__})"
+    if x.device != device:
+        return f"on {x.device}, the communicator is on {device}"
+    if x.dtype not in DTYPES:
+        return f"dtype {x.dtype}"
+    n = x.numel()
+    if n == 0:
+        return "empty"
+    if n > MAX_ELEMENTS:
+        return f"{n} elements > {MAX_ELEMENTS}"
+    if not x.is_contiguous():
+        return "not contiguous"
+    return None
+
+
+def rmsnorm_refusal(x: Any, residual: Any, weight: Any, device: torch.device | None,
+                    fp8_scale: Any = None) -> str | None:
+    """``None`` when AllReduce + residual add + RMSNorm (+ the static FP8 copy with ``fp8_scale``)
+    is sollat's to serve in one call (``Communicator.all_reduce_rmsnorm``), else why not."""
+    why = all_reduce_refusal(x, device)
+    if why is not None:
+        return why
+    if x.dtype not in RMSNORM_DTYPES:
+        return f"dtype {x.dtype} (the fused RMSNorm takes float32, bfloat16, float16)"
+    if x.dim() < 1 or x.shape[-1] > MAX_HIDDEN:
+        return f"hidden {x.shape[-1] if x.dim() else 0} > {MAX_HIDDEN}" if x.dim() else "a 0-d tensor"
+    if (not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
+            or residual.device != x.device or not residual.is_contiguous()):
+        return "residual is not a contiguous tensor of x's shape, dtype and device"
+    if (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (x.shape[-1],) or weight.dtype != x.dtype
+            or weight.device != x.device):
+        return "weight is not [hidden] of x's dtype and device"
+    if fp8_scale is not None and (not isinstance(fp8_scale, torch.Tensor) or fp8_scale.dtype != torch.float32
+                                  or fp8_scale.numel() != 1 or fp8_scale.device != x.device):
+        return "fp8 scale is not one float32 element on x's device"
+    return None
+
+
+def domain_refusal(world_size: int, hosts: Sequence[str]) -> str | None:
+    """``None`` when a group of ``world_size`` ranks on ``hosts`` (one entry per rank) can be one
+    sollat communicator: 2..8 ranks on one host (one NVLink domain; whether every peer's memory
+    can really be mapped is what the construction itself finds out)."""
+    if not MIN_WORLD_SIZE <= world_size <= MAX_RANKS:
+        return f"world size {world_size} (sollat serves {MIN_WORLD_SIZE}..{MAX_RANKS} ranks)"
+    if len(set(hosts)) > 1:
+        return f"the group spans hosts {sorted(set(hosts))} (sollat serves one host's GPUs)"
+    return None
+
+
+# ---- the communicator and how it is made ----------------------------------------------------------
+class CommunicatorLike(Protocol):
+    """What an adapter uses of ``sollat.Communicator`` (and what a test double provides)."""
+
+    device: torch.device
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = ..., algo: str = ..., *,
+                   out: torch.Tensor | None = ...) -> torch.Tensor: ...
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = ...,
+                           algo: str = ..., **kwargs: Any) -> tuple[torch.Tensor, ...]: ...
+
+
+Factory = Callable[[Any, torch.device, bool], CommunicatorLike]
+
+
+def sollat_communicator(device_group: Any, device: torch.device, batch_invariant: bool) -> CommunicatorLike:
+    """The default factory: ``sollat.Communicator(device_group)`` on ``device`` (collective), in
+    batch-invariant mode when ``batch_invariant`` (otherwise sollat's own default, which
+    ``$SOLLAT_BATCH_INVARIANT`` sets)."""
+    from ..communicator import Communicator
+
+    kwargs: dict[str, Any] = {}
+    if batch_invariant:
+        if "batch_invariant" not in inspect.signature(Communicator).parameters:
+            raise UnsupportedError("this sollat has no batch-invariant mode (Communicator(batch_invariant=...)); the "
+                                   "engine's deterministic mode keeps its own all-reduce")
+        kwargs["batch_invariant"] = True
+    with torch.cuda.device(device):
+        return Communicator(device_group, **kwargs)
+
+
+_factory: Factory = sollat_communicator
+
+
+def set_communicator_factory(factory: Factory | None) -> None:
+    """Adapters built after this call construct their communicator with ``factory`` (``None``: the
+    default, :func:`sollat_communicator`). The seam the CPU tests use."""
+    global _factory
+    if factory is not None and not callable(factory):
+        raise TypeError(f"set_communicator_factory: expected a callable or None, got {type(factory).__name__}")
+    _factory = sollat_communicator if factory is None else factory
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+# ---- one tensor-parallel group ------------------------------------------------------------------
+class GroupAdapter:
+    """sollat for one tensor-parallel group of an engine.
+
+    ``device_group``: the group sollat's communicator is built over (NCCL on GPUs; its library
+    hand-overs use it). ``cpu_group``: a gloo group of the same ranks, for the agreement on whether
+    the communicator exists. The communicator is built by :meth:`ensure` (collective), at the
+    latest on the first call the rule would give it; never inside a CUDA-graph capture or a
+    ``torch.compile`` trace (such a call goes to the engine, on every rank alike, and the next
+    eager call builds it). ``counts`` records what was routed: ``"all_reduce"``,
+    ``"all_reduce_rmsnorm"``, ``"declined:<reason>"``."""
+
+    def __init__(self, *, engine: str, name: str, device_group: Any, cpu_group: Any, device: torch.device,
+                 world_size: int, batch_invariant: bool) -> None:
+        self.engine = engine
+        self.name = name
+        self.device_group = device_group
+        self.cpu_group = cpu_group
+        self.device = torch.device(device)
+        self.world_size = world_size
+        self.batch_invariant = batch_invariant
+        self.comm: CommunicatorLike | None = None
+        self.unavailable: str | None = None  # why there is no communicator (set once, on every rank alike)
+        self.capturing = False
+        self.counts: Counter[str] = Counter()
+        self._factory = _factory
+
+    # -- construction --
+    def ensure(self) -> bool:
+        """Build the communicator if it is not built yet (collective over the group); whether it exists."""
+        if self.comm is not None:
+            return True
+        if self.unavailable is not None or _capturing() or torch.compiler.is_compiling():
+            return False
+        import torch.distributed as dist
+
+        why = domain_refusal(self.world_size, [""] * self.world_size)
+        if why is None:
+            hosts: list[Any] = [None] * self.world_size
+            dist.all_gather_object(hosts, socket.gethostname(), group=self.cpu_group)
+            why = domain_refusal(self.world_size, [str(h) for h in hosts])
+        comm: CommunicatorLike | None = None
+        if why is None:
+            try:
+                comm = self._factory(self.device_group, self.device, self.batch_invariant)
+            except Exception as exc:  # reported and agreed on below: this rank's reason, every rank's decision
+                why = f"{type(exc).__name__}: {exc}"
+            reasons: list[Any] = [None] * self.world_size
+            # Every rank learns every rank's outcome: sollat serves the group only where it was built on all.
+            dist.all_gather_object(reasons, why, group=self.cpu_group)
+            failed = [f"rank {r}: {w}" for r, w in enumerate(reasons) if w is not None]
+            why = "; ".join(failed) if failed else None
+        if why is not None:
+            self.unavailable = why
+            logger.warning("sollat: %s group %s keeps the engine's all-reduce: %s", self.engine, self.name, why)
+            return False
+        self.comm = comm
+        self.batch_invariant = bool(getattr(comm, "batch_invariant", self.batch_invariant))
+        return True
+
+    # -- calls --
+    def serves(self, x: torch.Tensor) -> bool:
+        """Whether :meth:`all_reduce` would serve ``x`` (builds the communicator as it would)."""
+        comm = self.comm
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
+            comm = self.comm
+        return all_reduce_refusal(x, None if comm is None else comm.device) is None
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The sum over the group of ``x`` (a new tensor), or ``None``: the engine must serve it."""
+        comm = self.comm
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
+            comm = self.comm  # built on the first call the rule gives it (the same call on every rank)
+        why = all_reduce_refusal(x, None if comm is None else comm.device)
+        if why is not None:
+            self.counts["declined:" + why] += 1
+            return None
+        self.counts["all_reduce"] += 1
+        assert comm is not None
+        return comm.all_reduce(x)
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                           fp8_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, ...] | None:
+        """``(y, residual_out)`` (with ``fp8_scale``: ``(y, residual_out, q)``) of AllReduce +
+        residual add + RMSNorm in one sollat call, or ``None``: the caller must compose it itself."""
+        comm = self.comm
+        if comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale) is None and self.ensure():
+            comm = self.comm
+        why = rmsnorm_refusal(x, residual, weight, None if comm is None else comm.device, fp8_scale)
+        if why is not None:
+            self.counts["declined:" + why] += 1
+            return None
+        self.counts["all_reduce_rmsnorm"] += 1
+        assert comm is not None
+        if fp8_scale is None:
+            return comm.all_reduce_rmsnorm(x, residual, weight, float(eps))
+        return comm.all_reduce_rmsnorm(x, residual, weight, float(eps), fp8_scale=fp8_scale)
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        """Entered around an engine's CUDA-graph capture. sollat's calls need nothing registered
+        (epochs live in device memory, scratch is fixed at construction), so this only builds the
+        communicator before the capture starts (collective, as the engine's capture is) and marks
+        the adapter as capturing."""
+        self.ensure()
+        self.capturing = True
+        try:
+            yield
+        finally:
+            self.capturing = False
+
+    def describe(self) -> str:
+        state = "built" if self.comm is not None else (f"unavailable ({self.unavailable})" if self.unavailable
+                                                       else "not built yet")
+        return (f"{self.engine} group {self.name}: {self.world_size} ranks on {self.device}, "
+                f"batch_invariant={self.batch_invariant}, communicator {state}")
+
+
+def summary(engine: str, what: str, batch_invariant: bool, also: str = "") -> str:
+    """The plugin's one log line."""
+    dtypes = ", ".join(str(d).replace("torch.", "") for d in ALL_REDUCE_DTYPES)
+    return (f"sollat: {engine} {what} -> sollat (batch_invariant={batch_invariant}, world sizes "
+            f"{MIN_WORLD_SIZE}..{MAX_RANKS}, dtypes {dtypes}){also}; everything else stays the engine's; "
+            f"{OPT_IN_ENV}=0 turns it off")

@@ -1,0 +1,122 @@
+"""sollat in vLLM: the ``vllm.general_plugins`` entry point (``register``).
+
+With ``SOLLAT_ENGINE_PLUGIN=1`` (and ``sollat`` allowed by ``VLLM_PLUGINS``, if that is set),
+vLLM's loader calls :func:`register` in every process, which patches three places of vLLM 0.33:
+
+* ``GroupCoordinator._all_reduce_out_place``, where the CPU and CUDA paths meet and what the
+  ``vllm.all_reduce`` custom op calls under ``torch.compile``: for the tensor-parallel group, the
+  call goes to the group's :class:`~sollat.integrations.core.GroupAdapter` (sollat where the rule
+  of ``core.py`` admits it), everything else to vLLM's own path, unchanged;
+* ``GroupCoordinator.graph_capture``: enters the adapter's ``capture()`` (the communicator is
+  built before the capture starts);
+* ``PostGradPassManager.configure``: where vLLM's own ``fuse_allreduce_rms`` is off, adds
+  ``vllm_pass.SollatAllReduceRMSNormPass`` at the place vLLM's AllReduce fusion takes.
+
+Under ``VLLM_BATCH_INVARIANT=1`` the adapter's communicator is built in sollat's batch-invariant mode.
+Without the opt-in, :func:`register` returns at once and vLLM is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import core
+
+ENGINE = "vLLM"
+logger = logging.getLogger("vllm.plugins.sollat")  # under "vllm": vLLM's handler prints it
+_ATTR = "_sollat_adapter"
+_installed = False
+
+
+def batch_invariant_mode() -> bool:
+    """vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT``) or ``SOLLAT_BATCH_INVARIANT=1``."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_BATCH_INVARIANT) or core.sollat_batch_invariant_env(os.environ.get(core.BATCH_INVARIANT_ENV))
+
+
+def register() -> None:
+    """The entry point: nothing unless ``SOLLAT_ENGINE_PLUGIN=1``; then patch once per process and
+    say so in one log line."""
+    global _installed
+    if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _installed:
+        return
+    from vllm.compilation.passes.pass_manager import PostGradPassManager
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    from . import vllm_pass  # noqa: F401  (registers the sollat_vllm ops before any graph, cached or new, names them)
+
+    _wrap(GroupCoordinator, "_all_reduce_out_place", _all_reduce_out_place)
+    _wrap(GroupCoordinator, "graph_capture", _graph_capture)
+    _wrap(PostGradPassManager, "configure", _configure)
+    _installed = True
+    logger.info("%s", core.summary(ENGINE, "tensor-parallel all_reduce", batch_invariant_mode(),
+                                   "; compile pass all_reduce + fused_add_rms_norm (+ static FP8 quant) -> "
+                                   "sollat's fused op where fuse_allreduce_rms is off"))
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = cls.__dict__[name]
+    wrapped = make(original)
+    wrapped.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapped.sollat_patch = True  # type: ignore[attr-defined]
+    setattr(cls, name, wrapped)
+
+
+def adapter(group: Any) -> core.GroupAdapter | None:
+    """The adapter of vLLM group coordinator ``group`` when it is the tensor-parallel group, else None."""
+    found = group.__dict__.get(_ATTR)
+    if found is not None:
+        return found or None
+    from vllm.distributed import parallel_state as ps
+
+    tp = getattr(ps, "_TP", None)
+    if tp is None:  # not known yet: decide on a later call
+        return None
+    made: core.GroupAdapter | bool = False
+    if group is tp:
+        made = core.GroupAdapter(engine=ENGINE, name=group.unique_name, device_group=group.device_group,
+                                 cpu_group=group.cpu_group, device=group.device, world_size=group.world_size,
+                                 batch_invariant=batch_invariant_mode())
+    group.__dict__[_ATTR] = made
+    return made or None
+
+
+def _all_reduce_out_place(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def all_reduce_out_place(self: Any, input_: Any) -> Any:
+        ad = adapter(self)
+        if ad is not None:
+            out = ad.all_reduce(input_)
+            if out is not None:
+                return out
+        return original(self, input_)
+
+    return all_reduce_out_place
+
+
+def _graph_capture(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    @contextlib.contextmanager
+    def graph_capture(self: Any, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        ad = adapter(self)
+        with ad.capture() if ad is not None else contextlib.nullcontext(), original(self, *args, **kwargs) as ctx:
+            yield ctx
+
+    return graph_capture
+
+
+def _configure(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def configure(self: Any, config: Any) -> None:
+        original(self, config)
+        from . import vllm_pass
+
+        vllm_pass.add_to(self, config)
+
+    return configure
