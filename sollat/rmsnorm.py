@@ -48,7 +48,7 @@ from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
 
 OPNAME = "all_reduce_rmsnorm"
-MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this a row is refused)
+MAX_HIDDEN = abi.RMSNORM_MAX_HIDDEN  # elements per row (the kernels loop over passes; above this a row is refused)
 DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",

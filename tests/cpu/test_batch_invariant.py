@@ -267,11 +267,13 @@ def test_the_old_per_thread_order_would_be_caught() -> None:
 
 
 def test_chunk_bound_matches_the_largest_row() -> None:
-    """rmsnorm_math.h's kRmsnormMaxHidden is rmsnorm.MAX_HIDDEN, and its largest row (8-byte LL
-    packs of fp32) has exactly kRmsnormMaxChunks = 32 x 32 chunks: chunk_tree_sum covers every row."""
+    """abi.h's kRmsnormMaxHidden is rmsnorm.MAX_HIDDEN, and its largest row (8-byte LL packs of
+    fp32) has exactly kRmsnormMaxChunks = 32 x 32 chunks: chunk_tree_sum covers every row."""
+    assert rmsnorm.MAX_HIDDEN == abi.RMSNORM_MAX_HIDDEN
+    assert f"kRmsnormMaxHidden = {rmsnorm.MAX_HIDDEN}" in abi.header_text()
     header = (build.INCLUDE_DIR / "sollat" / "rmsnorm_math.h").read_text()
-    assert int(re.search(r"constexpr int kRmsnormMaxHidden = (\d+);", header).group(1)) == rmsnorm.MAX_HIDDEN
     assert "constexpr int kRmsnormMaxChunks = kWarpSize * kWarpSize;" in header
+    assert "kRmsnormMaxHidden / Pack<T, kBytes>::kElems / kWarpSize" in header
     smallest_pack = min(abi.PAYLOAD_BYTES[p] for p in ("ll", "sentinel"))
     assert layout.ceil_div(rmsnorm.MAX_HIDDEN * 4 // smallest_pack, WARP) == WARP * WARP
 

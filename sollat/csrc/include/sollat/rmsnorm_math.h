@@ -130,9 +130,8 @@ __device__ __forceinline__ float warp_tree_sum(float v) {
 // A chunk is kWarpSize consecutive packs of a row starting at a multiple of kWarpSize (one warp's
 // packs of one slot in one pass: the kernels' thread counts are multiples of 32), so its
 // warp_tree_sum of square_trees is an aligned subtree of the row's tree. A row has at most
-// kRmsnormMaxChunks chunks: 8-byte packs (the smallest, LL) of fp32 at rmsnorm.MAX_HIDDEN
-// (kRmsnormMaxHidden; tests/cpu/test_batch_invariant.py checks the two agree).
-constexpr int kRmsnormMaxHidden = 65536;
+// kRmsnormMaxChunks chunks: 8-byte packs (the smallest, LL) of fp32 at abi.h's kRmsnormMaxHidden
+// (rmsnorm.MAX_HIDDEN).
 constexpr int kRmsnormMaxChunks = kWarpSize * kWarpSize;
 template <typename T, int kBytes> struct RmsnormChunks {  // chunk slots a row of this pack size may need
   static constexpr int value = kRmsnormMaxHidden / Pack<T, kBytes>::kElems / kWarpSize;
