@@ -44,6 +44,9 @@ BULK_DATA_LINES = BULK_AREA_LINES - 1
 # 16-bit sentinel 8-rank entries spilled up to 40 bytes; at 256 none spills).
 RMSNORM_MAX_ROW_BLOCKS = 8
 RMSNORM_MAX_THREADS = 256
+# The longest row all_reduce_rmsnorm takes (elements; rmsnorm.MAX_HIDDEN): it bounds the chunk sums
+# of a row's sum of squares that both RMSNorm kernels keep in shared memory (rmsnorm_math.h).
+RMSNORM_MAX_HIDDEN = 65536
 
 # Payload bytes per 16-byte line, per protocol (C++ ProtoLL / ProtoSentinel::kPayloadBytes; the bulk
 # protocol's data lines are all payload, its completion is one flag per area: bulk_buffer.h).
@@ -284,9 +287,11 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
-        "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.",
+        "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block;"
+        " the longest row (both RMSNorm kernels).",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
-                                   ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS)]),
+                                   ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS),
+                                   ("kRmsnormMaxHidden", RMSNORM_MAX_HIDDEN)]),
         "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row).",
         _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS)]),
         "// The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.",

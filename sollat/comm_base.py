@@ -42,12 +42,15 @@ class _CommBase(LaunchFitting, DeviceState):
     world_size: int
     device: torch.device
     _rmsnorm_twoshot: bool = False  # the experimental fused two-shot's regions exist (set by _setup)
+    _batch_invariant: bool = False  # batch-invariant mode (set by _setup; docs/design.md "Arithmetic and batch invariance")
     _entry = "pg"
 
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
                timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
-               customs: Sequence[Algorithm] = (), gather_scatter: bool = False) -> None:
+               customs: Sequence[Algorithm] = (), gather_scatter: bool = False,
+               batch_invariant: bool = False) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
+        self._batch_invariant = batch_invariant  # validated by the constructors (validate.batch_invariant)
         self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
         self.device = device
         self.debug = debug
@@ -120,6 +123,18 @@ class _CommBase(LaunchFitting, DeviceState):
 
     # ---- public helpers ----------------------------------------------------------------------
     @property
+    def batch_invariant(self) -> bool:
+        """Batch-invariant mode (``batch_invariant=True`` or ``SOLLAT_BATCH_INVARIANT=1`` at
+        construction): every collective gives a row the same bits whatever batch it travels in and
+        whichever algorithm ``auto`` picks for that batch, because every call runs one of sollat's
+        rank-order algorithms: ``all_reduce`` never hands a call to a library (NCCL, torch's
+        two-shot) nor runs a non-deterministic algorithm (``ll128``), ``reduce_scatter`` never hands
+        over either, and a call no sollat algorithm serves raises (docs/design.md, "Arithmetic and
+        batch invariance"). ``all_reduce_rmsnorm`` is batch-invariant in every mode on sollat's
+        AllReduce; this mode also keeps its ``unfused`` AllReduce off the libraries."""
+        return self._batch_invariant
+
+    @property
     def algorithms(self) -> tuple[str, ...]:
         """Names of the sollat algorithms this communicator can run."""
         return self._algos
@@ -128,12 +143,21 @@ class _CommBase(LaunchFitting, DeviceState):
                            deterministic: bool = False, symmetric: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
         ``"nccl"``, ``"torch_twoshot"``, or with ``symmetric`` (a call in place on a tensor from
-        ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.handover``)."""
+        ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.handover``); never a
+        library path nor a non-deterministic algorithm on a ``batch_invariant`` communicator."""
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
-                                   handovers=self._handovers(), available=self._algos)
+            bi = self._batch_invariant
+            try:
+                choice = select.choose(self._selection_table(), nbytes, dtype, op, deterministic=deterministic,
+                                       handovers=self._handovers(), available=self._algos, batch_invariant=bi)
+            except UnsupportedError as exc:
+                if not bi:
+                    raise
+                raise UnsupportedError(f"all_reduce: batch-invariant mode: no sollat algorithm of this communicator "
+                                       f"({', '.join(self._algos)}) serves dtype {dtype}, op {op!r} deterministically, "
+                                       "and this mode never hands a call to a library") from exc
             self._choices[key] = choice
         return self._symmetric_path(choice, "auto", nbytes, dtype, op) if symmetric else choice
 
@@ -156,6 +180,12 @@ class _CommBase(LaunchFitting, DeviceState):
     def _resolve(self, algo: str, nbytes: int, dtype: torch.dtype, op: str, deterministic: bool) -> str:
         if algo == "auto":
             return self.selected_algorithm(nbytes, dtype, op, deterministic=deterministic)
+        bi = self._batch_invariant
+        if bi and algo in select.LIBRARY_PATHS:
+            raise UnsupportedError(f"all_reduce: algo={algo!r} is a library path, whose reduction order is not fixed; "
+                                   "this communicator is batch-invariant (batch_invariant=True or "
+                                   "SOLLAT_BATCH_INVARIANT=1) and runs only sollat's rank-order algorithms: use "
+                                   f"'auto' or one of {', '.join(self._deterministic_algos())}")
         if algo in select.HANDOVERS:
             if algo not in self._handovers():
                 here = ", ".join(sorted(self._handovers()))
@@ -167,9 +197,16 @@ class _CommBase(LaunchFitting, DeviceState):
         if algo not in self._algos:
             raise UnsupportedError(f"all_reduce: algorithm {algo!r} was not enabled for this communicator "
                                    f"(enabled: {', '.join(self._algos)})")
+        if bi and not alg.deterministic:
+            raise UnsupportedError(f"all_reduce: algorithm {algo!r} is not deterministic (its sum's order varies from "
+                                   "call to call); this communicator is batch-invariant: use 'auto' or one of "
+                                   f"{', '.join(self._deterministic_algos())}")
         if deterministic and not alg.deterministic:
             raise UnsupportedError(f"all_reduce: algorithm {algo!r} is not deterministic but deterministic=True")
         return algo
+
+    def _deterministic_algos(self) -> tuple[str, ...]:
+        return tuple(a for a in self._algos if algorithms.get(a).deterministic)
 
     def _plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
         key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())),

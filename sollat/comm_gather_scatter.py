@@ -38,6 +38,10 @@ class GatherScatterCalls(_CommBase):
             raise UnsupportedError(f"{kind}: algo must be one of {', '.join(gather_scatter.ALGOS)}, got {algo!r}")
         if algo == NCCL and self._entry != "pg":
             raise UnsupportedError(f"{kind}: algo='nccl' needs a process group (Communicator), not a VirtualCommunicator")
+        if algo == NCCL and kind == "reduce_scatter" and self._batch_invariant:
+            raise UnsupportedError("reduce_scatter: algo='nccl' hands the call to torch.distributed, whose reduction "
+                                   "order is not fixed; this communicator is batch-invariant (batch_invariant=True or "
+                                   "SOLLAT_BATCH_INVARIANT=1): use 'auto', 'll' or 'sentinel'")
 
     @staticmethod
     def _gs_dtype_of(kind: str) -> Callable[[torch.dtype, str], DType]:
@@ -81,6 +85,17 @@ class GatherScatterCalls(_CommBase):
             if out.numel() and x.numel() and o0 < x0 + x.numel() * x.element_size() and x0 < o1:
                 raise UnsupportedError(f"{kind}: {what} overlaps an input or another output; each output must be a separate tensor")
 
+    def _invariant_reduce_scatter(self, nbytes_per_peer: int) -> str:
+        """Batch-invariant mode: the sollat ReduceScatter where ``auto`` would hand the call to
+        torch.distributed (above the size rule: the sentinel, which serves every size in passes),
+        or a clear error where there is none (no built-in scratch)."""
+        if not self._gather_scatter:
+            raise UnsupportedError("reduce_scatter: this communicator is batch-invariant, which needs sollat's rank-order "
+                                   "ReduceScatter, but it was constructed with gather_scatter=False (no scratch for it); "
+                                   "construct it with gather_scatter=True")
+        return gather_scatter.resolve("reduce_scatter", "sentinel", nbytes_per_peer, library=self._entry == "pg",
+                                      enabled=True)
+
     def _gs_plan(self, kind: str, n: int, dt: DType, op: str, algo: str) -> _Plan | str:
         """Plan of one call or ``"nccl"`` (cached). A new call shape is compiled, then agreed on by
         every rank (agree.py) before its first launch."""
@@ -89,6 +104,8 @@ class GatherScatterCalls(_CommBase):
         if entry is None:
             nbytes = gather_scatter.bytes_per_peer(kind, n, dt.size, self.world_size)
             name = gather_scatter.resolve(kind, algo, nbytes, library=self._entry == "pg", enabled=self._gather_scatter)
+            if name == NCCL and kind == "reduce_scatter" and self._batch_invariant:
+                name = self._invariant_reduce_scatter(nbytes)
             entry = NCCL if name == NCCL else self._plan(name, dt, op, n)
             self._agreement.agree(f"{kind}:{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
             self._calls[key] = entry

@@ -34,8 +34,10 @@ from .dtypes import DTYPES, OPS, DType, lookup
 from .errors import SollatError, UnsupportedError
 from .registry import lookup_comm
 from .validate import (
+    BATCH_INVARIANT_ENV,
     algorithm_names,
     check_world_size,
+    checked_batch_invariant,
     checked_byte_count,
     checked_flag,
     checked_max_blocks,
@@ -73,7 +75,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
-    torch_twoshot_bytes=None, collectives=None, gather_scatter=True)``
+    torch_twoshot_bytes=None, collectives=None, gather_scatter=True, batch_invariant=None)``
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
     IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
@@ -83,7 +85,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
     which also serves everything above the table. ``collectives`` registers user-written
     collectives (``sollat.custom``; the same list on every rank, agreed on; run them with ``run``).
     ``gather_scatter`` gives ``all_gather`` / ``reduce_scatter`` their scratch (``sollat.gather_scatter``;
-    ``False``: none, and both calls go to torch.distributed).
+    ``False``: none, and both calls go to torch.distributed). ``batch_invariant`` (None:
+    ``SOLLAT_BATCH_INVARIANT``, ``"1"`` on; the same on every rank, agreed on): every call runs
+    sollat's rank-order algorithms only, so a row's bits do not depend on its batch
+    (``batch_invariant`` attribute; nothing is handed to a library but ``all_gather``, which has no
+    arithmetic; no torch two-shot buffer is allocated).
     """
 
     _entry = "pg"
@@ -91,10 +97,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
                  torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None,
-                 gather_scatter: bool = True) -> None:
+                 gather_scatter: bool = True, batch_invariant: bool | None = None) -> None:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
+        invariant = checked_batch_invariant(batch_invariant, "Communicator")
         if not dist.is_initialized():
             raise UnsupportedError("Communicator: torch.distributed is not initialised (call init_process_group)")
         timeout_value = timeout(timeout_s)
@@ -117,7 +124,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
                                    device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
         ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs)
+        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs, invariant)
         store = agree.default_store(self.group)
         if store is not None:
             self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
@@ -142,8 +149,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
 
     def _torch_twoshot_capacity(self, asked: int) -> int:
         """Bytes of the torch two-shot buffer: the table's largest torch_twoshot message or
-        ``asked``, whichever is larger (0 when this torch has no two-shot op)."""
-        if not handover.torch_twoshot_available():
+        ``asked``, whichever is larger (0 when this torch has no two-shot op, or in batch-invariant
+        mode, which never uses it)."""
+        if self._batch_invariant or not handover.torch_twoshot_available():
             return 0
         try:
             need = self._selection_table().handover_bytes(select.TORCH_TWOSHOT)
@@ -171,10 +179,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
                               f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
                               f"collectives {';'.join(c.describe() for c in self._collectives.values())}; "
                               f"gather_scatter {self._gather_scatter}; "
-                              f"rmsnorm two-shot {int(self._rmsnorm_twoshot)}",
+                              f"rmsnorm two-shot {int(self._rmsnorm_twoshot)}; "
+                              f"batch_invariant {int(self._batch_invariant)}",
                               "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes, "
-                              "collectives (name:protocol:options:source hash), gather_scatter and "
-                              f"{algorithms.RMSNORM_TWOSHOT_ENV}")
+                              "collectives (name:protocol:options:source hash), gather_scatter, "
+                              f"{algorithms.RMSNORM_TWOSHOT_ENV} and batch_invariant (${BATCH_INVARIANT_ENV})")
 
     @property
     def handovers(self) -> tuple[str, ...]:
@@ -182,6 +191,8 @@ class Communicator(GatherScatterCalls, CustomCalls):
         return tuple(sorted(self._handovers()))
 
     def _handovers(self) -> frozenset[str]:
+        if self._batch_invariant:  # all_reduce never hands over in this mode
+            return frozenset()
         return frozenset({select.NCCL, select.TORCH_TWOSHOT} if self._torch_twoshot else {select.NCCL})
 
     def _check_handover(self, name: str, nbytes: int, dt: DType, op: str) -> None:
@@ -191,7 +202,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
     def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
         # In place on a tensor in symmetric memory, torch's two-shot needs no copy and beat NCCL
         # in place and the bulk two-shot (select.LARGE_MESSAGE_PATHS): it takes every size ``auto``
-        # would give to one of those.
+        # would give to one of those. Never in batch-invariant mode (a library path).
+        if self._batch_invariant:
+            return name
         if ((algo == "auto" and name in select.LARGE_MESSAGE_PATHS
              or algo == select.TORCH_TWOSHOT and name in select.HANDOVERS)
                 and handover.torch_twoshot_available()
@@ -224,7 +237,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
         Returns the reduction over every rank of ``group`` (a new tensor unless ``out`` is given;
         ``out=tensor`` reduces in place). ``out`` is a contiguous tensor of the input's dtype and
         number of elements, in any shape (as a flat buffer, like NCCL's). Every rank must call it
-        with the same shape, dtype, op and algo.
+        with the same shape, dtype, op and algo. On a ``batch_invariant`` communicator ``auto`` runs
+        only sollat's rank-order algorithms (the same bits whichever it picks) and ``algo`` naming a
+        library path or ``ll128`` raises ``UnsupportedError``.
         """
         if _is_compiling():
             from . import ops
@@ -315,9 +330,11 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
         (a fused one-shot for one or two rows of 16 KiB or more, else ``unfused``: ``rmsnorm.auto_choice``),
         ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
-        library paths included, into ``out``, then one kernel for the add and the norm with the
-        same arithmetic after the AllReduce's rounding: ``rmsnorm.algo_reference``), or the
-        experimental two-shot ``twoshot_sentinel`` (``algorithms.RMSNORM_TWOSHOT_ENV``).
+        library paths included unless the communicator is ``batch_invariant``, into ``out``, then
+        one kernel for the add and the norm), or the experimental two-shot ``twoshot_sentinel``
+        (``algorithms.RMSNORM_TWOSHOT_ENV``). Every algorithm computes the same bits
+        (``rmsnorm.reference``, on sollat's AllReduce), so a row's result does not depend on its
+        batch nor on which algorithm ``auto`` picks.
 
         ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
         scale, read by the kernel at every launch) also writes and returns, third, the
@@ -393,6 +410,8 @@ class Communicator(GatherScatterCalls, CustomCalls):
         size rule: LL, sentinel, or torch.distributed for large messages), ``"ll"``, ``"sentinel"`` or
         ``"nccl"``. Every rank must make the same call. Same checks, faults, stream ordering and
         CUDA-graph capture as ``all_reduce``; ``torch.compile`` keeps it in its graph (``sollat::gather_scatter``).
+        It has no arithmetic, so it may be handed to torch.distributed in batch-invariant mode too
+        (every path moves the same bits).
         """
         self._gs_args("all_gather", "", algo)
         return self._gs_call("all_gather", tensor, out, "", algo)
@@ -406,7 +425,10 @@ class Communicator(GatherScatterCalls, CustomCalls):
         ``[tensor.shape[0] // world_size, *tensor.shape[1:]]``: rank order 0..R-1, fp32 accumulation
         for 16-bit types (``gather_scatter.reduce_scatter_reference`` bitwise) on sollat's kernels;
         a call handed to torch.distributed (``algo="nccl"``, or ``"auto"`` above the size rule) has
-        NCCL's arithmetic. ``op``: sum, max, min. Otherwise as ``all_gather``.
+        NCCL's arithmetic. On a ``batch_invariant`` communicator it is never handed over: ``auto``
+        takes sollat's kernels at every size (the sentinel above the size rule), and ``algo="nccl"``
+        or a communicator without the built-in scratch (``gather_scatter=False``) raises.
+        ``op``: sum, max, min. Otherwise as ``all_gather``.
         """
         self._gs_args("reduce_scatter", op, algo)
         return self._gs_call("reduce_scatter", tensor, out, op, algo)

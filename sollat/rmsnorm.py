@@ -1,11 +1,14 @@
 """Fused AllReduce + residual add + RMSNorm (``all_reduce_rmsnorm``): argument checks, the
-row geometry of ``csrc/kernels/allreduce_rmsnorm.cu`` and the algorithm choice.
+row geometry of ``csrc/kernels/allreduce_rmsnorm.cu``, the algorithm choice and the host reference.
 
 Semantics (vLLM's ``fused_add_rms_norm`` after a tensor-parallel AllReduce), per row of
-``hidden`` elements, accumulated in fp32::
+``hidden`` elements, accumulated in fp32, the same for every algorithm (docs/design.md,
+"Arithmetic and batch invariance"; ``csrc/include/sollat/rmsnorm_math.h``)::
 
-    r   = round((x_0 + x_1 + ... + x_{R-1}) + residual)        # rank order, then the residual
-    y   = round((float(r) * rstd) * float(weight)),  rstd = 1 / sqrt(sum(float(r)^2) / hidden + eps)
+    s   = round(x_0 + x_1 + ... + x_{R-1})        # rank order, fp32: every sollat AllReduce's sum
+    r   = round(float(s) + float(residual))       # two roundings, as the unfused path (one for fp32)
+    ss  = pairwise tree over float(r_e)^2, e = 0..hidden-1, zero-padded to a power of two
+    y   = round((float(r) * rstd) * float(weight)),  rstd = 1 / sqrt(ss / hidden + eps)
 
 ``residual_out`` receives ``r`` (``residual_out=residual`` updates the residual in place). With
 ``fp8_scale`` (vLLM's ``fused_add_rms_norm_static_fp8_quant``) the call also writes the float8_e4m3fn
@@ -14,20 +17,20 @@ copy (``fp8_reference`` replays it bit for bit)::
     q   = e4m3(clamp(float(y) / scale, -448, 448))   # the ROUNDED y (what vLLM quantises), div.rn,
                                                      # round to nearest even; every NaN -> 0x7F
 
-The
-sum of squares is taken in a fixed order that depends on the launch geometry (``RowGeometry``,
-described in the kernel file), so every rank computes the same bits and a host reference can
-reproduce them (tests/gpu/test_rmsnorm.py mirrors it).
+None of it depends on the launch geometry (``RowGeometry``: rows, blocks, slots, threads, passes,
+clusters), the protocol, the algorithm or the world size: every square is >= +0 (or +Inf, NaN) and
+adding +0 to such a value changes no bit, so the zero-padded tree is the same tree however a kernel
+cuts the row into power-of-two subtrees. Hence ``reference`` is ONE function for every algorithm
+(the fused one-shots, the experimental two-shot, ``unfused``), and a row's bits do not depend on
+the batch it travels in nor on which algorithm ``auto`` picks for that batch.
 
 The experimental two-shot (``twoshot_sentinel``; sentinel only, sollat/algorithms.py says why)
-cuts a row exactly as the one-shot of its protocol (same blocks, slots and clusters:
-``row_geometry`` of an algorithm with the same limits) and computes the same bits: rank
-``row_owner(row)`` sums the row's partials in rank order in fp32 and sends that sum to the others,
-and every rank adds its own residual and normalises, as in the one-shot. So ``reference`` is its
-reference too, with its geometry (equal to the one-shot's).
+cuts a row exactly as the one-shot of its protocol: rank ``row_owner(row)`` sums the row's partials
+in rank order in fp32 and sends that sum to the others, and every rank rounds it, adds its own
+residual and normalises, as in the one-shot.
 
-The ``unfused`` hand-over runs sollat's AllReduce and then kernels/add_rmsnorm.cu (``auto`` takes
-it for all but one or two wide rows: ``auto_choice``); its bits are ``algo_reference``'s.
+The ``unfused`` hand-over runs sollat's AllReduce (rounded to the dtype: ``s``) and then
+kernels/add_rmsnorm.cu (``auto`` takes it for all but one or two wide rows: ``auto_choice``).
 """
 
 from __future__ import annotations
@@ -45,14 +48,15 @@ from .dtypes import DTYPES, DType
 from .errors import UnsupportedError
 
 OPNAME = "all_reduce_rmsnorm"
-MAX_HIDDEN = 65536  # elements per row (the kernel loops over passes; above this a row is refused)
+MAX_HIDDEN = abi.RMSNORM_MAX_HIDDEN  # elements per row (the kernels loop over passes; above this a row is refused)
 DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
                          "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
-# The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``,
-# library paths included) into the output, then kernels/add_rmsnorm.cu on one GPU (the residual add
-# and the norm with the fused kernel's arithmetic, ``unfused_geometry``).
+# The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``;
+# library paths included unless the communicator is batch-invariant) into the output, then
+# kernels/add_rmsnorm.cu on one GPU (the residual add and the norm with the fused kernel's
+# arithmetic; its launch: ``unfused_geometry``).
 UNFUSED = "unfused"
 PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
 # What ``algo="auto"`` chooses: a fused one-shot of AUTO_ALGOS (by the AllReduce table's LL /
@@ -77,7 +81,8 @@ ROW_LINES_PER_BLOCK = 256
 @dataclass(frozen=True)
 class RowGeometry:
     """How one call is cut: identical on every rank (a pure function of the call, the world size
-    and the block limit).
+    and the block limit). It decides the launch and which thread computes which subtree of a row's
+    sum of squares, never the bits (``reference`` takes no geometry).
 
     A row belongs to one cluster of ``row_blocks`` blocks; cluster c takes rows c, c + clusters,
     ... (``blocks // row_blocks`` clusters). Line l of a row (``elems_per_line`` elements) belongs
@@ -105,8 +110,9 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
     limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
-    # From the algorithm's blocks, not `limit`: the cut of a row (hence the order of the sum of
-    # squares, which the reference replays) must not depend on how many blocks fit at once.
+    # From the algorithm's blocks, not `limit`: a virtual communicator that cannot fit them all
+    # launches fewer clusters (more rows each), not narrower ones (the bits would be the same
+    # either way: the tree's order does not depend on the cut).
     widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, alg.max_blocks // max(1, rows)))
     row_blocks = 1
     while 2 * row_blocks <= widest and layout.ceil_div(row_lines, row_blocks) > ROW_LINES_PER_BLOCK:
@@ -125,8 +131,7 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
     """``row_geometry`` by public algorithm name (``oneshot_ll``, ``twoshot_sentinel`` ...), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
-    once, never a narrower row cluster: the reduction order does not depend on the block count);
-    ``unfused``: its epilogue's ``unfused_geometry``."""
+    once, never a narrower row cluster); ``unfused``: its epilogue's ``unfused_geometry``."""
     if algo == UNFUSED:
         return unfused_geometry(DTYPES[dtype], rows, hidden)
     return row_geometry(RMSNORM_ALGORITHMS[internal_name(algo)], DTYPES[dtype], rows, hidden, world_size)
@@ -372,62 +377,65 @@ def row_rstd(total: torch.Tensor, hidden: int, eps: float) -> torch.Tensor:
     return (1.0 / root).to(torch.float32)
 
 
-def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor, eps: float,
-              geo: RowGeometry) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's arithmetic step by step on the CPU: ``(y, residual_out)`` with the bits every
-    rank computes (NaN payloads aside), for the geometry ``geo`` the call ran with. Every step is
-    one IEEE float32 operation per element, as in the kernel (which uses add.rn, mul.rn, div.rn and
-    sqrt.rn, none contracted into an FMA)."""
-    dtype, shape = xs[0].dtype, xs[0].shape
-    hidden = int(shape[-1])
-    f32 = torch.float32
-    acc = xs[0].detach().cpu().to(f32).reshape(-1, hidden)
-    for x in xs[1:]:  # rank order, fp32
-        acc = acc + x.detach().cpu().to(f32).reshape(-1, hidden)
-    r = (acc + residual.detach().cpu().to(f32).reshape(-1, hidden)).to(dtype)
-    v = r.to(f32)
-    rows = v.shape[0]
-    t, s, p, e, k = geo.threads, geo.slots, geo.passes, geo.elems_per_line, geo.row_blocks
-    assert p * k * s * t * e >= hidden, "geometry does not cover the row"
-    padded = torch.zeros(rows, p * k * s * t * e, dtype=f32)
-    padded[:, :hidden] = v
-    sq = padded * padded
-    # element (((pass * row_blocks + block) * slots + slot) * threads + thread) * elems + i; each
-    # thread of each block sums its own elements in (pass, slot, i) order, starting from 0
-    per_thread = sq.view(rows, p, k, s, t, e).permute(0, 2, 4, 1, 3, 5).reshape(rows, k, t, p * s * e)
-    ss = torch.zeros(rows, k, t, dtype=f32)
-    for j in range(per_thread.shape[3]):
-        ss = ss + per_thread[..., j]
-    # pairwise tree over adjacent threads, zeros up to 1024 per block (warp butterfly, then over
-    # warps), then over the cluster's blocks in order: one tree over k x 1024, block-major
-    tree = torch.zeros(rows, k, 1024, dtype=f32)
-    tree[:, :, :t] = ss
-    tree = tree.reshape(rows, k * 1024)
-    while tree.shape[1] > 1:
-        tree = tree[:, 0::2] + tree[:, 1::2]
-    total = tree[:, 0]
-    rstd = row_rstd(total, hidden, eps)
-    y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
-    return y.reshape(shape), r.reshape(shape)
-
-
-def unfused_sum(xs: list[torch.Tensor]) -> torch.Tensor:
-    """What the unfused algorithm's epilogue starts from: the AllReduce's output as sollat's
-    deterministic AllReduce computes it, the rank-order fp32 sum rounded once to the dtype (on the
-    CPU)."""
+def rank_order_sum(xs: list[torch.Tensor]) -> torch.Tensor:
+    """``s``: the AllReduce's output as every sollat AllReduce algorithm computes it, the rank-order
+    fp32 sum rounded once to the dtype (on the CPU)."""
     acc = xs[0].detach().cpu().to(torch.float32)
     for x in xs[1:]:
         acc = acc + x.detach().cpu().to(torch.float32)
     return acc.to(xs[0].dtype)
 
 
+def residual_add(s: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``r = round(float(s) + float(residual))`` (s already rounded to the dtype), on the CPU."""
+    return (s.detach().cpu().to(torch.float32) + residual.detach().cpu().to(torch.float32)).to(s.dtype)
+
+
+def next_pow2(n: int) -> int:
+    """The least power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def sum_of_squares(v: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """``ss`` of every row of ``v`` (float32, ``[rows, hidden]``): the pairwise tree over the squares,
+    zero-padded to ``width`` (a power of two >= hidden; default the least one). Any such ``width``
+    gives the same bits (tests/cpu/test_batch_invariant.py): every square is >= +0 (or +Inf, NaN),
+    and ``x + 0 == x`` bitwise for those, so the kernels' subtrees (a pack, a warp's 32 packs, the
+    chunks' tree) are this tree. Each step is one IEEE float32 operation, as in the kernels."""
+    rows, hidden = v.shape
+    width = next_pow2(hidden) if width is None else width
+    if width < hidden or width & (width - 1):
+        raise ValueError(f"sum_of_squares: width must be a power of two >= {hidden}, got {width}")
+    tree = torch.zeros(rows, width, dtype=torch.float32)
+    tree[:, :hidden] = v * v
+    while tree.shape[1] > 1:
+        tree = tree[:, 0::2] + tree[:, 1::2]
+    return tree[:, 0]
+
+
+def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The arithmetic of every ``all_reduce_rmsnorm`` algorithm, step by step on the CPU:
+    ``(y, residual_out)`` with the bits every rank computes (NaN payloads aside) from every rank's
+    ``xs`` (rank order), whatever the algorithm, the batch and the launch. Every step is one IEEE
+    float32 operation per element, as in the kernels (add.rn, mul.rn, div.rn and sqrt.rn, none
+    contracted into an FMA)."""
+    dtype, shape = xs[0].dtype, xs[0].shape
+    hidden = int(shape[-1])
+    f32 = torch.float32
+    r = residual_add(rank_order_sum(xs).reshape(-1, hidden), residual.reshape(-1, hidden))
+    v = r.to(f32)
+    rstd = row_rstd(sum_of_squares(v), hidden, eps)
+    y = ((v * rstd[:, None]) * weight.detach().cpu().to(f32).reshape(1, hidden)).to(dtype)
+    return y.reshape(shape), r.reshape(shape)
+
+
 def algo_reference(algo: str, xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor,
                    eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``reference`` of a call of public algorithm ``algo`` with every rank's ``xs`` (rank order):
-    its geometry, and for ``unfused`` the epilogue of ``unfused_sum``."""
-    hidden = int(xs[0].shape[-1])
-    geo = geometry(algo, xs[0].dtype, xs[0].numel() // max(1, hidden), hidden, len(xs))
-    return reference([unfused_sum(xs)] if algo == UNFUSED else xs, residual, weight, eps, geo)
+    """``reference`` for a call of public algorithm ``algo`` (checked: a known name): the same
+    function for every algorithm, kept for callers that name the algorithm they ran."""
+    internal_name(algo)
+    return reference(xs, residual, weight, eps)
 
 
 def fp8_reference(y: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -261,10 +261,15 @@ def handover_serves(name: str, dtype: torch.dtype, op: str, nbytes: int) -> bool
 
 
 def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, deterministic: bool,
-           handovers: frozenset[str] | set[str], available: tuple[str, ...]) -> str:
+           handovers: frozenset[str] | set[str], available: tuple[str, ...], batch_invariant: bool = False) -> str:
     """Algorithm for one call. Skips rules whose algorithm cannot serve (dtype, op, determinism,
     a library path the communicator does not have: ``handovers``) and moves on to the next one
-    that can; past the last rule, NCCL if present, else the last sollat algorithm that can serve."""
+    that can; past the last rule, NCCL if present, else the last sollat algorithm that can serve.
+    ``batch_invariant``: as with no ``handovers`` and ``deterministic=True`` (only sollat's
+    rank-order algorithms, whose bits do not depend on which of them runs: never a library path,
+    never ``ll128``); where none serves, ``UnsupportedError``."""
+    if batch_invariant:
+        handovers, deterministic = frozenset(), True
     last_ok: str | None = None
     for rule in table.rules:
         if rule.algorithm in HANDOVERS:

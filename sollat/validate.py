@@ -69,6 +69,24 @@ def checked_flag(value: object, what: str, who: str) -> bool:
     return value
 
 
+BATCH_INVARIANT_ENV = "SOLLAT_BATCH_INVARIANT"
+
+
+def checked_batch_invariant(value: object, who: str) -> bool:
+    """``batch_invariant=`` as given (True or False), else ``$SOLLAT_BATCH_INVARIANT``: ``"1"`` on,
+    ``"0"`` or unset (or empty) off; any other value is an error (a typo must not silently turn
+    the guarantee off)."""
+    if value is None:
+        env = os.environ.get(BATCH_INVARIANT_ENV, "")
+        if env not in ("", "0", "1"):
+            raise UnsupportedError(f"{who}: ${BATCH_INVARIANT_ENV} must be '0' or '1' (or unset), got {env!r}")
+        return env == "1"
+    if not isinstance(value, bool):
+        raise UnsupportedError(f"{who}: batch_invariant must be True, False or None (None: ${BATCH_INVARIANT_ENV}), "
+                               f"got {value!r}")
+    return value
+
+
 def checked_byte_count(value: object, what: str, who: str) -> int:
     """An optional size in bytes (``None``: 0): an integer >= 0."""
     if value is None:

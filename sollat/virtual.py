@@ -21,6 +21,7 @@ from .errors import UnsupportedError
 from .validate import (
     algorithm_names,
     check_world_size,
+    checked_batch_invariant,
     checked_flag,
     checked_max_blocks,
     cuda_device,
@@ -32,7 +33,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
     ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,
-    cluster_ranks=None, max_blocks=None, collectives=None, gather_scatter=True)``
+    cluster_ranks=None, max_blocks=None, collectives=None, gather_scatter=True, batch_invariant=None)``
 
     Rank r's blocks are ``blockIdx.y == r``. The grid is sized so that every block is co-resident
     (checked with the occupancy API), since block b of each rank waits for block b of the others.
@@ -40,7 +41,10 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
     block b of every rank as one thread-block cluster, which the hardware co-schedules on one GPC
     (see ``_clustered``). The kernels are the same either way. ``collectives`` registers
     user-written collectives (``sollat.custom``; run them with ``run``); ``gather_scatter`` gives
-    ``all_gather`` / ``reduce_scatter`` their scratch (``sollat.gather_scatter``).
+    ``all_gather`` / ``reduce_scatter`` their scratch (``sollat.gather_scatter``). ``batch_invariant``
+    (None: ``SOLLAT_BATCH_INVARIANT``, ``"1"`` on) as Communicator's: ``auto`` never runs a
+    non-deterministic algorithm (``ll128``) and ``algo="ll128"`` raises (virtual ranks have no
+    library paths anyway).
     """
 
     _entry = "vr"
@@ -49,8 +53,9 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
                  timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, cluster_ranks: bool | None = None,
                  max_blocks: int | None = None, collectives: Sequence[Collective] | None = None,
-                 gather_scatter: bool = True) -> None:
+                 gather_scatter: bool = True, batch_invariant: bool | None = None) -> None:
         check_world_size(world_size, "VirtualCommunicator")
+        invariant = checked_batch_invariant(batch_invariant, "VirtualCommunicator")
         customs = self._register_collectives(checked_collectives(collectives, "VirtualCommunicator"))
         gs = checked_flag(gather_scatter, "gather_scatter", "VirtualCommunicator")
         timeout_value = timeout(timeout_s)
@@ -61,7 +66,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs, gs)
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs, gs, invariant)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)

@@ -184,22 +184,15 @@ def test_twoshot_row_ownership(r: int) -> None:
 
 @pytest.mark.parametrize("proto", ["sentinel"])
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
-def test_twoshot_geometry_and_reference_are_the_one_shot_s(proto: str, dtype: torch.dtype) -> None:
+def test_twoshot_geometry_is_the_one_shot_s(proto: str, dtype: torch.dtype) -> None:
     """The two-shot cuts every call as the one-shot of its protocol (rows < ranks, rows not
-    divisible by ranks, clusters, several passes), so rmsnorm.reference with its geometry is the
-    one-shot's reference: the two algorithms must give the same bits."""
+    divisible by ranks, clusters, several passes): the same launch, and (as for every algorithm)
+    the bits of rmsnorm.reference, which takes no geometry."""
     for r in (2, 4, 8):
         for rows in (1, 2, 3, 5, 7, 8, 9, 17, 64, 200):
             for hidden in (1, 7, 1000, 4096, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
                 assert rmsnorm.geometry(f"twoshot_{proto}", dtype, rows, hidden, r) == rmsnorm.geometry(
                     f"oneshot_{proto}", dtype, rows, hidden, r)
-    gen = torch.Generator().manual_seed(5)
-    xs = [torch.randn(5, 1000, generator=gen).to(dtype) for _ in range(3)]
-    res = torch.randn(5, 1000, generator=gen).to(dtype)
-    w = torch.randn(1000, generator=gen).to(dtype)
-    a = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(f"twoshot_{proto}", dtype, 5, 1000, 3))
-    b = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry(f"oneshot_{proto}", dtype, 5, 1000, 3))
-    assert all(torch.equal(u.view(torch.uint8), v.view(torch.uint8)) for u, v in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize("twoshot", [False, True])
@@ -289,12 +282,9 @@ class _CpuStub:
     def _all_reduce_rmsnorm_impl(self, x, residual, weight, eps, algo, out, residual_out):
         self.calls += 1
         if isinstance(x, torch.Tensor):  # one rank: the sum of world_size copies of x
-            geo = rmsnorm.geometry("oneshot_ll", x.dtype, x.numel() // x.shape[-1], x.shape[-1], self.world_size)
-            y, r = rmsnorm.reference([x] * self.world_size, residual, weight, eps, geo)
+            y, r = rmsnorm.reference([x] * self.world_size, residual, weight, eps)
             return (y if out is None else out.copy_(y)), (r if residual_out is None else residual_out.copy_(r))
-        geo = rmsnorm.geometry("oneshot_ll", x[0].dtype, x[0].numel() // x[0].shape[-1], x[0].shape[-1],
-                               self.world_size)
-        got = [rmsnorm.reference(list(x), r, w, eps, geo) for r, w in zip(residual, weight, strict=True)]
+        got = [rmsnorm.reference(list(x), r, w, eps) for r, w in zip(residual, weight, strict=True)]
         ys, rs = [g[0] for g in got], [g[1] for g in got]
         if out is not None:
             ys = [o.copy_(y) for o, y in zip(out, ys, strict=True)]
@@ -383,7 +373,7 @@ def test_reference_is_rmsnorm_of_the_sum() -> None:
         xs = [torch.randn(6, 1000, generator=gen).to(dtype) for _ in range(4)]
         res = torch.randn(6, 1000, generator=gen).to(dtype)
         w = torch.randn(1000, generator=gen).to(dtype)
-        y, r = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry("oneshot_ll", dtype, 6, 1000, 4))
+        y, r = rmsnorm.reference(xs, res, w, 1e-6)
         r64 = sum(x.double() for x in xs) + res.double()
         assert torch.allclose(r.double(), r64, rtol=tol, atol=tol)
         rr = r.double()
@@ -422,31 +412,10 @@ def test_row_rstd_is_correctly_rounded_at_every_step(hidden: int) -> None:
         assert g == _nearest_float32(1 / Fraction(root)), (t, g)
 
 
-def test_reference_order_is_the_geometry_order() -> None:
-    """The sum of squares depends on the order: the reference must follow the geometry (a different
-    cut of the same row gives other bits for some inputs)."""
-    gen = torch.Generator().manual_seed(2)
-    xs = [torch.randn(64, 4096, generator=gen) * 1e3 for _ in range(2)]
-    res = torch.randn(64, 4096, generator=gen)
-    w = torch.ones(4096)
-    a, _ = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry("oneshot_ll", torch.float32, 64, 4096, 2))
-    b, _ = rmsnorm.reference(xs, res, w, 1e-6, rmsnorm.geometry("oneshot_sentinel", torch.float32, 64, 4096, 2))
-    assert not torch.equal(a, b)
-    assert torch.allclose(a, b, rtol=1e-6)
-    # the same rows cut over a cluster of 8 blocks (8 rows of their own) and over one block each
-    g8 = rmsnorm.geometry("oneshot_ll", torch.float32, 1, 4096, 2)
-    assert g8.row_blocks == 8
-    g1 = rmsnorm.RowGeometry(1, 256, 4, 2, g8.row_lines, g8.elems_per_line, 1)
-    c, _ = rmsnorm.reference(xs, res, w, 1e-6, g8)
-    d, _ = rmsnorm.reference(xs, res, w, 1e-6, g1)
-    assert not torch.equal(c, d)
-    assert torch.allclose(c, d, rtol=1e-6)
-
-
 def test_reference_adversarial_values() -> None:
     x = torch.tensor([[1.0, float("nan"), 2.0], [float("inf"), 1.0, 1.0], [-0.0, -0.0, -0.0], [1e-40, 0, 0]])
     neg0 = torch.full_like(x, -0.0)
-    y, r = rmsnorm.reference([x, neg0], neg0, torch.ones(3), 1e-6, rmsnorm.geometry("oneshot_ll", torch.float32, 4, 3, 2))
+    y, r = rmsnorm.reference([x, neg0], neg0, torch.ones(3), 1e-6)
     assert torch.isnan(y[0]).all()  # a NaN in a row: NaN everywhere in it
     assert torch.isnan(y[1, 0]) and y[1, 1:].eq(0).all()  # an Inf: rstd = 0, so Inf * 0 = NaN and 0 elsewhere
     assert torch.equal(r[2].view(torch.int32), torch.full((3,), -0.0).view(torch.int32))  # -0 + -0 + -0 = -0
@@ -564,16 +533,22 @@ def test_unfused_geometry_covers_each_line_once(dtype: torch.dtype) -> None:
                 assert g.threads == abi.ADD_RMSNORM_MAX_THREADS
 
 
-def test_unfused_reference_is_the_epilogue_of_the_rounded_sum() -> None:
-    """The unfused algorithm's bits: the reference of ONE input, the AllReduce's rounded output
-    (its sum rounded to the dtype, then the residual added and rounded again)."""
+def test_the_reference_rounds_the_sum_before_the_residual() -> None:
+    """r = round(float(round(sum)) + float(residual)): the AllReduce's rounded output, then the
+    residual add rounded again (the unfused path's two roundings, now every algorithm's), and y the
+    RMSNorm of that r; the reference of one input, the rounded sum, gives the same bits."""
     gen = torch.Generator().manual_seed(5)
     xs = [torch.randn(5, 1000, generator=gen).to(torch.bfloat16) for _ in range(2)]
     res = torch.randn(5, 1000, generator=gen).to(torch.bfloat16)
     w = torch.randn(1000, generator=gen).to(torch.bfloat16)
     s = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
-    y, r = rmsnorm.reference([s], res, w, 1e-6, rmsnorm.geometry("unfused", torch.bfloat16, 5, 1000, 2))
+    y, r = rmsnorm.reference(xs, res, w, 1e-6)
     assert torch.equal(r, (s.float() + res.float()).to(torch.bfloat16))
+    once = (xs[0].float() + xs[1].float() + res.float()).to(torch.bfloat16)
+    assert not torch.equal(r, once)  # one rounding would give other bits: the test can tell
+    y1, r1 = rmsnorm.reference([s], res, w, 1e-6)
+    assert torch.equal(y.view(torch.int16), y1.view(torch.int16)) and torch.equal(r.view(torch.int16),
+                                                                                  r1.view(torch.int16))
     want = torch.nn.functional.rms_norm(r.float(), (1000,), w.float(), 1e-6)
     assert torch.allclose(y.float(), want, rtol=2e-2, atol=2e-2)
 
@@ -809,8 +784,7 @@ def test_fp8_reference_of_adversarial_rows() -> None:
     and zeros, a zero row to zeros of y's signs."""
     x = torch.tensor([[1.0, float("nan"), 2.0], [float("inf"), 1.0, 1.0], [-0.0, -0.0, -0.0], [300.0, -1.0, 2.0]])
     neg0 = torch.full_like(x, -0.0)
-    y, _ = rmsnorm.reference([x, neg0], neg0, torch.tensor([1.0, 2.0, -3.0]), 1e-6,
-                             rmsnorm.geometry("oneshot_ll", torch.float32, 4, 3, 2))
+    y, _ = rmsnorm.reference([x, neg0], neg0, torch.tensor([1.0, 2.0, -3.0]), 1e-6)
     q = rmsnorm.fp8_reference(y, torch.tensor([0.01])).view(torch.uint8)
     assert q[0].tolist() == [0x7F] * 3 and q[1].tolist() == [0x7F, 0x00, 0x80]
     assert q[2].tolist() == [0x80, 0x80, 0x00]  # -0 * rstd * w: the weight's sign

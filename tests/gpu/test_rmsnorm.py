@@ -1,15 +1,17 @@
 """GPU correctness of the fused AllReduce + residual add + RMSNorm on virtual ranks.
 
-How results are compared, and why: the kernel's arithmetic is defined exactly (sollat/rmsnorm.py
-and the header of csrc/kernels/allreduce_rmsnorm.cu): rank-order fp32 sum, + residual, one
-rounding; the sum of squares per thread in (pass, slot, element) order, then a pairwise tree over
-adjacent threads; IEEE div and sqrt (not rsqrt.approx); every add and multiply one rounding, no
-FMA. ``rmsnorm.reference`` replays those steps on the CPU in float32 with the call's geometry, so
+How results are compared, and why: the arithmetic is defined exactly and is the same for every
+algorithm (sollat/rmsnorm.py, csrc/include/sollat/rmsnorm_math.h, docs/design.md "Arithmetic and
+batch invariance"): rank-order fp32 sum rounded to the dtype, + residual, rounded again; the sum of
+squares one pairwise tree over the row, zero-padded to a power of two, whatever the launch
+geometry; IEEE div and sqrt (not rsqrt.approx); every add and multiply one rounding, no FMA.
+``rmsnorm.reference`` replays those steps on the CPU in float32 (one function, no geometry), so
 outputs are compared **bitwise** with it (NaN against NaN regardless of payload, since CPU and GPU
 propagate NaN payloads differently), and every rank's outputs are compared bitwise with rank 0's,
-NaN payloads included. The experimental two-shot (twoshot_sentinel: reduce-scatter of x to each
-row's owner, all-gather of the fp32 sums) is held to the same reference, and the unfused hand-over
-to the reference of its AllReduce's rounded output (rmsnorm.algo_reference).
+NaN payloads included. The fused one-shots, the experimental two-shot (twoshot_sentinel:
+reduce-scatter of x to each row's owner, all-gather of the fp32 sums) and the unfused hand-over
+(sollat's AllReduce, then kernels/add_rmsnorm.cu) are all held to that one reference, so they agree
+with each other bit for bit (tests/gpu/test_batch_invariance.py checks it across batch sizes).
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# oneshot_ll, oneshot_sentinel, twoshot_sentinel: the two-shot gives the one-shot's bits
-# (rmsnorm.reference with its geometry, which is the one-shot's), so every test runs it the same way.
+# oneshot_ll, oneshot_sentinel, twoshot_sentinel: every algorithm gives rmsnorm.reference's bits,
+# so every test runs each of them the same way.
 # The two-shot is experimental (slower on 2 GPUs; a fault may name the wrong peer:
 # sollat/algorithms.py): its tests run only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1, which also
 # lets the communicators built here accept it.
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
-# unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against
-# rmsnorm.algo_reference like the fused algorithms.
+# unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against the same
+# reference as the fused algorithms.
 ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS] + [rmsnorm.UNFUSED]
 
 
@@ -114,6 +116,24 @@ def test_bitwise_hidden_sizes_and_tokens(r: int, algo: str, dtype: torch.dtype) 
     xs, res, w = inputs(r, 5, 5120, dtype, gen)
     ys, rs = c.all_reduce_rmsnorm(xs, [res[0]] * r, w[0], 1e-5, algo)
     check(ys, rs, xs, [res[0]] * r, [w[0]] * r, 1e-5, algo, f"{algo} R={r} shared weight")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [2, 5, 8])
+def test_every_algorithm_gives_the_same_bits(r: int) -> None:
+    """Fused one-shots, the two-shot (when enabled) and unfused on the same inputs: bitwise the same
+    y and residual_out (NaN as NaN), adversarial values included, whatever their launch geometry,
+    without the reference in between (the property auto's choice by size rests on)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(170 + r)
+    for dtype, (tokens, hidden) in itertools.product(DTYPES, ((1, 8192), (2, 12289), (3, 7), (40, 4096))):
+        xs, res, w = adversarial(r, tokens, hidden, dtype, gen)
+        shared_res, shared_w = [res[0]] * r, [w[0]] * r
+        got = {algo: c.all_reduce_rmsnorm(xs, shared_res, shared_w, 1e-6, algo) for algo in ALGOS}
+        first = ALGOS[0]
+        for algo, (ys, rs) in got.items():
+            for name, a, b in (("y", ys[0], got[first][0][0]), ("residual_out", rs[0], got[first][1][0])):
+                assert_bitwise(a.cpu(), b.cpu(), f"{algo} vs {first} {name} R={r} {dtype} {tokens}x{hidden}")
     c.check()
 
 

@@ -1,16 +1,18 @@
 // Residual add + RMSNorm on one GPU: the epilogue of all_reduce_rmsnorm's "unfused" algorithm,
-// which runs sollat's AllReduce first (any algorithm `auto` picks, library handovers included) and
-// then this kernel on its output. No scratch, no peers, no faults of its own: a faulted AllReduce
-// leaves NaN in its output, which this kernel carries into every output.
+// which runs sollat's AllReduce first (any algorithm `auto` picks; library handovers included unless
+// the communicator is batch-invariant) and then this kernel on its output. No scratch, no peers, no
+// faults of its own: a faulted AllReduce leaves NaN in its output, which this kernel carries into
+// every output.
 //
-// Per row of `hidden` elements (x = the AllReduce's output, already rounded to T):
-//   r   = round_T( float(x) + float(residual) )
+// Per row of `hidden` elements (x = the AllReduce's output s, already rounded to T), the arithmetic
+// of sollat/rmsnorm_math.h, the fused kernel's (docs/design.md, "Arithmetic and batch invariance"):
+//   r   = round_T( float(s) + float(residual) )
 //   out = round_T( (float(r) * rstd) * float(weight) ),  rstd = 1 / sqrt(ss / hidden + eps)
-// with exactly the fused kernel's arithmetic (sollat/rmsnorm_math.h), cut as its one-block rows:
-// block b takes rows b, b + gridDim.x, ...; line (16 bytes of the row) l belongs to pass
-// l / blockDim.x and thread l % blockDim.x. ss: per thread over its lines in pass order, then the
-// warp's pairwise tree, then the same tree over the warps' sums padded with zeros to 32 warps. So
-// rmsnorm.reference([x], residual, weight, eps, rmsnorm.unfused_geometry(...)) gives the bits.
+// ss the pairwise tree over float(r_e)^2 zero-padded to a power of two, computed as: block b takes
+// rows b, b + gridDim.x, ...; line (16 bytes of the row) l belongs to pass l / blockDim.x and thread
+// l % blockDim.x; per line square_tree, per warp and pass warp_tree_sum over its 32 lines (chunk
+// l / 32 of the row), each chunk's sum into shared memory, one barrier, then chunk_tree_sum in every
+// warp. The same bits as the fused kernels for the same s, whatever the geometry: rmsnorm.reference.
 //
 // Aliasing: out may be in and res_out may be res (the host allows exactly these). Each line is
 // read (x, residual) and written (r, then y) by one thread, the reads first, so in place is safe.
@@ -29,10 +31,13 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* in, T* out, const T* r
                                                  float eps) {
   typedef Pack<T, kLineBytes> P;
   constexpr int kElems = P::kElems;
-  __shared__ float warp_sums[2][kWarpSize];  // by row parity, as in allreduce_rmsnorm.cu
+  constexpr int kChunks = RmsnormChunks<T, kLineBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
+  static_assert(kChunks <= kRmsnormMaxChunks, "chunk_tree_sum covers the row");
+  __shared__ u32 chunk_sums[2][kChunks];  // by row parity, as in allreduce_rmsnorm.cu: [c] = chunk c's sum
 
   const int row_lines = (int)((hidden + kElems - 1) / kElems);
-  const int threads = (int)blockDim.x;
+  const int n_chunks = (row_lines + kWarpSize - 1) / kWarpSize;
+  const int threads = (int)blockDim.x;  // a multiple of 32 (rmsnorm.unfused_geometry)
   const int passes = (row_lines + threads - 1) / threads;  // as rmsnorm.unfused_geometry
   const int lane = (int)threadIdx.x & (kWarpSize - 1);
   const int warp = (int)threadIdx.x / kWarpSize;
@@ -49,30 +54,32 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* in, T* out, const T* r
 
   int parity = 0;
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
-    float ss = 0.0f;
     P kept;  // the last pass's r stays in registers for the normalisation
     for (int p = 0; p < passes; ++p) {
       const int line = p * threads + (int)threadIdx.x;
-      if (line >= row_lines) continue;
-      const P x = load_row(in, row, line);
-      const P rin = load_row(res, row, line);
-      P r;
+      float part = 0.0f;  // the line's square_tree (0 past the row's last line)
+      if (line < row_lines) {
+        const P x = load_row(in, row, line);
+        const P rin = load_row(res, row, line);
+        P r;
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) r.v[e] = from_acc<T>(add_rn(to_acc(x.v[e]), to_acc(rin.v[e])));
-      store_row(res_out, row, line, r);
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) {
-        const float v = to_acc(r.v[e]);  // past the row's end: 0 + 0, adds nothing to ss
-        ss = add_rn(ss, mul_rn(v, v));
+        for (int e = 0; e < kElems; ++e) r.v[e] = add_residual<T>(x.v[e], rin.v[e]);
+        store_row(res_out, row, line, r);
+        part = square_tree(r);  // past the row's end: +0 elements, +0 squares
+        kept = r;
       }
-      kept = r;
+      // Chunk (p * threads) / 32 + warp: the same in every lane, so the whole warp joins the butterfly.
+      const int first = p * threads + warp * kWarpSize;
+      if (first < row_lines) {
+        const float sum = warp_tree_sum(part);
+        if (lane == 0) chunk_sums[parity][first / kWarpSize] = __float_as_uint(sum);
+      }
     }
-    const float mine = warp_tree_sum(ss);
-    if (lane == 0) warp_sums[parity][warp] = mine;
-    // Orders the warps' sums before every thread's read; the other parity's slots, read for the
-    // previous row, are free again once every thread has passed this barrier.
+    // Orders every warp's chunk sums before every thread's reads; the other parity's slots, read for
+    // the previous row, are free again once every thread has passed this barrier (they are written
+    // again only after the next row's barrier).
     __syncthreads();
-    const float total = warp_tree_sum(lane < threads / kWarpSize ? warp_sums[parity][lane] : 0.0f);
+    const float total = chunk_tree_sum(chunk_sums[parity], n_chunks);
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
     for (int p = 0; p < passes; ++p) {
       const int line = p * threads + (int)threadIdx.x;

@@ -2,34 +2,39 @@
 // AllReduce), one-shot, push mode, barrier-free, written with the LLBuffer device API.
 //
 // Inputs per rank: x [rows, hidden] (this rank's partial sums), residual [rows, hidden], weight
-// [hidden], eps. Every rank computes, for every row:
-//   r   = round_T( (x_0 + x_1 + ... + x_{R-1}) + residual )   rank-order fp32 sum, one rounding
+// [hidden], eps. Every rank computes, for every row, the arithmetic of sollat/rmsnorm_math.h
+// (stated once in docs/design.md, "Arithmetic and batch invariance"):
+//   s   = round_T(x_0 + x_1 + ... + x_{R-1})        rank-order fp32 sum, rounded to T
+//   r   = round_T(float(s) + float(residual))        (the unfused path's two roundings)
 //   out = round_T( (float(r) * rstd) * float(weight) ),  rstd = 1 / sqrt(ss / hidden + eps)
-// and writes r into res_out (which may be the residual itself). ss is the fp32 sum of float(r)^2
-// over the row in a fixed order (below), so every rank's outputs are bitwise identical and a
-// reference on the host can reproduce them bit for bit (tests/gpu/test_rmsnorm.py).
+// and writes r into res_out (which may be the residual itself). ss is the pairwise tree over
+// float(r_e)^2 of the row, zero-padded to a power of two: the same bits whatever the cut below, the
+// world size or the algorithm, and the same as kernels/add_rmsnorm.cu's (unfused), so every rank's
+// outputs are bitwise identical, a row's bits do not depend on the batch it travels in, and
+// rmsnorm.reference reproduces them bit for bit (tests/gpu/test_rmsnorm.py, test_batch_invariance.py).
 //
 // Cut: a row belongs to one thread-block cluster of k blocks (k = the launch's cluster width in x,
 // 1, 2, 4 or 8; rmsnorm.row_geometry picks it): cluster c takes rows c, c + clusters, ...; a row is
 // row_lines lines (line = kElems elements of the row), and line ((p * k + j) * kSlots + i) *
 // blockDim.x + threadIdx.x belongs to pass p, block j of the cluster, slot i of the thread. Each
 // pass is one epoch of the thread's line-channels: bcast the own lines, recvReduce in rank order
-// (exactly as allreduce_oneshot.cu), add the residual. After the last pass the cluster sums ss:
-//   * per thread: ss = ss + v * v over its elements in order (pass, slot, element), from 0;
-//   * per warp: a butterfly (shfl_xor 1, 2, 4, 8, 16), i.e. a pairwise tree over adjacent lanes
-//     (a + b == b + a bitwise, so every lane holds the same bits);
-//   * over warps: the per-warp sums (zeros past the last warp) summed by the same tree;
-//   * over the cluster's blocks (k > 1): each block stores its total into every block's shared
-//     memory (DSMEM), one cluster barrier, and every block sums the k totals by the same tree.
-// That is a pairwise tree over the per-thread sums padded with zeros to 1024 threads per block, the
-// blocks in cluster order (k x 1024 entries). Every add
-// and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into an FMA);
-// the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
+// (exactly as allreduce_oneshot.cu), round, add the residual. The sum of squares of a row:
+//   * per line: square_tree (the pairwise tree over its kElems squares: a subtree);
+//   * per warp, slot and pass: warp_tree_sum over its 32 lines, which are lines 32c .. 32c + 31 of
+//     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree;
+//   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums (DSMEM for k > 1),
+//     then one barrier (__syncthreads_or; with k > 1 the cluster barrier of the fault exchange),
+//     and every warp of every block sums the row's chunks by chunk_tree_sum (the tree over the
+//     chunks, zero-padded): the row's whole tree, computed redundantly with the same bits.
+// Every add and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into
+// an FMA); the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
 //
 // Faults: refused() at entry (NaN into every output this thread owns, nothing sent; a cluster of
 // k > 1 votes first, so its blocks refuse together or not at all); a thread
-// whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending, and the
-// block learns of it at the row's __syncthreads_or and the cluster at the row's exchange: then
+// whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending and receiving
+// (it still runs the row's passes, sending nothing, so that every lane of its warp reaches each
+// chunk's butterfly), and the block learns of it at the row's __syncthreads_or and the cluster at
+// the row's exchange: then
 // every thread of the cluster writes NaN into its lines of both outputs from that row on, and
 // nobody commits epochs. A block never leaves while a sibling may still store into its shared
 // memory: every exit is after a cluster barrier that all of the cluster's stores precede.
@@ -49,7 +54,7 @@
 // call writes 0x7F into the copy too. The define only adds code: without it the module is the
 // plain kernel, instruction for instruction.
 //
-// Two-shot (module define SOLLAT_RMSNORM_TWOSHOT=1; algorithms rmsnorm_twoshot_ll / _sentinel):
+// Two-shot (module define SOLLAT_RMSNORM_TWOSHOT=1; algorithm rmsnorm_twoshot_sentinel):
 // the same cut, the same arithmetic and the same epilogue; only each pass's exchange differs. Row
 // `row` is owned by rank row % R (strided, sollat/rmsnorm.py row_owner; with fewer rows than ranks
 // the ranks >= rows own none). In every pass, on the thread's channels:
@@ -58,10 +63,10 @@
 //                  the one-shot's sum);
 //   all-gather     (buffer 1): the owner bcasts that fp32 sum (a 16-bit line's sums take two
 //                  lines: kWiden) and keeps the bits the peers receive; a non-owner receives it.
-// Then every rank adds ITS OWN residual, rounds once (r, as in the one-shot), stores r into
-// res_out and adds v * v into ss, and after the last pass runs the one-shot's sum of squares and
-// normalisation on its r: y and the FP8 copy are computed on every rank, not gathered. So the
-// results are the one-shot's bit for bit (rmsnorm.reference with the same RowGeometry), whatever
+// Then every rank rounds that sum to T, adds ITS OWN residual and rounds again (r, as in the
+// one-shot: residual_add), stores r into res_out and puts its lines' squares into the row's chunks,
+// and after the last pass runs the one-shot's sum of squares and normalisation on its r: y and the FP8 copy are computed on every rank, not gathered. So the
+// results are the one-shot's bit for bit (rmsnorm.reference), whatever
 // the ranks' residuals and weights. Gathering the sum, not y, is also what keeps the exchange per
 // pass: y needs the whole row's ss, i.e. every pass of a row in flight without credit. Per line of
 // a row each rank receives R - 1 lines (owner) or kWiden lines (the others) instead of R - 1.
@@ -162,31 +167,38 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
   constexpr int kBytes = (int)sizeof(P);
-  // Two-shot: the all-gather carries fp32 sums (each rank adds its own residual, as in the
-  // one-shot): kWiden lines of kPiece floats per line of T.
+  // Two-shot: the all-gather carries fp32 sums (each rank rounds them and adds its own residual,
+  // as in the one-shot): kWiden lines of kPiece floats per line of T.
   constexpr int kWiden = (int)(sizeof(float) / sizeof(T));
   static_assert(!kTwoShot || kSlots * kWiden <= kMaxSlotsPerThread, "the all-gather's channels per thread");
   typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden> AgBuf;
   typedef typename AgBuf::template PackT<float> F;
   constexpr int kPiece = F::kElems;
   static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
-  __shared__ float warp_sums[2][kWarpSize];  // by row parity: a fast warp's next row never
-                                             // overwrites sums a slow warp has not read yet
-  __shared__ u32 block_totals[2][kMaxRowBlocks];  // by row parity, as warp_sums: [j] from block j
-  __shared__ u32 block_faults[2][kMaxRowBlocks];
+  constexpr int kChunks = RmsnormChunks<T, kBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
+  static_assert(kChunks <= kRmsnormMaxChunks, "chunk_tree_sum covers the row");
+  // By row parity: a fast block's next row never overwrites sums a slow one has not read yet (the
+  // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
+  // that holds it (into every block of the cluster).
+  __shared__ u32 chunk_sums[2][kChunks];
+  __shared__ u32 block_faults[2][kMaxRowBlocks];  // by row parity: [j] from block j
 
   const u64 rows = a.n / hidden;
   const int k = row_cluster_width();
   const int j = row_cluster_index();
   const u32 row_step = gridDim.x / (u32)k;  // clusters in the grid
   const int row_lines = (int)((hidden + kElems - 1) / kElems);
-  const int threads = (int)blockDim.x;
+  const int n_chunks = (row_lines + kWarpSize - 1) / kWarpSize;  // chunks holding lines of the row
+  const int threads = (int)blockDim.x;  // a multiple of 32 (rmsnorm.row_geometry)
   const int passes = (row_lines + k * threads * kSlots - 1) / (k * threads * kSlots);  // as rmsnorm.row_geometry
   const int lane = (int)threadIdx.x & (kWarpSize - 1);
   const int warp = (int)threadIdx.x / kWarpSize;
+  const u32 first_block = cluster_block_rank() - (u32)j;  // block 0 of this row cluster (x is the fastest dimension)
   const int pass_lines = k * kSlots * threads;                     // lines of a row per pass
   const int line0 = j * kSlots * threads + (int)threadIdx.x;        // this thread's first line
   auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
+  // The first line of this warp's chunk of slot i in pass p (a multiple of 32; the same in every lane).
+  auto chunk_line = [&](int p, int i) { return p * pass_lines + (j * kSlots + i) * threads + warp * kWarpSize; };
   // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
   auto active_in = [&](int p) {
     int n = 0;
@@ -298,104 +310,119 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i >= active) continue;
-      P r;  // the one-shot's r: the rank-order fp32 sum plus this rank's residual, one rounding
+      P r;  // the one-shot's r: the rank-order fp32 sum rounded to T, plus this rank's residual, rounded
 #pragma unroll
       for (int w = 0; w < kWiden; ++w)
 #pragma unroll
         for (int e = 0; e < kPiece; ++e)
-          r.v[w * kPiece + e] = from_acc<T>(add_rn(sums[i * kWiden + w].v[e], to_acc(r_in[i].v[w * kPiece + e])));
+          r.v[w * kPiece + e] = residual_add<T>(sums[i * kWiden + w].v[e], r_in[i].v[w * kPiece + e]);
       rs[i] = r;
     }
     return true;
   };
 
+  // Chunk c's sum into slot [c] of every block of the row cluster. Ordering: a plain shared store
+  // (k == 1) or a DSMEM store per block (k > 1), each made visible to the readers by the row's
+  // barrier below (__syncthreads_or, resp. the cluster barrier's arrive.release / wait.acquire),
+  // which every such store precedes in its thread's program order.
+  auto put_chunk = [&](int parity, int c, float v) {
+    if (k == 1) {
+      if (lane == 0) chunk_sums[parity][c] = __float_as_uint(v);
+    } else if (lane < k) {
+      st_cluster(&chunk_sums[parity][c], first_block + (u32)lane, __float_as_uint(v));
+    }
+  };
+
   int parity = 0;
   for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
-    float ss = 0.0f;
     bool ok = true;
     P kept[kSlots];  // the last pass's r and weight stay in registers for the normalisation
     P wt[kSlots];
     for (int p = 0; p < passes; ++p) {
-      if (p > 0 || row != (u64)first_row) {
-        active = active_in(p);
+      float part[kSlots];  // square_tree of each slot's line (0: no line, or after a fault)
 #pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-          if (i < active) own[i] = load_row(in, row, line_of(p, i));
-      }
-      if (active == 0) continue;  // this thread has no line in this pass: its channels keep their epochs
-      // r of line i of this pass, as every rank has it: into res_out and the sum of squares.
-      auto take = [&](int i, const P& r) {
-        store_row(res_out, row, line_of(p, i), r);
+      for (int i = 0; i < kSlots; ++i) part[i] = 0.0f;
+      // A thread that met a fault sends and receives nothing more (no early exit: it still joins
+      // its warp's butterflies below, which need every lane).
+      if (ok) {
+        if (p > 0 || row != (u64)first_row) {
+          active = active_in(p);
 #pragma unroll
-        for (int e = 0; e < kElems; ++e) {
-          const float v = to_acc(r.v[e]);  // past the row's end: 0 + 0, adds nothing to ss
-          ss = add_rn(ss, mul_rn(v, v));
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) own[i] = load_row(in, row, line_of(p, i));
         }
-        kept[i] = r;
-      };
-      if constexpr (kTwoShot) {
-        P rs[kSlots];
-        if (!twoshot_pass(row, p, p == passes - 1, active, own, wt, rs)) {  // fault recorded
-          ok = false;
-          break;
+      }
+      // No line in this pass: the thread's channels keep their epochs (nothing sent or received).
+      if (ok && active > 0) {
+        // r of line i of this pass, as every rank has it: into res_out and the line's squares.
+        auto take = [&](int i, const P& r) {
+          store_row(res_out, row, line_of(p, i), r);
+          part[i] = square_tree(r);  // past the row's end: +0 elements, +0 squares
+          kept[i] = r;
+        };
+        if constexpr (kTwoShot) {
+          P rs[kSlots];
+          if (twoshot_pass(row, p, p == passes - 1, active, own, wt, rs)) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+              if (i < active) take(i, rs[i]);
+            buf.advanceEpoch();
+            ag.advanceEpoch();
+          } else {
+            ok = false;  // fault recorded
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
+          // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
+          P r_in[kSlots];
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
+          if (p == passes - 1) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+              if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
+          }
+          A acc[kSlots];
+          if (buf.template recvReduce<T, OpSum>(active, own, acc)) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i) {
+              if (i >= active) continue;
+              P r;
+#pragma unroll
+              for (int e = 0; e < kElems; ++e) r.v[e] = residual_add<T>(acc[i].v[e], r_in[i].v[e]);
+              take(i, r);
+            }
+            buf.advanceEpoch();
+          } else {
+            ok = false;  // fault recorded
+          }
         }
-#pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-          if (i < active) take(i, rs[i]);
-        buf.advanceEpoch();
-        ag.advanceEpoch();
-        continue;
       }
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
-      // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
-      P r_in[kSlots];
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
-      const bool last = p == passes - 1;
-      if (last) {
-#pragma unroll
-        for (int i = 0; i < kSlots; ++i)
-          if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
-      }
-      A acc[kSlots];
-      if (!buf.template recvReduce<T, OpSum>(active, own, acc)) {  // fault recorded
-        ok = false;
-        break;
-      }
+      // The chunks of this pass: chunk_line is the same in every lane, so the whole warp takes the
+      // branch together and every lane joins the butterfly.
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
-        if (i >= active) continue;
-        P r;
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) r.v[e] = from_acc<T>(add_rn(acc[i].v[e], to_acc(r_in[i].v[e])));
-        take(i, r);
+        const int first = chunk_line(p, i);
+        if (first < row_lines) put_chunk(parity, first / kWarpSize, warp_tree_sum(part[i]));
       }
-      buf.advanceEpoch();
     }
 
-    // Sum of squares over the block, and whether any thread of the block met a fault.
-    const float mine = warp_tree_sum(ss);
-    if (lane == 0) warp_sums[parity][warp] = mine;
+    // Whether any thread of the block met a fault; the barrier also makes this block's chunk sums
+    // (k == 1) visible to all its threads.
     bool bad = __syncthreads_or(!ok);
-    float total = warp_tree_sum(lane < threads / kWarpSize ? warp_sums[parity][lane] : 0.0f);
-    if (k > 1) {  // over the cluster: every block gets every block's total and fault bit
-      // Two gathers share one barrier: the fault words go first (no barrier of their own), then
-      // the totals' gather, whose barrier orders both.
-      if ((int)threadIdx.x < k)
-        st_cluster(&block_faults[parity][j], cluster_block_rank() - (u32)j + threadIdx.x, bad ? 1u : 0u);
-      cluster_all_gather(block_totals[parity], k, j, __float_as_uint(total));
+    if (k > 1) {  // over the cluster: every block gets every block's fault bit
+      // Its cluster barrier (release / acquire) also orders every block's DSMEM chunk stores of this
+      // row (put_chunk, before it in program order) before the reads of chunk_sums below.
+      cluster_all_gather(block_faults[parity], k, j, bad ? 1u : 0u);
       for (int b = 0; b < k; ++b) bad |= block_faults[parity][b] != 0u;
-      // Pairwise over adjacent blocks, zeros past k (read from shared memory as needed: an array
-      // of eight totals in registers made ptxas spill).
-      auto tb = [&](int b) { return b < k ? __uint_as_float(block_totals[parity][b]) : 0.0f; };
-      static_assert(kMaxRowBlocks == 8, "the tree below is written out for 8 blocks");
-      total = add_rn(add_rn(add_rn(tb(0), tb(1)), add_rn(tb(2), tb(3))),
-                     add_rn(add_rn(tb(4), tb(5)), add_rn(tb(6), tb(7))));
     }
     if (bad) return poison_from(row);
+    // Parity reuse: chunk_sums[parity] is written again two rows on, after the next row's barrier,
+    // which no thread of the cluster passes before every thread has read this row's sums here.
+    const float total = chunk_tree_sum(chunk_sums[parity], n_chunks);
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
 
     for (int p = 0; p < passes; ++p) {

@@ -26,8 +26,8 @@ constexpr int kFaultWords = 8;
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
 enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2 };
 enum Parity : int { kParities = 2 };
-// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block.
-enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256 };
+// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block; the longest row (both RMSNorm kernels).
+enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256, kRmsnormMaxHidden = 65536 };
 // Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row).
 enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 1024 };
 // The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.

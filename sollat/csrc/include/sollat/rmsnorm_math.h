@@ -1,6 +1,19 @@
 // sollat/rmsnorm_math.h - the arithmetic of the fused AllReduce + residual add + RMSNorm
 // (kernels/allreduce_rmsnorm.cu) and of its one-GPU epilogue (kernels/add_rmsnorm.cu), stated once
-// so that both compute the same bits: single-rounding float ops, the FP8 copy, the warp's tree sum.
+// so that both compute the same bits whatever their launch geometry: single-rounding float ops, the
+// residual add, the sum of squares as one pairwise tree over the row, the FP8 copy.
+//
+// Per row of `hidden` elements (docs/design.md, "Arithmetic and batch invariance"; sollat/rmsnorm.py
+// `reference` replays it on the host):
+//   s  = round_T(x_0 + x_1 + ... + x_{R-1})        rank-order fp32 sum (every sollat AllReduce's)
+//   r  = round_T(float(s) + float(residual))        add_residual: two roundings (one for fp32)
+//   ss = the pairwise tree over float(r_e)^2, e = 0 .. hidden-1, zero-padded to a power of two
+//   rstd = 1 / sqrt(ss / hidden + eps);  y = round_T((float(r) * rstd) * float(weight))
+// Every square is >= +0 (or +Inf, or NaN), and x + (+0) == x bitwise for such x, so padding the
+// tree with zeros to ANY power of two gives the same bits: a pack of a power-of-two number of
+// elements at an aligned offset is a subtree (square_tree), 32 consecutive packs held by one warp
+// are a subtree (warp_tree_sum), and the tree over such chunks' sums (chunk_tree_sum) is the
+// whole tree, whatever the blocks, slots, threads, passes, clusters, protocol or world size.
 #ifndef SOLLAT_RMSNORM_MATH_H_
 #define SOLLAT_RMSNORM_MATH_H_
 
@@ -74,11 +87,72 @@ struct Fp8Out {
   const float* scale;  // one float32, read by every thread at the start of the call
 };
 
-// Sum over the 32 lanes as a pairwise tree over adjacent lanes; every lane gets the same bits.
+// ---- the residual add and the sum of squares ------------------------------------------------
+// r = round_T(float(s) + float(res)) of the AllReduce's rounded sum s (the unfused path's input, and
+// what the fused kernels round their fp32 sum to first: residual_add).
+template <typename T>
+__device__ __forceinline__ T add_residual(T s, T res) {
+  return from_acc<T>(add_rn(to_acc(s), to_acc(res)));
+}
+template <typename T>
+__device__ __forceinline__ T residual_add(float sum, T res) {
+  return add_residual<T>(from_acc<T>(sum), res);
+}
+
+// The pairwise tree over the squares of one pack's elements (a power of two of them; elements past
+// the row's end are +0 and square to +0): the subtree of the row's tree over this pack.
+template <typename T, int kBytes>
+__device__ __forceinline__ float square_tree(const Pack<T, kBytes>& r) {
+  constexpr int kElems = Pack<T, kBytes>::kElems;
+  static_assert(kElems >= 1 && (kElems & (kElems - 1)) == 0, "a pack holds a power of two of elements");
+  float s[kElems];
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) {
+    const float v = to_acc(r.v[e]);
+    s[e] = mul_rn(v, v);
+  }
+#pragma unroll
+  for (int w = 1; w < kElems; w *= 2)
+#pragma unroll
+    for (int e = 0; e < kElems; e += 2 * w) s[e] = add_rn(s[e], s[e + w]);
+  return s[0];
+}
+
+// Sum over the 32 lanes as a pairwise tree over adjacent lanes (step o adds lanes l and l ^ o:
+// a + b == b + a bitwise, so every lane gets the same bits, and the result is the tree over the
+// lanes in lane order). Every lane of the warp must call it (full mask).
 __device__ __forceinline__ float warp_tree_sum(float v) {
 #pragma unroll
   for (int o = 1; o < kWarpSize; o <<= 1) v = add_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
   return v;
+}
+
+// A chunk is kWarpSize consecutive packs of a row starting at a multiple of kWarpSize (one warp's
+// packs of one slot in one pass: the kernels' thread counts are multiples of 32), so its
+// warp_tree_sum of square_trees is an aligned subtree of the row's tree. A row has at most
+// kRmsnormMaxChunks chunks: 8-byte packs (the smallest, LL) of fp32 at abi.h's kRmsnormMaxHidden
+// (rmsnorm.MAX_HIDDEN).
+constexpr int kRmsnormMaxChunks = kWarpSize * kWarpSize;
+template <typename T, int kBytes> struct RmsnormChunks {  // chunk slots a row of this pack size may need
+  static constexpr int value = kRmsnormMaxHidden / Pack<T, kBytes>::kElems / kWarpSize;
+};
+static_assert(RmsnormChunks<float, 8>::value <= kRmsnormMaxChunks, "chunk_tree_sum covers every row");
+
+// The row's sum of squares from its n chunk sums (float bits; chunk c at bits[c], n <= 1024): the
+// tree over the chunks zero-padded to 1024 = 32 x 32, i.e. a butterfly over each aligned group of 32
+// chunks (zeros past n), then one over the 32 group sums (group g's held by lane g, zeros past the
+// last). Every lane of the warp must call it; every lane (and every warp that calls it) gets the
+// same bits.
+__device__ __forceinline__ float chunk_tree_sum(const u32* bits, int n) {
+  const int lane = (int)threadIdx.x & (kWarpSize - 1);
+  float mine = 0.0f;
+  const int groups = (n + kWarpSize - 1) / kWarpSize;  // warp-uniform
+  for (int g = 0; g < groups; ++g) {
+    const int c = g * kWarpSize + lane;
+    const float v = warp_tree_sum(c < n ? __uint_as_float(bits[c]) : 0.0f);
+    if (lane == g) mine = v;
+  }
+  return warp_tree_sum(mine);
 }
 
 }  // namespace sollat
