@@ -28,7 +28,6 @@ that reduces in rank order over gloo; ``None`` restores :func:`sollat_communicat
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import socket
 from collections import Counter
@@ -153,12 +152,10 @@ def sollat_communicator(device_group: Any, device: torch.device, batch_invariant
     ``$SOLLAT_BATCH_INVARIANT`` sets)."""
     from ..communicator import Communicator
 
-    kwargs: dict[str, Any] = {}
-    if batch_invariant:
-        if "batch_invariant" not in inspect.signature(Communicator).parameters:
-            raise UnsupportedError("this sollat has no batch-invariant mode (Communicator(batch_invariant=...)); the "
-                                   "engine's deterministic mode keeps its own all-reduce")
-        kwargs["batch_invariant"] = True
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise UnsupportedError(f"a sollat communicator needs a CUDA device, got {device} "
+                               f"(CUDA available: {torch.cuda.is_available()})")
+    kwargs: dict[str, Any] = {"batch_invariant": True} if batch_invariant else {}
     with torch.cuda.device(device):
         return Communicator(device_group, **kwargs)
 
