@@ -11,10 +11,10 @@ in one kernel. ``TPDecoder`` calls ``all_reduce_rmsnorm`` at every such point wh
 ``FusedRMSNormBackend`` and the AllReduce, the add and ``rms_norm`` otherwise; the two small
 AllReduces of greedy sampling stay plain ``all_reduce`` calls (sollat ``auto``).
 
-The arithmetic differs from the unfused path by roundings: the fused kernel adds the residual to the
-fp32 sum of the partials and rounds once (the unfused path rounds the sum to the model dtype, then
-adds), and it sums the squares in its own fixed order (``sollat.rmsnorm``). Logits therefore agree
-with the other backends within the tolerance, never bitwise, so ``rank_order_for`` is False.
+The arithmetic is sollat's one RMSNorm arithmetic (``sollat.rmsnorm.reference``: the AllReduce's
+rounded sum, then the residual, then a pairwise-tree sum of squares), which torch's ``rms_norm``
+after an add does not reproduce bit for bit (another order of the sum of squares). Logits therefore
+agree with the other backends within the tolerance, never bitwise, so ``rank_order_for`` is False.
 
 ========================  ===========================================================================
 spec                      what runs at each fusion point

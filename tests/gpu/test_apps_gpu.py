@@ -125,8 +125,8 @@ def fused_specs() -> list[str]:
 def test_decode_virtual_tp_fused_matches_unsharded(tp: int,
                                                    unsharded: tuple[list[torch.Tensor], list[torch.Tensor]]) -> None:
     """sollat_fused (AllReduce + residual add + next RMSNorm in one kernel, CUDA graphs) against the
-    unsharded model: within the tolerance, never required bitwise (it rounds once fewer than the
-    unfused path and sums the squares in its own order)."""
+    unsharded model: within the tolerance, never required bitwise (its sum of squares is sollat's
+    pairwise tree, not torch's rms_norm order)."""
     from sollat import rmsnorm
 
     base, inputs = unsharded
