@@ -136,20 +136,9 @@ def tp(rank: int, port: int, out: Path) -> None:
 
 
 def main() -> None:
-    mode, out = sys.argv[1], Path(sys.argv[2])
-    if mode == "loader":
-        loader(out)
-    elif mode == "tp":
-        import socket
+    import _double
 
-        import torch.multiprocessing as mp
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(tp, args=(port, out), nprocs=2)
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")
+    _double.run_worker(loader, tp)
 
 
 if __name__ == "__main__":
