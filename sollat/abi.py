@@ -91,10 +91,15 @@ LL128_UNIT_USER_BYTES = LL128_DATA_LANES * LINE_BYTES  # 496
 # record (FAULT_RECORD_WORDS u32 words at FAULT_RECORD_OFFSET), zero while healthy.
 CONTROL_BYTES = 512
 FAULT_RECORD_OFFSET = 0
-FAULT_RECORD_WORDS: tuple[str, ...] = ("code", "rank", "peer", "block", "thread", "slot", "epoch", "seen")
+FAULT_RECORD_WORDS: tuple[str, ...] = ("code", "rank", "peer", "block", "thread", "slot", "epoch", "seen",
+                                       "collective")
 FAULT_WORDS = len(FAULT_RECORD_WORDS)
-# Word 0's values; CLAIMED: a writer is filling words 1..7.
+# Word 0's values; CLAIMED: a writer is filling words 1..FAULT_WORDS-1.
 FAULT_CODES: dict[str, int] = {"ok": 0, "timeout": 1, "mismatch": 2, "claimed": 0xFFFFFFFF}
+# The "collective" word: which public call the kernel that wrote the record serves. Every build
+# gets its code as SOLLAT_COLLECTIVE (algorithms.kernel_defines); 0 in a build without it.
+COLLECTIVES: dict[str, int] = {"unknown": 0, "all_reduce": 1, "all_gather": 2, "reduce_scatter": 3,
+                               "all_reduce_rmsnorm": 4, "run": 5}
 
 
 # ---- C types ----------------------------------------------------------------------------------
@@ -304,10 +309,18 @@ def _per_kernel_lines() -> list[str]:
     ]
 
 
+def collective_enumerator(name: str) -> str:
+    """The C++ name of a COLLECTIVES code in abi.h (``kCollAllReduce``)."""
+    return "kColl" + "".join(part.capitalize() for part in name.split("_"))
+
+
 def _fault_lines() -> list[str]:
     codes = ", ".join(f"k{k.capitalize()} = {_hex(v, 32) if v > 255 else v}" for k, v in FAULT_CODES.items())
     words = ", ".join(f"kWord{w.capitalize()} = {i}" for i, w in enumerate(FAULT_RECORD_WORDS))
-    return [f"enum FaultCode : unsigned int {{ {codes} }};", f"enum FaultWord : int {{ {words} }};"]
+    colls = ", ".join(f"{collective_enumerator(k)} = {v}" for k, v in COLLECTIVES.items())
+    return [f"enum FaultCode : unsigned int {{ {codes} }};", f"enum FaultWord : int {{ {words} }};",
+            "// The fault record's collective word (SOLLAT_COLLECTIVE of the build).",
+            f"enum Collective : unsigned int {{ {colls} }};"]
 
 
 def _bits_lines() -> list[str]:

@@ -34,8 +34,9 @@ class Algorithm:
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
     # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
-    # A hardware property its correctness on real ranks rests on and that no test here can prove
-    # (empty: none). `tune` never puts such an algorithm into a real-rank table; algo= still runs it.
+    # A hardware property its correctness on real ranks rests on, beyond what the PTX memory model
+    # promises (empty: none; LL and sentinel lines need only single-copy atomic 8-byte accesses:
+    # protocol_ll.h). `tune` never puts such an algorithm into a real-rank table; algo= still runs it.
     rests_on: str = ""
     doc: str = ""
     # Scratch region (and epoch array) it runs on: "" = its own, named after it. Kernels of one
@@ -50,11 +51,11 @@ class Algorithm:
 
     @property
     def detects_mismatch(self) -> bool:
-        """Whether the kernel itself sees a peer that called with other arguments: LL lines and
-        the bulk protocol's area flags carry the call signature (LL128's counters overshoot).
-        Sentinel lines are pure payload: there only the host's first-use agreement catches a
-        differing call."""
-        return self.proto in ("ll", "bulk")
+        """Whether the kernel itself sees a peer that called with other arguments: every
+        algorithm does. LL lines and the bulk protocol's area flags carry the call signature
+        (LL128's counters also overshoot), and a sentinel buffer adds one signature word per
+        (sending block, receiving rank) and call (ll_buffer.h, "Signature words")."""
+        return True
 
     @property
     def payload_bytes(self) -> int:
@@ -91,9 +92,9 @@ ALGORITHMS: dict[str, Algorithm] = {
     a.name: a
     for a in (
         Algorithm("oneshot_ll", "allreduce_oneshot.cu", "oneshot", "ll", 16, True, False,
-                  doc="one-shot push, LL protocol (8 B payload + 8 B flag per 16 B store)"),
+                  doc="one-shot push, LL protocol (16 B lines: two 8 B words of 4 B payload + 4 B flag each)"),
         Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 16, True, False,
-                  doc="one-shot push, sentinel protocol (16 B payload, receiver resets)"),
+                  doc="one-shot push, sentinel protocol (16 B payload, receiver resets, a signature word per block)"),
         Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 16, True, True,
                   slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather), LL protocol in both phases"),
@@ -271,6 +272,17 @@ def max_ranks_template(nranks: int) -> int:
 _PROTO_CLASSES = {"ll": "ProtoLL", "sentinel": "ProtoSentinel"}  # protocol_ll.h, protocol_sentinel.h
 
 
+def collective_name(alg: Algorithm) -> str:
+    """The public call an algorithm's kernel serves (a key of abi.COLLECTIVES; the fault record names it)."""
+    if isinstance(alg, CustomAlgorithm):
+        return "run"
+    if isinstance(alg, GatherScatterAlgorithm):
+        return alg.opname
+    if alg.kernel in RMSNORM_KERNELS:
+        return "all_reduce_rmsnorm"
+    return "all_reduce"
+
+
 def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
                    real_ranks: bool, fp8: bool = False) -> dict[str, str]:
     """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
@@ -283,6 +295,8 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         # Fences that order a store to the own scratch before a peer may write it again: the peer
         # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
         "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",
+        # What a fault record this kernel writes names as the collective (fault.h, abi.COLLECTIVES).
+        "SOLLAT_COLLECTIVE": str(abi.COLLECTIVES[collective_name(alg)]),
     }
     if alg.proto in _PROTO_CLASSES:  # the bulk protocol's kernels take no line protocol
         d["SOLLAT_PROTO"] = _PROTO_CLASSES[alg.proto]
@@ -306,7 +320,9 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
 
 
 def signature(alg: Algorithm, dt: DType, op: str, n: int) -> int:
-    """Odd 32-bit hash of the call's arguments, carried in every LL flag (never 0)."""
+    """Odd 32-bit hash of the call's arguments (never 0): its two 16-bit halves ride in every LL
+    word's flag (bit 16 is not carried there), the whole of it in bulk flags and sentinel
+    signature words."""
     return zlib.crc32(f"{alg.name}|{dt.short}|{op}|{n}".encode()) | 1
 
 

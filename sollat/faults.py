@@ -30,6 +30,16 @@ compiling kernels or still loading a model."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 OK, TIMEOUT, MISMATCH, CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
 _WORD = {name: i for i, name in enumerate(abi.FAULT_RECORD_WORDS)}
+_COLLECTIVE = {code: name for name, code in abi.COLLECTIVES.items()}
+
+
+def collective_label(code: int) -> str:
+    """What a record's collective word names: the public call (``all_gather``), ``run`` for a
+    user-written collective, or a neutral word for a build the host did not label."""
+    name = _COLLECTIVE.get(code, "unknown")
+    if name == "unknown":
+        return "the collective"
+    return "run (a user-written collective)" if name == "run" else name
 
 
 def validated_timeout(value: object, *, what: str, env: str, default: float) -> float:
@@ -81,6 +91,7 @@ def to_exception(rec: np.ndarray, *, timeout_s: float, where_seen: int) -> Solla
     w = {name: int(rec[i]) for name, i in _WORD.items()}
     code, seen = w["code"], w["seen"]
     rank, peer, block, thread, slot, epoch = (_signed(w[k]) for k in ("rank", "peer", "block", "thread", "slot", "epoch"))
+    what = collective_label(w["collective"])
     by = "" if rank == where_seen else f" (reported to rank {where_seen} by rank {rank})"
     where = f"rank {rank} waited for peer {peer}; block {block}, thread {thread}, slot {slot}, epoch {epoch}"
     fix = "Every later call of this communicator fails until reset() is called on every rank."
@@ -88,16 +99,19 @@ def to_exception(rec: np.ndarray, *, timeout_s: float, where_seen: int) -> Solla
         return SollatError(f"sollat: a peer started to record a fault{by} but did not finish within 1 s; {fix}")
     if code == MISMATCH and peer < 0:
         return CallMismatchError(
-            f"sollat all_reduce: an LL128 line counter on rank {rank} overshot the world size (0x{seen:08x}): a peer "
+            f"sollat {what}: an LL128 line counter on rank {rank} overshot the world size (0x{seen:08x}): a peer "
             f"called with different arguments{by}. {fix}", rank=rank, peer=peer)
     if code == TIMEOUT:
         who = f"peer {peer}" if peer >= 0 else "some peer (an LL128 line counter did not reach the world size)"
         return PeerTimeoutError(
-            f"sollat all_reduce: {who} did not deliver its data to rank {rank} within {timeout_s:g} s ({where}){by}. "
+            f"sollat {what}: {who} did not deliver its data to rank {rank} within {timeout_s:g} s ({where}){by}. "
             f"Is {who} alive, and did every rank make the same calls in the same order? {fix}",
             rank=rank, peer=peer, slot=slot, epoch=epoch)
     if code == MISMATCH:
+        # `seen` is the peer's signature as the line carried it: exact from a sentinel signature word
+        # or a bulk flag; from an LL line its two 16-bit tags (bit 16 always set, a half from another
+        # epoch 0).
         return CallMismatchError(
-            f"sollat all_reduce: peer {peer} called all_reduce with different arguments than rank {rank} (size, dtype, "
-            f"op or algorithm; its signature 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)
+            f"sollat {what}: peer {peer} called {what} with different arguments than rank {rank} (size, dtype, "
+            f"op or algorithm; the signature it sent 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)
     return SollatError(f"sollat: unknown device fault code {code} ({where}){by}. {fix}")

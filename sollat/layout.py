@@ -16,6 +16,8 @@ slot index    s = (b * MAX_SLOTS + i) * MAX_THREADS + t   (consecutive threads: 
 parity        epoch & 1: two copies of every line (double buffering, no barrier).
 line address  in receiver d's region of a buffer:
               line = (parity * nranks + src) * lines_per_src + s
+signature     sentinel buffers: one 8-byte word per (receiver, parity, source, block), in its own
+words         32-byte sector (2 lines) after the data slots of that (parity, source) part (``signature_line``)
 """
 
 from __future__ import annotations
@@ -91,8 +93,29 @@ def ll128_acc_slot(block: int, thread: int) -> int:
     return block * MAX_THREADS + thread
 
 
+# One 32-byte sector (2 lines) per block for its 8-byte signature word: no two writers share a sector.
+SIGNATURE_LINES_PER_BLOCK = 2
+
+
+def signature_lines(max_blocks: int) -> int:
+    """Lines at the end of every (parity, source) part of a region for the sentinel buffers'
+    signature words (``ll_buffer.h``, "Signature words"): SIGNATURE_LINES_PER_BLOCK per block, rounded up to whole warp-units (WARP lines, 512 bytes), so
+    every part stays 512-byte aligned (LL128's warp-units, the region offsets). Every region has
+    them (LL and bulk ones leave them unused and zero), so the layout is one formula."""
+    return ceil_div(SIGNATURE_LINES_PER_BLOCK * max_blocks, WARP) * WARP
+
+
 def lines_per_src(max_blocks: int) -> int:
-    return max_blocks * MAX_SLOTS * MAX_THREADS
+    """Slot indices per (parity, source) part of a region: every data slot of ``max_blocks``
+    blocks, then the signature lines. Also the length of each buffer's epoch array."""
+    return max_blocks * MAX_SLOTS * MAX_THREADS + signature_lines(max_blocks)
+
+
+def signature_line(block: int, lines_per_src: int) -> int:
+    """The line whose first 8 bytes hold ``block``'s signature word from source ``src`` in a
+    receiver's (parity, src) part, counted from the part's end (SIGNATURE_LINES_PER_BLOCK per
+    block). Device: ``signature_line`` (``layout.h``)."""
+    return lines_per_src - SIGNATURE_LINES_PER_BLOCK * (block + 1)
 
 
 def region_bytes(nranks: int, max_blocks: int) -> int:

@@ -106,7 +106,8 @@ def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
 def test_host_modules_derive_from_the_contract() -> None:
     assert (layout.MAX_RANKS, layout.MAX_THREADS, layout.MAX_SLOTS, layout.LINE_BYTES, layout.WARP) == (8, 512, 4, 16, 32)
     assert layout.PAYLOAD_BYTES == abi.PAYLOAD_BYTES == {"ll": 8, "sentinel": 16, "bulk": 16}
-    assert (layout.CONTROL_BYTES, layout.FAULT_RECORD_OFFSET, layout.FAULT_WORDS) == (512, 0, 8)
+    assert (layout.CONTROL_BYTES, layout.FAULT_RECORD_OFFSET, layout.FAULT_WORDS) == (512, 0, 9)
+    assert abi.FAULT_RECORD_WORDS[-1] == "collective" and 4 * layout.FAULT_WORDS <= layout.CONTROL_BYTES
     assert (layout.FAULT_OK, layout.FAULT_TIMEOUT, layout.FAULT_MISMATCH, layout.FAULT_CLAIMED) == (0, 1, 2, 0xFFFFFFFF)
     for d in DTYPES.values():
         b = abi.BITS[d.short]
@@ -116,7 +117,9 @@ def test_host_modules_derive_from_the_contract() -> None:
 # Device-only constants a header may spell as a literal: bit tricks, masks and the spin cadence,
 # which the host never sees. Any other `constexpr ... kName = <number>` outside abi.h is a
 # contract fact written a second time.
-DEVICE_ONLY = {"kPollsPerCheck", "kFull", "kLow", "kHigh", "kExpMask", "kManMask", "kOne", "kMask", "kUnroll"}
+DEVICE_ONLY = {"kPollsPerCheck", "kFull", "kLow", "kHigh", "kExpMask", "kManMask", "kOne", "kMask", "kUnroll",
+               # LLBuffer's own bookkeeping and the LL flag's epoch field (protocol_ll.h)
+               "kSigReceivedShift", "kSigBad", "kEpochField", "kEmpty"}
 _CONSTEXPR = re.compile(r"constexpr[^;{]*;")
 _LITERAL = re.compile(r"\b(k\w+)\s*=\s*(?:0x[0-9A-Fa-f]+|\d+)[uUlL]*\s*[,;]")
 _ENTRY = re.compile(r"SOLLAT_DEFINE_ENTRY_POINTS\((\w+),")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sollat
-from sollat import agree, faults, layout
+from sollat import abi, agree, faults, layout
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True, 1e9])
@@ -93,8 +93,8 @@ def test_communicator_on_cpu_torch_is_an_unsupported_error(monkeypatch, tmp_path
         dist.destroy_process_group()
 
 
-def _record(code: int, rank: int, peer: int, seen: int = 0) -> np.ndarray:
-    return np.array([code, rank, peer & 0xFFFFFFFF, 3, 17, 2048, 5, seen], dtype=np.int64)
+def _record(code: int, rank: int, peer: int, seen: int = 0, collective: str = "all_reduce") -> np.ndarray:
+    return np.array([code, rank, peer & 0xFFFFFFFF, 3, 17, 2048, 5, seen, abi.COLLECTIVES[collective]], dtype=np.int64)
 
 
 def test_records_become_the_same_exception_on_every_rank() -> None:
@@ -109,6 +109,44 @@ def test_records_become_the_same_exception_on_every_rank() -> None:
     assert isinstance(mm, sollat.CallMismatchError) and mm.peer == 0 and "0xabcd0001" in str(mm)
     ll128 = faults.to_exception(_record(layout.FAULT_MISMATCH, 1, -1, seen=0x40400000), timeout_s=1, where_seen=0)
     assert isinstance(ll128, sollat.CallMismatchError) and ll128.peer == -1
+
+
+@pytest.mark.parametrize("collective", [c for c in abi.COLLECTIVES if c != "unknown"])
+def test_a_record_names_the_collective_that_wrote_it(collective: str) -> None:
+    for code, kind in ((layout.FAULT_TIMEOUT, sollat.PeerTimeoutError), (layout.FAULT_MISMATCH, sollat.CallMismatchError)):
+        e = faults.to_exception(_record(code, 0, 1, seen=0x1235, collective=collective), timeout_s=1, where_seen=0)
+        assert isinstance(e, kind) and str(e).startswith(f"sollat {collective}"), str(e)
+        others = [c for c in abi.COLLECTIVES if c not in ("unknown", collective) and not collective.startswith(c)]
+        assert not any(f"sollat {c}" in str(e) for c in others), str(e)
+    mm = faults.to_exception(_record(layout.FAULT_MISMATCH, 0, 1, collective=collective), timeout_s=1, where_seen=0)
+    assert f"peer 1 called {faults.collective_label(abi.COLLECTIVES[collective])} with different arguments" in str(mm)
+
+
+def test_an_unlabelled_record_names_no_collective() -> None:
+    e = faults.to_exception(_record(layout.FAULT_TIMEOUT, 0, 1, collective="unknown"), timeout_s=1, where_seen=0)
+    assert str(e).startswith("sollat the collective:") and "all_reduce" not in str(e)
+
+
+def test_every_collective_of_the_registry_has_a_code() -> None:
+    from sollat.algorithms import (
+        ALGORITHMS,
+        GATHER_SCATTER_ALGORITHMS,
+        RMSNORM_ALGORITHMS,
+        CustomAlgorithm,
+        collective_name,
+        kernel_defines,
+    )
+    from sollat.dtypes import DTYPES
+
+    names = {a: collective_name(a) for a in (*ALGORITHMS.values(), *RMSNORM_ALGORITHMS.values(),
+                                             *GATHER_SCATTER_ALGORITHMS.values())}
+    assert set(names.values()) == {"all_reduce", "all_reduce_rmsnorm", "all_gather", "reduce_scatter"}
+    assert all(names[a] == "all_reduce" for a in ALGORITHMS.values())
+    custom = CustomAlgorithm("mine", "", "mine", "ll", 16, True, False)
+    assert collective_name(custom) == "run"
+    d = kernel_defines(GATHER_SCATTER_ALGORITHMS["reduce_scatter_ll"], DTYPES[torch.float32], "sum", 4, 1,
+                       test_hooks=False, real_ranks=True)
+    assert d["SOLLAT_COLLECTIVE"] == str(abi.COLLECTIVES["reduce_scatter"])
 
 
 def test_a_claimed_record_is_reread_until_published() -> None:

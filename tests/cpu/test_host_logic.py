@@ -77,11 +77,11 @@ def test_auto_uses_the_table() -> None:
 
 def test_device_fault_records_become_exceptions() -> None:
     c = fake_virtual()
-    records = {0: np.zeros(8, dtype=np.int32), 1: np.zeros(8, dtype=np.int32)}
+    records = {0: np.zeros(9, dtype=np.int32), 1: np.zeros(9, dtype=np.int32)}
     c._record_views = lambda: [(r, torch.from_numpy(v)) for r, v in records.items()]  # type: ignore[method-assign]
     c._raise_recorded()
     assert not c._faulted
-    records[1][:] = [1, 0, 2, 3, 4, 5, 6, 0]  # rank 0 timed out on peer 2; found in rank 1's record
+    records[1][:] = [1, 0, 2, 3, 4, 5, 6, 0, 1]  # rank 0 timed out on peer 2 in an all_reduce; found in rank 1's record
     with pytest.raises(sollat.PeerTimeoutError, match="peer 2 did not deliver") as ei:
         c._raise_recorded()
     assert (ei.value.rank, ei.value.peer, ei.value.slot, ei.value.epoch) == (0, 2, 5, 6)
@@ -89,7 +89,7 @@ def test_device_fault_records_become_exceptions() -> None:
     assert c._faulted
     with pytest.raises(sollat.CommunicatorFaultedError, match="reset"):
         c._guard()
-    records[0][:] = [2, 1, 3, 0, 0, 0, 0, 0x1235]
+    records[0][:] = [2, 1, 3, 0, 0, 0, 0, 0x1235, 1]
     with pytest.raises(sollat.CallMismatchError, match="peer 3 called all_reduce with different arguments"):
         c._raise_recorded()
 

@@ -54,9 +54,22 @@ def test_line_index_regions_do_not_overlap() -> None:
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_scratch_sizing(name: str, nranks: int) -> None:
     alg = ALGORITHMS[name]
-    per_region = 2 * nranks * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS * layout.LINE_BYTES
+    lps = alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS + layout.signature_lines(alg.max_blocks)
+    per_region = 2 * nranks * lps * layout.LINE_BYTES
     assert alg.scratch_bytes(nranks) == alg.buffers * per_region
-    assert alg.epoch_words() == alg.buffers * alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS
+    assert alg.epoch_words() == alg.buffers * lps
+
+
+@pytest.mark.parametrize("max_blocks", [1, 4, 16, 17, 32, 100, 128])
+def test_signature_lines_follow_every_data_slot_and_keep_parts_aligned(max_blocks: int) -> None:
+    lps = layout.lines_per_src(max_blocks)
+    last_data = layout.slot_index(max_blocks - 1, layout.MAX_SLOTS - 1, layout.MAX_THREADS - 1)
+    sig = [layout.signature_line(b, lps) + k for b in range(max_blocks) for k in range(layout.SIGNATURE_LINES_PER_BLOCK)]
+    assert len(set(sig)) == len(sig), "two blocks share a signature line"
+    assert min(sig) > last_data and max(sig) == lps - 1
+    assert lps - layout.signature_lines(max_blocks) <= min(sig)  # inside the part's signature tail
+    assert layout.SIGNATURE_LINES_PER_BLOCK * layout.LINE_BYTES == 4 * layout.MAX_RANKS  # a u32 word per source
+    assert (lps * layout.LINE_BYTES) % 512 == 0  # every (parity, source) part stays 512-byte aligned (LL128)
 
 
 def test_message_lines_cover_each_line_once() -> None:

@@ -185,9 +185,10 @@ def test_absent_rank_times_out_every_rank_raises_and_reset_recovers(example: str
     c.check()
 
 
-def test_ll_mismatch_is_detected_on_the_device() -> None:
+@pytest.mark.parametrize("proto", ["ll", "sentinel"])
+def test_mismatch_is_detected_on_the_device(proto: str) -> None:
     r = 4
-    coll = MAXABS.collective("ll")
+    coll = MAXABS.collective(proto)
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=1.0, collectives=[coll])
     xs = _inputs(r, 100, torch.float32, torch.Generator(device=DEV).manual_seed(5))
     c.run(coll, xs)

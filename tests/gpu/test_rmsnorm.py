@@ -434,10 +434,11 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll"))
-def test_call_mismatch_is_reported_by_ll(algo: str) -> None:
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel"))
+def test_call_mismatch_is_reported(algo: str) -> None:
     """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
-    reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns)."""
+    reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns); LL in
+    the flags, sentinel in the signature words."""
     r = 4
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
     gen = torch.Generator(device=DEV).manual_seed(110)

@@ -16,7 +16,7 @@ constexpr int kBuffers = kAllgatherBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 template <typename T, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void allgather(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   const u64 lines = (a.n + P::kElems - 1) / P::kElems, step = (u64)gridDim.x * blockDim.x * kSlots;
   const bool ia = is_aligned(in, sizeof(P));

@@ -105,6 +105,11 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   for (u64 j = warp0; j < units; j += nwarps) {
     const u64 loff = line_base((u64)(epoch & 1), 0, R, (u64)a.lines_per_src) + acc_slot;  // this lane's 16 B in any owner
     const u64 lane_e = j * UE + (u64)lane * E;                // element offset inside a chunk
+    // The previous iteration's all-gather receive (epoch e+1 from each owner) before this
+    // iteration's adds into the owners' lines (epoch e+2): the receive is what says the owner has
+    // read and zeroed that line (ll128.h, "Reuse"); PTX orders a load before a later store only
+    // by a fence. None in the first iteration (the kernel boundary orders the previous call).
+    ag.releaseReceives();
 
     // ---- reduce-scatter: one vector add per chunk into its owner's line -------------------
 #pragma unroll
@@ -129,7 +134,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     }
     if (kSplit) {
       __syncwarp();
-      fence<Scope::Gpu>();  // split: the warp's data adds are performed before its counter adds
+      fence<peer_scope()>();  // split: the warp's data adds are performed before its counter adds (the owner's scope)
       if (ctr_lane) {
 #pragma unroll
         for (int c = 0; c < kMaxRanks; ++c)
@@ -156,7 +161,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
         if (!__all_sync(kFull, go)) return poison_from(j);
       }
     }
-    if (kSplit) fence<Scope::Gpu>();  // split: acquire side of the counter, before the data read
+    if (kSplit) fence<peer_scope()>();  // split: acquire side of the counter, before the data read (the adders' scope)
     W4 r = bit_cast<W4>(ld<Order::Volatile, Scope::Sys>(my));  // fused: after the poll that saw R, same line
     // Restore element 0 of lanes 8k from lane 31's element k.
     {
@@ -173,8 +178,9 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       }
       if (ctr_lane) r.w[0] = (r.w[0] & ~CB::kMask) | x;
     }
-    // Zero the line for its next use; the fence orders it before the all-gather sends below, which
-    // let the peers add into it again.
+    // Zero the line for its next use; the fence orders the reads above and the zeroing before the
+    // all-gather sends below, which let the peers add into it again (they fence in turn after
+    // receiving them, at the top of their next iteration).
     st<Order::Volatile, Scope::Sys>(my, Line{0, 0});
     fence<peer_scope()>();
 

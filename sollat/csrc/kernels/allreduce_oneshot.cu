@@ -18,7 +18,7 @@ constexpr int kBuffers = kOneshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;

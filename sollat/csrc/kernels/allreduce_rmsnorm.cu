@@ -79,7 +79,7 @@
 // epoch e, sent after o read s's epoch e; when o writes buffer 1's line again at e+2, it has
 // received s's buffer-0 line of epoch e+2, sent after s read o's epoch e. Each buffer alone
 // carries traffic one way only: its credit is the other's. Sentinel: the resets of one buffer are
-// fenced (releaseResets) before the other buffer's send that frees them for the peer. Every rank
+// fenced (releaseReceives) before the other buffer's send that frees them for the peer. Every rank
 // uses the thread's channels in every pass (as sender or receiver), so the epochs agree.
 //
 // Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
@@ -150,7 +150,7 @@ struct NoBuffer {
   template <class... Args> __device__ __forceinline__ explicit NoBuffer(const Args&...) {}
   template <typename T, class V> __device__ __forceinline__ V bcast(int, const V& v) { return v; }
   template <typename T, class... Args> __device__ __forceinline__ bool recvUnrolled(const Args&...) { return false; }
-  __device__ __forceinline__ void releaseResets() {}
+  __device__ __forceinline__ void releaseReceives() {}
   __device__ __forceinline__ void advanceEpoch() {}
   __device__ __forceinline__ void commit() {}
 };
@@ -162,7 +162,10 @@ template <class B> struct SecondBuffer<true, B> { typedef B type; };
 template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8, bool kTwoShot>
 __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
                                            const T* res, T* res_out, const T* weight, Fp8Out fp8) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  // The one-shot's line 0 goes to every peer, so the ring of signature words sees a mismatch; in
+  // the two-shot a row's exchange is only with its owner, so every line-0 send carries one.
+  constexpr SigPeers kSigPeers = kTwoShot ? SigPeers::Every : SigPeers::Ring;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers> Buf;
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
@@ -171,7 +174,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // as in the one-shot): kWiden lines of kPiece floats per line of T.
   constexpr int kWiden = (int)(sizeof(float) / sizeof(T));
   static_assert(!kTwoShot || kSlots * kWiden <= kMaxSlotsPerThread, "the all-gather's channels per thread");
-  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden> AgBuf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden, kSigPeers> AgBuf;
   typedef typename AgBuf::template PackT<float> F;
   constexpr int kPiece = F::kElems;
   static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
@@ -274,7 +277,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     const int owner = (int)(row % (u64)a.nranks);  // rmsnorm.row_owner
     if (owner != a.rank) {
       // Sentinel: the buffer-1 lines reset so far land before this send, which frees them for the owner.
-      ag.releaseResets();
+      ag.releaseReceives();
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
         if (i < active) buf.template send<T>(owner, i, mine[i]);
@@ -295,7 +298,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
       A acc[kSlots];
       if (!buf.template recvReduce<T, OpSum>(active, mine, acc)) return false;
       // Sentinel: the buffer-0 lines just reset land before the bcast, which frees them for the peers.
-      buf.releaseResets();
+      buf.releaseReceives();
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)
 #pragma unroll

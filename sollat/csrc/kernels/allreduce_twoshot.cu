@@ -9,8 +9,11 @@
 // Every rank computes the same rank-order sums, so outputs are bitwise identical across ranks.
 // The two phases use separate buffers with their own epochs, so each is its own credit loop
 // (ll_buffer.h): a line of either buffer is written again only after the writer received the
-// next epoch of that buffer's channel from the reader. A thread reads all R input lines before
-// it writes any output, and writes exactly those positions, so in-place calls are safe.
+// next epoch of that buffer's channel from the reader. The fence each loop needs between a
+// receive and the next send of its buffer is issued once per pass for both, at the top of every
+// pass after the first (releaseReceivesWith): it sits after the previous pass's receives of both
+// buffers and before this pass's sends of both. A thread reads all R input lines before it writes
+// any output, and writes exactly those positions, so in-place calls are safe.
 //
 // Module defines as in allreduce_oneshot.cu. Kernels: twoshot_pg and twoshot_vr.
 #include "sollat/collective.h"
@@ -21,7 +24,7 @@ constexpr int kBuffers = kTwoshotBuffers;  // abi.h (sollat/abi.py KERNELS)
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
@@ -85,6 +88,9 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   Buf ag(make_desc<kMaxRanks>(a, 1, region), fault, slot0);
 
   for (u64 base = 0;;) {
+    // The previous pass's receives (both buffers) before this pass's sends: one fence, none in
+    // the first pass (ll_buffer.h).
+    rs.releaseReceivesWith(ag);
     // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line. Batch 0
     // is already loaded (before the descriptors, or by the previous iteration's prefetch).
     P mine[kSlots];

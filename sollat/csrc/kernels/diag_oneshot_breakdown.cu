@@ -31,7 +31,7 @@ struct ProtoLLReset : ProtoLL {
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;

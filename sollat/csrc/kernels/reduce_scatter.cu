@@ -18,7 +18,7 @@ constexpr int kBuffers = kReduceScatterBuffers;  // abi.h (sollat/abi.py KERNELS
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void reduce_scatter(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   const u64 m = ceil_div_ranks(a.n, a.nranks);  // exact: the host passes n divisible by nranks

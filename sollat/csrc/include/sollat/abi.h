@@ -21,7 +21,7 @@ constexpr int kPayloadBytesLL = 8;
 constexpr int kPayloadBytesSentinel = 16;
 constexpr int kControlBytes = 512;
 constexpr int kFaultRecordOffset = 0;
-constexpr int kFaultWords = 8;
+constexpr int kFaultWords = 9;
 
 // Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
 enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2 };
@@ -38,7 +38,9 @@ enum Fp8E4M3 : int { kFp8E4M3Max = 448, kFp8E4M3NaN = 127 };
 enum LL128Unit : int { kLL128LineBytes = 128, kLL128LinesPerUnit = 4, kLL128DisplacedLane = 31, kLL128DataLanes = 31 };
 
 enum FaultCode : unsigned int { kOk = 0, kTimeout = 1, kMismatch = 2, kClaimed = 0xFFFFFFFFu };
-enum FaultWord : int { kWordCode = 0, kWordRank = 1, kWordPeer = 2, kWordBlock = 3, kWordThread = 4, kWordSlot = 5, kWordEpoch = 6, kWordSeen = 7 };
+enum FaultWord : int { kWordCode = 0, kWordRank = 1, kWordPeer = 2, kWordBlock = 3, kWordThread = 4, kWordSlot = 5, kWordEpoch = 6, kWordSeen = 7, kWordCollective = 8 };
+// The fault record's collective word (SOLLAT_COLLECTIVE of the build).
+enum Collective : unsigned int { kCollUnknown = 0, kCollAllReduce = 1, kCollAllGather = 2, kCollReduceScatter = 3, kCollAllReduceRmsnorm = 4, kCollRun = 5 };
 
 constexpr u32 kSentinelF32 = 0xFFFFFFFFu;
 constexpr u32 kCanonicalNaNF32 = 0x7FC00000u;

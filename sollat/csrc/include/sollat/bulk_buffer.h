@@ -11,7 +11,7 @@
 // Layout (the region and epoch array are the usual ones, sollat/layout.py): in every (parity,
 // source) part of the region, block b's area is the kBulkAreaLines lines (abi.h) from slot_index(b, 0, 0);
 // data in lines 0 .. kBulkDataLines-1, the flag (one u64) in the last line. The flag holds the call
-// signature (high word, as in LL flags: protocol_ll.h) and a sequence number (low word): the
+// signature (high word: the whole of it, as LLBuffer's descriptor carries it) and a sequence number (low word): the
 // sender's k-th exchange on block b's channel carries seq = k (from 1; the block's counter lives in
 // the epoch array at slot_index(b, 0, 0), loaded by begin() and stored by commit()), in parity
 // seq & 1. Sequence numbers only grow, so a reader waits for (low word) - seq >= 0; then a high
@@ -24,17 +24,23 @@
 // every channel's counter agrees across ranks.
 //
 // Memory-ordering contract (every primitive is block-wide: every thread of the block calls it):
-//   store/peer area   weak 16-byte stores (the data), no fence of their own.
+//   store/peer area   weak 16-byte stores (the data; memory.h st_weak), no fence of their own.
 //   post(seq)         bar.sync, then thread q (q < nranks, q != own rank) stores (sig, seq) into peer q's
-//                     flag with one 8-byte st.release at the peer's scope: the barrier makes the whole
-//                     block's area stores precede that release, which publishes them with the flag.
+//                     flag with one 8-byte st.release at the peer's scope: the barrier orders the whole
+//                     block's area stores before that release (CTA-scope synchronisation, then the
+//                     release at the peer's scope: causality order is transitive), which publishes
+//                     them with the flag.
 //   wait(seq)         thread q polls peer q's flag in the own area with 8-byte ld.acquire at the peer's
-//                     scope (a bounded Spin, fault.h; signature and seq are one untorn access), then
-//                     bar.sync: every thread's later area loads follow the acquire. Returns false on
-//                     every thread if any wait gave up or saw another call's signature (recorded as
-//                     a mismatch, fault.h): the kernel stops.
-//   load              ld.global.cg: served by L2, where the peer's stores land, never from a line this
-//                     SM's L1 kept from the area's use two exchanges earlier.
+//                     scope (a bounded Spin, fault.h; signature and seq are one aligned 8-byte access,
+//                     single-copy atomic), then bar.sync: every thread's later area loads follow the
+//                     acquire in causality order. Returns false on every thread if any wait gave up or
+//                     saw another call's signature (recorded as a mismatch, fault.h): the kernel stops.
+//   load              weak 16-byte loads after that barrier (memory.h ld_weak_l2: `ld.global.cg`,
+//                     served by L2, where the peer's stores land, never from a line this SM's L1 kept
+//                     from the area's use two exchanges earlier).
+// Reuse: a peer writes an area of seq + 2 only after this block posted a flag that it sent after
+// its last loads of seq (post's barrier orders every thread's loads before the release), and the
+// writer's acquire orders its stores after that flag: PTX's release/acquire, no control dependency.
 #ifndef SOLLAT_BULK_BUFFER_H_
 #define SOLLAT_BULK_BUFFER_H_
 
@@ -59,12 +65,9 @@ class BulkBuffer {
   // Line 0 of the own area that `src` writes for exchange `seq`.
   __device__ __forceinline__ const Line* ownArea(int src, u32 seq) const { return area(d_.rank, src, seq); }
 
-  __device__ __forceinline__ static Line load(const Line* p) {
-    Line l;
-    asm volatile("ld.global.cg.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p));
-    return l;
-  }
-  __device__ __forceinline__ static void store(Line* p, const Line& l) { *p = l; }
+  // The data: weak accesses, ordered by the flags' release/acquire and the barriers (see above).
+  __device__ __forceinline__ static Line load(const Line* p) { return ld_weak_l2(p); }
+  __device__ __forceinline__ static void store(Line* p, const Line& l) { st_weak(p, l); }
 
   __device__ __forceinline__ void post(u32 seq) const {
     __syncthreads();  // every thread's area stores precede the release below

@@ -16,6 +16,10 @@
 //   [1] rank    the rank that detected it     [2] peer   the rank it waited for / disagreed with
 //   [3] block   [4] thread                    [5] slot   the line index it polled
 //   [6] epoch   the epoch it expected          [7] seen   the signature it saw (mismatch only)
+//   [8] collective  the public call the writing kernel serves (abi.h Collective: SOLLAT_COLLECTIVE)
+// [5] and [6] name the line that was missing (or wrong): for a wait on several lines, the first
+// one still missing; a sentinel buffer's signature word is named by the slot of its line
+// (layout.h signature_line) and the epoch of the channel 0 it travels with.
 // Writing a record: CAS [0] from 0 to kClaimed (one writer per record), relaxed stores of the
 // details, then a release store of the code, so whoever reads the final code reads the details.
 //
@@ -28,9 +32,14 @@
 #include "sollat/abi.h"  // FaultCode, FaultWord, kFaultWords
 #include "sollat/memory.h"
 
+#ifndef SOLLAT_COLLECTIVE
+#define SOLLAT_COLLECTIVE 0  // kCollUnknown: a build the host did not label
+#endif
+
 namespace sollat {
 
 constexpr u32 kPollsPerCheck = 256;
+constexpr u32 kThisCollective = SOLLAT_COLLECTIVE;  // the record's collective word (abi.h Collective)
 
 // Writes one record (see above). Returns false when the record already held a fault.
 __device__ __forceinline__ bool write_fault_record(u32* rec, const u32 (&w)[kFaultWords]) {
@@ -60,8 +69,10 @@ struct FaultSink {
   // Records a fault here and on every peer (first writer wins on each), then tells the host.
   __device__ void raise(u32 code, int rank, int peer, int slot, u32 epoch, u32 seen) const {
     static_assert(kWordCode == 0 && kWordRank == 1 && kWordPeer == 2 && kWordBlock == 3 && kWordThread == 4 &&
-                  kWordSlot == 5 && kWordEpoch == 6 && kWordSeen == 7 && kFaultWords == 8, "record word order");
-    const u32 w[kFaultWords] = {code, (u32)rank, (u32)peer, blockIdx.x, threadIdx.x, (u32)slot, epoch, seen};
+                  kWordSlot == 5 && kWordEpoch == 6 && kWordSeen == 7 && kWordCollective == 8 && kFaultWords == 9,
+                  "record word order");
+    const u32 w[kFaultWords] = {code, (u32)rank, (u32)peer, blockIdx.x, threadIdx.x, (u32)slot, epoch, seen,
+                                kThisCollective};
     if (write_fault_record(rec, w) && peer_scratch) {
       for (int q = 0; q < nranks; ++q) {
         u32* other = (u32*)peer_scratch[q];
@@ -70,6 +81,12 @@ struct FaultSink {
     }
     notifyHost();
   }
+};
+
+// Where a wait was stuck, for its timeout record (computed only when it times out).
+struct FaultAt {
+  int peer, slot;
+  u32 epoch;
 };
 
 // One bounded wait. Usage:  Spin s(sink); while (!ready()) if (!s.again(...)) return false;
@@ -82,6 +99,12 @@ struct Spin {
   // Returns false when the wait must stop (timeout recorded, or a fault already recorded here,
   // by this rank or by a peer).
   __device__ __forceinline__ bool again(int rank, int peer, int slot, u32 epoch) {
+    return again(rank, [&]() { return FaultAt{peer, slot, epoch}; });
+  }
+  // The same, with the missing line's place computed by `where()` (a FaultAt) only on timeout:
+  // a poll loop then carries no bookkeeping of which line it still waits for.
+  template <class Where>
+  __device__ __forceinline__ bool again(int rank, Where&& where) {
     if (++polls % kPollsPerCheck != 0) return true;
     if (sink.raised()) {
       sink.notifyHost();
@@ -91,7 +114,8 @@ struct Spin {
     if (start == 0) { start = now; return true; }
     // Signed difference: a clock read that goes backwards never looks like a huge wait.
     if ((long long)(now - start) > (long long)sink.timeout_ns) {
-      sink.raise(kTimeout, rank, peer, slot, epoch, 0);
+      const FaultAt at = where();
+      sink.raise(kTimeout, rank, at.peer, at.slot, at.epoch, 0);
       return false;
     }
     return true;

@@ -14,6 +14,12 @@ __device__ __forceinline__ int slot_index(int block, int slot, int thread) {
   return (block * kMaxSlotsPerThread + slot) * kMaxThreads + thread;
 }
 
+// layout.signature_line: the line whose first 8 bytes hold block `block`'s signature word
+// (sentinel buffers, ll_buffer.h) in a receiver's (parity, source) part, one 32-byte sector per
+// block: counted from the end of the part, past every data slot (layout.lines_per_src leaves room
+// for max_blocks blocks; a grid never has more).
+__device__ __forceinline__ int signature_line(int block, int lines_per_src) { return lines_per_src - 2 * (block + 1); }
+
 // layout.ll128_acc_slot: LL128's accumulator slot (and epoch index) of (block, thread).
 __device__ __forceinline__ int ll128_acc_slot(int block, int thread) { return block * kMaxThreads + thread; }
 

@@ -35,16 +35,20 @@
 //     it cannot be assumed for adds issued on one GPU (the SM's L2 slices may apply the eight
 //     16-byte reds of a line separately).
 //   SOLLAT_LL128_SPLIT=1 (one GPU, virtual ranks; also model-correct): data lanes add with
-//     element 0 = +0, then __syncwarp(); fence.acq_rel.gpu; then lane 8k adds the counter
+//     element 0 = +0, then __syncwarp(); fence.acq_rel at the peer scope (fence<peer_scope()>:
+//     .gpu on virtual ranks, the only ones split mode is built for); then lane 8k adds the counter
 //     (1 in element 0; for 16-bit pairs (1, -0), which leaves element 1 bit-exact). The owner
-//     issues fence.acq_rel.gpu after seeing R and before reading: release/acquire through the
+//     issues the same fence after seeing R and before reading: release/acquire through the
 //     counter's atomics, so every rank's data add happens before the owner's read.
 // Reuse (zero at rest, no barrier): after reading, the owner stores zeros into the line, then
-//   fence.acq_rel.gpu, then sends its all-gather (LL) of that epoch. A line of parity p is added
-//   into again at epoch e + 2, by a rank that has received this owner's all-gather of epoch e + 1
-//   (program order: recvGather of e + 1 precedes the adds of e + 2), which the owner sent after
-//   the zeroing and its fence. Across kernels the kernel boundary orders it. The owner's own adds
-//   into the line come from the same lane that zeroed the same 16 bytes (same-address order).
+//   fence<peer_scope()>() (acq_rel), then sends its all-gather (LL) of that epoch. A line of
+//   parity p is added into again at epoch e + 2, by a rank that has received this owner's
+//   all-gather of epoch e + 1, which the owner sent after the zeroing and its fence; the adder
+//   fences (ag.releaseReceives(), acq_rel at the peer scope) between that receive and its adds,
+//   since PTX orders the poll's load before the adds by nothing else. The two fences synchronise
+//   through the all-gather line, so the owner's read and zeroing of e happen before the adds of
+//   e + 2. Across kernels the kernel boundary orders it. The owner's own adds into the line come
+//   from the same lane that zeroed the same 16 bytes (same-address order).
 #ifndef SOLLAT_LL128_H_
 #define SOLLAT_LL128_H_
 

@@ -7,9 +7,12 @@
 //   fence<Scope::Gpu>()  (acq_rel)              fence<Scope::Sys, Order::SeqCst>()
 //
 // Order::Volatile is PTX's `.volatile`: relaxed at system scope, never cached in L1, never merged
-// or elided (so it takes Scope::Sys only). Every protocol line is one 16-byte vector access, which
-// is not torn when aligned. Forms an order does not allow (a release load, an acquire store) do
-// not exist: using one is a compile error.
+// or elided (so it takes Scope::Sys only). Every protocol line is one 16-byte vector access (one
+// instruction), which PTX's memory model treats as two 8-byte accesses performed in no particular
+// order: only each aligned 8-byte word is single-copy atomic, and the protocols rely on no more
+// (protocol_ll.h: a flag in every word; protocol_sentinel.h: every element is checked). Forms an
+// order does not allow (a release load, an acquire store) do not exist: using one is a compile
+// error. Weak accesses (ld_weak_l2, st_weak) carry data that a release/acquire pair publishes.
 #ifndef SOLLAT_MEMORY_H_
 #define SOLLAT_MEMORY_H_
 
@@ -134,11 +137,28 @@ template <Order O, Scope S, typename T, typename V> __device__ __forceinline__ v
 // Orders this thread's memory operations before and after it (acq_rel by default) at scope S.
 template <Scope S, Order O = Order::AcqRel> __device__ __forceinline__ void fence() { mem::Fence<O, S>::issue(); }
 
+// Weak (plain) 16-byte accesses for data that is published by a release and read after the
+// matching acquire (the bulk protocol, bulk_buffer.h): the flag's release/acquire and the
+// block's barriers order them; they need no order of their own, so they stay weak (the fastest
+// form). The "memory" clobber keeps the compiler from moving them across the flag accesses and
+// barriers around them. ld_weak_l2 is served by L2 (`.cg`), where a peer's stores land, never from
+// a line this SM's L1 kept from an earlier use of the same area.
+__device__ __forceinline__ Line ld_weak_l2(const Line* p) {
+  Line l;
+  asm volatile("ld.global.cg.v2.b64 {%0, %1}, [%2];" : "=l"(l.lo), "=l"(l.hi) : "l"(p) : "memory");
+  return l;
+}
+__device__ __forceinline__ void st_weak(Line* p, const Line& l) {
+  asm volatile("st.global.v2.b64 [%0], {%1, %2};" ::"l"(p), "l"(l.lo), "l"(l.hi) : "memory");
+}
+
 // The scope of the peer that writes this GPU's scratch: another GPU on real ranks, this GPU on
-// virtual ranks. A store that gives a line back to that peer (sentinel reset, LL128 zeroing) is
-// ordered before the store that lets the peer write it again by fence<peer_scope()>(): PTX's model
-// asks for system scope when the observer runs on another GPU; gpu scope is the right one (135 ns
-// on H200) when it runs on this GPU. SOLLAT_FENCE_SYS is set per build (sollat/algorithms.py).
+// virtual ranks. What a thread did with a line it received (its reads, a sentinel reset, LL128's
+// zeroing) is ordered before the store that lets the peer write that line again by
+// fence<peer_scope()>() (LLBuffer issues it: ll_buffer.h): PTX's model asks for system scope when
+// the observer runs on another GPU (a .gpu fence orders nothing for a thread there); gpu scope is
+// the right one (135 ns on H200) when it runs on this GPU. SOLLAT_FENCE_SYS is set per build
+// (sollat/algorithms.py).
 #ifndef SOLLAT_FENCE_SYS
 #define SOLLAT_FENCE_SYS 1
 #endif

@@ -15,15 +15,20 @@
 // empty, and NaN inputs still give NaN outputs.
 //
 // The receiver accepts a line only when *no element* equals the sentinel, so even a store torn at
-// element granularity is never read half-written. After reading it stores the sentinel back
-// (reset). That reset must land before the sender writes this line again. The sender writes it
-// again only after receiving this receiver's *next* message on the same line-channel, so the
-// reset needs to be ordered before the receiver's next send: inside one kernel an acq_rel fence
-// does that (LLBuffer issues fence<peer_scope()>() lazily, before the first send after a reset);
+// element granularity (PTX: a 16-byte vector access is two 8-byte ones in any order) is never read
+// half-written. After reading it stores the sentinel back (reset). That reset must land before the
+// sender writes this line again. The sender writes it again only after receiving this receiver's
+// *next* message on the same line-channel, so the reset needs to be ordered before the receiver's
+// next send: inside one kernel an acq_rel fence does that (LLBuffer issues fence<peer_scope()>()
+// before the first send after a receive, which also orders the receive's loads: ll_buffer.h);
 // across kernels the kernel boundary does (a kernel's stores are performed before the next
 // kernel in the stream starts, and PDL's griddepcontrol.wait preserves that). The fence's scope is
 // the peer's (memory.h, peer_scope): gpu on virtual ranks, system on real ranks, as PTX's model
 // asks when the observer runs on another GPU.
+//
+// Sentinel lines carry no call signature, so a sentinel LLBuffer adds a signature word per
+// (sending block, receiving rank) and call (kSignatureLine, SignatureWord below; ll_buffer.h,
+// "Signature words"): a peer that made another call is a call mismatch here too, never a sum.
 #ifndef SOLLAT_PROTOCOL_SENTINEL_H_
 #define SOLLAT_PROTOCOL_SENTINEL_H_
 
@@ -98,6 +103,7 @@ struct SentinelLine<T, true> {
 struct ProtoSentinel {
   static constexpr int kPayloadBytes = kPayloadBytesSentinel;
   static constexpr bool kNeedsReset = true;
+  static constexpr bool kSignatureLine = true;  // LLBuffer adds one signature word per block, peer and call
 
   // The 16 bytes a sender stores: the elements with every NaN canonicalised (computed once per
   // line, whatever the number of peers).
@@ -106,11 +112,13 @@ struct ProtoSentinel {
     return SentinelLine<T>::canonicalise(bit_cast<Line>(v));
   }
 
-  // Readiness of one polled line: 1 when no element is the sentinel, else 0.
+  // Readiness of one polled line: 1 when no element is the sentinel, else 0 (never -1: the
+  // signature words are what detects another call here).
   template <typename T>
-  __device__ __forceinline__ static int check(const Line& l, u32, u32, u32*) {
+  __device__ __forceinline__ static int check(const Line& l, u32, u32) {
     return SentinelLine<T>::full(l) ? 1 : 0;
   }
+  __device__ __forceinline__ static u32 seen(const Line&, u32, u32) { return 0; }
   template <typename T>
   __device__ __forceinline__ static Pack<T, kPayloadBytes> payload(const Line& l) { return bit_cast<Pack<T, kPayloadBytes>>(l); }
 
@@ -124,6 +132,27 @@ struct ProtoSentinel {
   // Volatile, no fence here: it follows this thread's load of the same address (same-address
   // order), and LLBuffer fences it before the next send (fence<peer_scope()>, header comment).
   __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{~0ull, ~0ull}); }
+};
+
+// A sentinel buffer's signature word (ll_buffer.h, "Signature words"): one aligned 8-byte word per
+// (receiver, parity, source, block), sig << 32 | epoch, where epoch is the 32-bit epoch of the
+// block's channel 0 that the word travels with. One store, single-copy atomic: the reader sees
+// the signature and the epoch of the same store. Like an LL line it needs no reset: a word in
+// parity p only ever holds epochs e, e-2, ... of its channel, and its signature half is 0 only at
+// rest (signatures are odd; the host zeroes the words).
+struct SignatureWord {
+  typedef u64 Word;
+  static constexpr int kEpochBits = 4 * (int)sizeof(Word);  // the low half: the epoch; the high half: the signature
+  static constexpr Word kEpochMaskW = (Word)((1ull << kEpochBits) - 1u);
+  __device__ __forceinline__ static Word make(u32 sig, u32 epoch) {
+    return (Word)(((Word)sig << kEpochBits) | ((Word)epoch & kEpochMaskW));
+  }
+  __device__ __forceinline__ static u32 sig(Word w) { return (u32)(w >> kEpochBits); }
+  // 1: this call's; -1: this epoch from another call (a mismatch); 0: not yet (older, or at rest).
+  __device__ __forceinline__ static int check(Word w, u32 sig, u32 epoch) {
+    if (w == make(sig, epoch)) return 1;
+    return ((w & kEpochMaskW) == ((Word)epoch & kEpochMaskW) && (w >> kEpochBits) != 0u) ? -1 : 0;
+  }
 };
 
 }  // namespace sollat

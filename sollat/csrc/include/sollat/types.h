@@ -14,7 +14,8 @@ typedef long long i64;
 struct bf16 { u16 bits; };
 struct f16 { u16 bits; };
 
-// One 16-byte line: the unit every protocol moves with a single vector store.
+// One 16-byte line: the unit every protocol moves with a single vector store (PTX: two 8-byte
+// accesses in no particular order; each aligned 8-byte word is single-copy atomic).
 struct alignas(16) Line { u64 lo, hi; };
 static_assert(sizeof(Line) == kLineBytes, "a line is one 16-byte store");
 

@@ -14,139 +14,256 @@ __device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int
   return b;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const BufferDesc<kMaxRanks>& desc,
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::LLBuffer(const BufferDesc<kMaxRanks>& desc,
                                                                          const FaultSink& f, int s0) {
   this->d = desc;
   this->fault = &f;
   this->own = select_base(desc, desc.rank);
   this->slot0 = s0;
   this->used = 0;
-  this->resetPending = false;
+  this->received = false;  // the kernel boundary orders the previous call's receives (ll_buffer.h)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];  // weak: see commit()
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots>::sendOffset(int i) const {
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendOffset(int i) const {
   // (parity, src = self, slot): the same line in every peer's region
   const int parity = this->epoch[i] & 1;
   return line_base(parity, this->d.rank, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(int peer, int i) const {
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::peerLine(int peer, int i) const {
   return select_base(this->d, peer) + sendOffset(i);
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int src, int i) const {
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::ownLine(int src, int i) const {
   const int parity = this->epoch[i] & 1;
   return this->own + (line_base(parity, src, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride);
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::beforeSend() {
-  // Sentinel: a reset stored since the last send must land before this send, because this send
-  // is what lets the peer write the reset line again (protocol_sentinel.h).
-  if (Proto::kNeedsReset && this->resetPending) {
-    fence<peer_scope()>();  // acq_rel at the peer's scope: the reset is performed before the send
-    this->resetPending = false;
+// ---- signature words (sentinel buffers; ll_buffer.h, "Signature words") ----------------------
+// The channel that carries a block's signature word: slot index 0 of thread 0 (this buffer's
+// channel 0 when slot0 is a block's first slot). Channels talk only to the same channel on every
+// peer, so the word is sent and polled by matching threads by construction.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigChannel() const {
+  return kSig && this->slot0 % kSlotsPerBlock == 0;
+}
+
+// Ring mode: the word goes to rank + 1 only (and comes from rank - 1).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigTo(int peer) const {
+  return kSigPeers == SigPeers::Every || peer == (this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1);
+}
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::ringPrev() const {
+  return this->d.rank == 0 ? this->d.nranks - 1 : this->d.rank - 1;
+}
+
+// The signature word of source `src` for this block in the region at `base`, in channel 0's
+// parity: the first 8 bytes of its own 32-byte sector (layout.h signature_line), so no two
+// writers share a sector.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ SignatureWord::Word* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigWord(Line* base, int src) const {
+  return (SignatureWord::Word*)(base + line_base(this->epoch[0] & 1, src, this->d.nranks, this->d.lines_per_src) +
+                signature_line(this->slot0 / kSlotsPerBlock, this->d.lines_per_src));
+}
+
+// With a line-0 store to `peer`: the signature word, one aligned 8-byte volatile store (single-copy
+// atomic: the reader sees the signature and the epoch of one store). No order of its own: its
+// reuse rests on the credit and fence of the line-0 data line it travels with (ll_buffer.h).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendSignature(Line* peerBase) const {
+  st<Order::Volatile, Scope::Sys>(sigWord(peerBase, this->d.rank), SignatureWord::make(this->d.sig, this->epoch[0]));
+}
+
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ SignatureWord::Word LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::loadSignature(int src) const {
+  return ld<Order::Volatile, Scope::Sys>(sigWord(this->own, src));  // 8 bytes, single-copy atomic
+}
+
+// ---- where a wait is stuck (computed only for a fault record) ---------------------------------
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::epochOf(int i) const {
+  u32 e = this->epoch[0];
+#pragma unroll
+  for (int k = 1; k < kSlots; ++k)  // a select, not an indexed access (which would go to local memory)
+    if (k == i) e = this->epoch[k];
+  return e;
+}
+
+// Line `i` from `peer` (i >= 0), or the signature word from `peer` (i == kSigIndex: named by
+// the line that holds it and channel 0's epoch).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::lineAt(int peer, int i) const {
+  if (i == kSigIndex) return FaultAt{peer, signature_line(this->slot0 / kSlotsPerBlock, this->d.lines_per_src), this->epoch[0]};
+  return FaultAt{peer, this->slot0 + i * kSlotStride, epochOf(i)};
+}
+
+// The first line still missing of a pollAll: data (peer order, then line order) before signature words.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::firstMissing(unsigned pending,
+                                                                                    unsigned sigPending) const {
+  if (pending) {
+    const int b = __ffs(pending) - 1;
+    return lineAt(b / kSlots, b % kSlots);
+  }
+  return lineAt(__ffs(sigPending) - 1, kSigIndex);
+}
+
+// Records a call mismatch on line `i` from `peer` (kSigIndex: its signature word). The signature
+// seen is read again here (the line or word is left as it was found), so the poll loops carry none.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::mismatch(int peer, int i) const {
+  const FaultAt at = lineAt(peer, i);
+  u32 seen;
+  if (i == kSigIndex) {
+    seen = SignatureWord::sig(loadSignature(peer));
+  } else {
+    const Line* l = this->own + (line_base(at.epoch & 1, peer, this->d.nranks, this->d.lines_per_src) + at.slot);
+    seen = Proto::seen(Proto::load(l), this->d.sig, at.epoch);
+  }
+  this->fault->raise(kMismatch, this->d.rank, at.peer, at.slot, at.epoch, seen);
+}
+
+// ---- sends -------------------------------------------------------------------------------------
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::beforeSend() {
+  // A receive completed since the last fence: its loads (and sentinel resets) must be performed
+  // before this send, because this send is what lets the peer write those lines again (ll_buffer.h,
+  // the credit argument; PTX orders neither by a control dependency).
+  if (this->received) {
+    fence<peer_scope()>();  // acq_rel at the peer's scope: pairs with the peer's fence after it reads this send
+    this->received = false;
   }
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Other>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::releaseReceivesWith(Other& other) {
+  if (this->received || other.owesFence()) {
+    fence<peer_scope()>();  // one acq_rel fence orders every earlier access of this thread: both buffers' receives
+    this->received = false;
+    other.fenced();
+  }
+}
+
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
+  // The signature word first: it then lands no later than the data the receiver polls with it.
+  if (kSig && i == 0 && sigChannel() && sigTo(peer)) sendSignature(select_base(this->d, peer));
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   Proto::store(peerLine(peer, i), l);  // the protocol's order (no fence: see beforeSend)
   this->used |= 1u << i;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots>::template PackT<T>
-LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
+__device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::template PackT<T>
+LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::bcast(int i, const PackT<T>& v) {
   beforeSend();
   // Encoded and addressed once; then all peers' stores are issued back to back (fire and
-  // forget), so they travel concurrently.
+  // forget), so they travel concurrently. Channel 0's signature words go first (to rank + 1
+  // only in Ring mode), so they land no later than the data they are polled with.
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   const long long off = sendOffset(i);
+  const bool sig = kSig && i == 0 && sigChannel();
+  if (sig && kSigPeers == SigPeers::Ring)
+    sendSignature(select_base(this->d, this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1));
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
-    if (p < this->d.nranks && p != this->d.rank) Proto::store(this->d.base[p] + off, l);
+    if (p < this->d.nranks && p != this->d.rank) {
+      if (sig && kSigPeers == SigPeers::Every) sendSignature(this->d.base[p]);
+      Proto::store(this->d.base[p] + off, l);
+    }
   this->used |= 1u << i;
   return Proto::template payload<T>(l);
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+// ---- receives ----------------------------------------------------------------------------------
+// Every wait below keeps only bit masks of what is still missing in its loop; a mismatch ends the
+// loop and is recorded after it, and a timeout names the first missing line (firstMissing).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::poll(int src, int i, Line& l) {
-  u32 seen = 0;
-  l = Proto::load(ownLine(src, i));  // the protocol's order; completeness is Proto::check's
-  const int r = Proto::template check<T>(l, this->d.sig, this->epoch[i], &seen);
-  if (r < 0) this->fault->raise(kMismatch, this->d.rank, src, this->slot0 + i * kSlotStride, this->epoch[i], seen);
-  return r;
-}
-
-template <class Proto, int kMaxRanks, int kSlots>
-template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recv(int peer, int i, PackT<T>& v) {
-  Spin spin(*this->fault);
-  Line l;
-  for (;;) {
-    const int r = poll<T>(peer, i, l);
-    if (r > 0) break;
-    if (r < 0 || !spin.again(this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i])) return false;
-  }
-  v = Proto::template payload<T>(l);
-  if (Proto::kNeedsReset) {
-    Proto::reset(ownLine(peer, i));
-    this->resetPending = true;
-  }
-  this->used |= 1u << i;
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recv(int peer, int i, PackT<T>& v) {
+  PackT<T> got[kSlots];
+  if (!recvLines<T>(peer, i, i + 1, got)) return false;
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k)
+    if (k == i) v = got[k];  // a select: i is a run-time index in general
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled(int peer, int n,
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvUnrolled(int peer, int n,
                                                                                   PackT<T> (&v)[kSlots]) {
-  unsigned pending = (n >= 32) ? ~0u : ((1u << n) - 1u);
+  return recvLines<T>(peer, 0, n, v);
+}
+
+// Lines first..last-1 from `peer` (recv: one line; recvUnrolled: 0..n-1), every load in flight
+// before any is checked; thread 0 of a sentinel buffer also polls the peer's signature word with
+// its first line-0 receive from it.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <typename T>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvLines(int peer, int first, int last,
+                                                                               PackT<T> (&v)[kSlots]) {
+  unsigned pending = 0;
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i >= first && i < last) pending |= 1u << i;
+  bool sigWait = kSig && first == 0 && last > 0 && sigChannel() &&
+                 (kSigPeers == SigPeers::Every || peer == ringPrev());
+  int bad = -2;  // a line of another call: its index, or kSigIndex (-1) for the signature word
   Line lines[kSlots];
   Spin spin(*this->fault);
-  while (pending) {
+  while (pending || sigWait) {
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)  // issue every load before looking at any result
-      if (pending & (1u << i)) lines[i] = Proto::load(ownLine(peer, i));
+      if (pending & (1u << i)) lines[i] = Proto::load(ownLine(peer, i));  // the protocol's order
+    SignatureWord::Word s = 0;
+    if (sigWait) s = loadSignature(peer);  // with the data polls, checked after them
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (!(pending & (1u << i))) continue;
-      u32 seen = 0;
-      const int r = Proto::template check<T>(lines[i], this->d.sig, this->epoch[i], &seen);
+      const int r = Proto::template check<T>(lines[i], this->d.sig, this->epoch[i]);
       if (r > 0) pending &= ~(1u << i);
-      if (r < 0) {
-        this->fault->raise(kMismatch, this->d.rank, peer, this->slot0 + i * kSlotStride, this->epoch[i], seen);
-        return false;
-      }
+      if (r < 0 && bad == -2) bad = i;
     }
-    if (pending && !spin.again(this->d.rank, peer, this->slot0, this->epoch[0])) return false;
+    if (sigWait) {
+      const int r = SignatureWord::check(s, this->d.sig, this->epoch[0]);
+      if (r > 0) sigWait = false;
+      if (r < 0 && bad == -2) bad = kSigIndex;
+    }
+    if (bad != -2) break;
+    if ((pending || sigWait) &&
+        !spin.again(this->d.rank, [&]() { return lineAt(peer, pending ? __ffs(pending) - 1 : kSigIndex); }))
+      return false;
+  }
+  if (bad != -2) {
+    mismatch(peer, bad);
+    return false;
   }
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
-    if (i < n) {
+    if (i >= first && i < last) {
       v[i] = Proto::template payload<T>(lines[i]);
-      if (Proto::kNeedsReset) Proto::reset(ownLine(peer, i));
+      if (Proto::kNeedsReset) Proto::reset(ownLine(peer, i));  // after the load that read it (same address)
       this->used |= 1u << i;
     }
-  if (Proto::kNeedsReset && n > 0) this->resetPending = true;
+  if (last > first) this->received = true;  // the next send fences
   return true;
 }
 
 // Issues a poll load for every pending (peer, line) of `lines`.
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(unsigned pending,
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::issuePolls(unsigned pending,
                                                                               Line (&lines)[kMaxRanks][kSlots]) const {
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
@@ -156,72 +273,98 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(u
 }
 
 // Checks every pending line of `lines`: clears the bits of complete ones and resets those lines
-// (sentinel); records the first peer still missing in *waitPeer. Returns false on a call
-// mismatch (recorded in the fault sink).
-template <class Proto, int kMaxRanks, int kSlots>
+// (sentinel). A line of another call sets `bad` (p * kSlots + i), once.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::checkPolls(unsigned& pending,
                                                                               const Line (&lines)[kMaxRanks][kSlots],
-                                                                              int* waitPeer) const {
+                                                                              int& bad) const {
 #pragma unroll
   for (int p = 0; p < kMaxRanks; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       const unsigned bit = 1u << (p * kSlots + i);
       if (!(pending & bit)) continue;
-      u32 seen = 0;
-      const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i], &seen);
+      const int r = Proto::template check<T>(lines[p][i], this->d.sig, this->epoch[i]);
       if (r > 0) {
         pending &= ~bit;
         // Sentinel: clear the line as soon as it is read (same thread, same address: the store
         // is ordered after the load that saw the data), so the resets of early arrivals overlap
         // the wait for later ones instead of all trailing the last arrival.
         Proto::reset(ownLine(p, i));
-      } else if (r < 0) {
-        this->fault->raise(kMismatch, this->d.rank, p, this->slot0 + i * kSlotStride, this->epoch[i], seen);
-        return false;
-      } else if (*waitPeer < 0) {
-        *waitPeer = p;
+      } else if (r < 0 && bad < 0) {
+        bad = p * kSlots + i;
       }
     }
-  return true;
 }
 
 // Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched); each
-// sentinel line is reset as soon as it is read (checkPolls). Only the polled lines are kept;
-// payloads are extracted by the caller.
-template <class Proto, int kMaxRanks, int kSlots>
+// sentinel line is reset as soon as it is read (checkPolls). Thread 0 of a sentinel buffer
+// polls the peers' signature words in the same loop (its first line-0 receive of the kernel from
+// each). Only the polled lines are kept; payloads are extracted by the caller.
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
   static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
-  unsigned pending = 0;
+  unsigned pending = 0, sigPending = 0;
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p)
+  for (int p = 0; p < kMaxRanks; ++p) {
+    if (p >= this->d.nranks || p == this->d.rank) continue;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-      if (p < this->d.nranks && p != this->d.rank && i < n) pending |= 1u << (p * kSlots + i);
+      if (i < n) pending |= 1u << (p * kSlots + i);
+    if (kSig && n > 0 && kSigPeers == SigPeers::Every) sigPending |= 1u << p;
+  }
+  constexpr bool kRing = kSigPeers == SigPeers::Ring;
+  const int prev = ringPrev();
+  if (kSig && kRing && n > 0) sigPending = 1u << prev;
+  if (!sigChannel()) sigPending = 0;
 
   // Every outstanding load is in flight before any is checked. (A second poll set issued half a
   // round trip later, to see arrivals sooner, measured 0.03-0.36 us slower at R = 2 and 4,
   // 128 B - 16 KiB: docs/benchmarks.md run 12.)
+  int bad = -1;  // a line of another call: p * kSlots + i, or kSigBad + p (signature word)
   Spin spin(*this->fault);
-  while (pending) {
+  while (pending | sigPending) {
     issuePolls(pending, lines);
-    int waitPeer = -1;
-    if (!checkPolls<T>(pending, lines, &waitPeer)) return false;
-    if (pending && !spin.again(this->d.rank, waitPeer, this->slot0, this->epoch[0])) return false;
+    // The signature words with the data polls, checked after them (Ring: one word, rank - 1's).
+    SignatureWord::Word sw[kRing ? 1 : kMaxRanks];
+    if (kSig && kRing && sigPending) sw[0] = loadSignature(prev);
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (kSig && !kRing && (sigPending & (1u << p))) sw[p] = loadSignature(p);
+    checkPolls<T>(pending, lines, bad);
+    if (kSig && kRing && sigPending) {
+      const int r = SignatureWord::check(sw[0], this->d.sig, this->epoch[0]);
+      if (r > 0) sigPending = 0;
+      if (r < 0 && bad < 0) bad = kSigBad + prev;
+    }
+#pragma unroll
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (kSig && !kRing && (sigPending & (1u << p))) {
+        const int r = SignatureWord::check(sw[p], this->d.sig, this->epoch[0]);
+        if (r > 0) sigPending &= ~(1u << p);
+        if (r < 0 && bad < 0) bad = kSigBad + p;
+      }
+    if (bad >= 0) break;
+    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending); }))
+      return false;
   }
-
-  if (Proto::kNeedsReset && n > 0) this->resetPending = true;  // checkPolls cleared every line it accepted
+  if (bad >= 0) {
+    if (bad >= kSigBad) mismatch(bad - kSigBad, kSigIndex);
+    else mismatch(bad / kSlots, bad % kSlots);
+    return false;
+  }
+  if (n > 0) this->received = true;  // the next send fences (checkPolls also reset every sentinel line it accepted)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i < n) this->used |= 1u << i;
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T, class Fn>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvEach(int n, Fn&& fn) {
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvEach(int n, Fn&& fn) {
   Line lines[kMaxRanks][kSlots];
   if (!pollAll<T>(n, lines)) return false;
 #pragma unroll
@@ -232,16 +375,16 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvEach(int
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvGather(int n,
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvGather(int n,
                                                                                 PackT<T> (&got)[kMaxRanks][kSlots]) {
   return recvEach<T>(n, [&](int p, int i, const PackT<T>& v) { got[p][i] = v; });
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T, class Op>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvReduce(int n, const PackT<T> (&own)[kSlots],
                                                                                 AccT<T> (&out)[kSlots]) {
   Line lines[kMaxRanks][kSlots];
   if (!pollAll<T>(n, lines)) return false;
@@ -266,30 +409,16 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(i
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::reset(int peer, int i) {
-  if (!Proto::kNeedsReset) return;
-  Proto::reset(ownLine(peer, i));
-  this->resetPending = true;
-}
-
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::resetRange(int peer, int first, int count) {
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i)
-    if (i >= first && i < first + count) reset(peer, i);
-}
-
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::advanceEpoch() {
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::advanceEpoch() {
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (this->used & (1u << i)) this->epoch[i] += 1;
   this->used = 0;
 }
 
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::commit() {
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::commit() {
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)  // weak stores: the kernel boundary orders them before the next call's loads
     this->d.epochs[this->slot0 + i * kSlotStride] = this->epoch[i];

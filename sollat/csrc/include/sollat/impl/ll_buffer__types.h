@@ -8,6 +8,7 @@
 namespace sollat {
 
 constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride (layout.h slot_index)
+constexpr int kSlotsPerBlock = kMaxSlotsPerThread * kMaxThreads;  // slot indices of one block (layout.h)
 
 // Where one buffer lives, for one launch-rank.
 template <int kMaxRanks>
@@ -16,8 +17,8 @@ struct BufferDesc {
   u32* epochs;            // this rank's epoch counters for this buffer, one per slot index
   int rank;               // own rank
   int nranks;             // ranks taking part (<= kMaxRanks)
-  int lines_per_src;      // slot indices per (parity, source)
-  u32 sig;                // call signature (odd), carried in LL flags
+  int lines_per_src;      // slot indices per (parity, source): data slots, then the signature lines (layout.h)
+  u32 sig;                // call signature (odd), carried in LL flags and signature words
 };
 
 template <int kMaxRanks, int kSlots>
@@ -29,7 +30,7 @@ struct LLBufferBase {
   int slot0;
   u32 epoch[kSlots];
   unsigned used;          // bit i: channel i carried data since the last advanceEpoch
-  bool resetPending;      // sentinel: a reset was stored since the last send (needs a fence)
+  bool received;          // a receive completed since this buffer's last fence (the next send fences)
 };
 
 }  // namespace sollat
