@@ -60,6 +60,21 @@ class Mutation(enum.Enum):
     #: Fault path: the record code is loaded before ``griddepcontrol.wait`` (PDL): a kernel reads
     #: the record as it was when the previous kernel of its rank started.
     EARLY_PRIOR = "early-prior"
+    #: The LL line before session 10: 8 bytes of payload and one 8-byte flag in one 16-byte store
+    #: (``protocol_ll.h`` at 1be0c58). Harmless if the store is never torn (``memory="strong"``);
+    #: PTX splits it into its 8-byte parts, and the flag may be seen before the payload.
+    SINGLE_FLAG_LINE = "single-flag-line"
+    #: The fence between a completed receive and the next send (``LLBuffer::beforeSend`` when
+    #: ``received``; LL128's ``ag.releaseReceives()``) only where the old code had one: sentinel
+    #: buffers that reset lines; no fence after an LL receive nor before LL128's next adds. The
+    #: next send then rests on the control dependency on the poll, which PTX does not order.
+    NO_REUSE_FENCE = "no-reuse-fence"
+    #: Every protocol fence at ``.gpu`` scope (``fence<Scope::Gpu>`` literals) although the ranks
+    #: are on different GPUs (``Config.ranks="real"``): PTX's fences then order nothing for a peer.
+    GPU_FENCE = "gpu-fence"
+    #: Sentinel buffers without the per-call signature line (the code before session 10): a peer
+    #: that made another call with the same line count is summed, not reported.
+    NO_SIGNATURE_LINE = "no-signature-line"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -92,6 +107,29 @@ class Fault:
 
 ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
 PROTOCOLS = ("ll", "sentinel")
+#: "ptx": the PTX memory consistency model (machine.PtxMachine; docs/protocol-model.md, "The PTX
+#: mode"); "strong": the model before session 10 (untorn 16-byte lines, stores to peers in program
+#: order, no store before an earlier load).
+MEMORY = ("ptx", "strong")
+#: Where the ranks run: "real" (one GPU each: a peer is outside .gpu scope) or "virtual" (all on one
+#: GPU, VirtualCommunicator: .gpu scope covers every peer).
+RANKS = ("real", "virtual")
+#: PTX mode: which 16-byte accesses are split into their two 8-byte parts. "flags": the lines whose
+#: parts do not each carry what the reader checks (the single-flag LL line); a line whose every
+#: part is checked by its reader (two-flag LL, sentinel) is one access, which loses no behaviour the
+#: checks can tell apart (docs). "all": every line.
+TEAR = ("flags", "all")
+#: Sentinel buffers' signature line: "ll" (LL format, the block's per-call epoch, never cleared),
+#: "cleared" (the receiver stores the rest value back after reading it, like a sentinel line), or
+#: "omitted": not modelled in this configuration. Leaving them out only removes waits (a thread's
+#: signature poll delays nothing but its own wait), so every data-line behaviour with them is one
+#: without them: large configurations check the data lines so, small ones the signature lines too.
+SIG_LINES = ("ll", "cleared", "omitted")
+#: The epoch (and parity) of a signature line: "call" (the block's per-call counter: +1 per call)
+#: or "channel" (the epoch of thread 0's channel 0 at its first line-0 exchange with the peer).
+SIG_EPOCHS = ("call", "channel")
+#: Width of an LL flag's epoch field (``protocol_ll.h``: 16 bits; SOLLAT_EPOCH_BITS may mask fewer).
+EPOCH_FIELD_BITS = 16
 
 
 @dataclass(frozen=True)
@@ -111,7 +149,7 @@ class Config:
     threads: int = 1  # model threads per block at full width; divides MAX_THREADS // WARP
     max_blocks: int = 1
     max_slots: int = 1
-    epoch_bits: int = 32  # SOLLAT_EPOCH_BITS
+    epoch_bits: int = EPOCH_FIELD_BITS  # SOLLAT_EPOCH_BITS
     #: Hardware assumption: a warp's 128-byte line add lands at the owner as one unit (NVLink).
     ll128_line_atomic: bool = True
     #: ``SOLLAT_LL128_SPLIT=1``: data lanes add with counter 0, fence, then a separate counter add.
@@ -128,6 +166,12 @@ class Config:
     #: When a blocked poll may time out: "stuck" (only when no other step is enabled anywhere: the
     #: timeout is longer than any skew) or "any" (at any poll: spurious timeouts of slow peers).
     timeouts: str = "stuck"
+    #: The memory model (``MEMORY``); "ptx" is what CI checks.
+    memory: str = "ptx"
+    ranks: str = "real"
+    tear: str = "flags"
+    sig_lines: str = "cleared"
+    sig_epoch: str = "call"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -138,8 +182,13 @@ class Config:
             raise ValueError("nranks must be in 2..8")
         if not self.calls or min(self.calls) < 1:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
-        if self.epoch_bits < 1 or self.epoch_bits > 32:
-            raise ValueError("epoch_bits must be in 1..32")
+        if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
+            raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
+        for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
+                                     ("tear", self.tear, TEAR), ("sig_lines", self.sig_lines, SIG_LINES),
+                                     ("sig_epoch", self.sig_epoch, SIG_EPOCHS)):
+            if value not in allowed:
+                raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
             raise ValueError("ll128_lines and ll128_lanes must be positive")
         self._check_faults()
@@ -155,8 +204,6 @@ class Config:
                 raise ValueError(f"bad fault {f}")
             if not (0 <= f.rank < self.nranks and 0 <= f.call < last):
                 raise ValueError(f"fault {f.label()} must name a rank and a call before the reset")
-            if f.kind == "mismatch" and self.proto != "ll":
-                raise ValueError("a call mismatch is detected by LL flags only (sentinel lines carry no signature)")
 
     @property
     def fault_path(self) -> bool:
@@ -178,6 +225,16 @@ class Config:
     def has(self, m: Mutation) -> bool:
         return m in self.mutations
 
+    @property
+    def ptx(self) -> bool:
+        return self.memory == "ptx"
+
+    @property
+    def signature_lines(self) -> bool:
+        """Sentinel buffers carry one signature line per (block, peer) and call (not LL: every LL
+        line carries the signature)."""
+        return self.proto == "sentinel" and not self.has(Mutation.NO_SIGNATURE_LINE) and self.sig_lines != "omitted"
+
     def with_mutation(self, *ms: Mutation) -> Config:
         return replace(self, mutations=self.mutations | frozenset(ms))
 
@@ -188,7 +245,15 @@ class Config:
             proto = "ll128" if self.algorithm == "ll128" else self.protocol
             base = f"{self.algorithm}-{proto}-{self.nranks}r{self.threads}t"
         extra = []
-        if self.epoch_bits != 32:
+        if self.memory != "ptx":
+            extra.append(self.memory)
+        if self.ranks != "real":
+            extra.append(self.ranks)
+        if self.tear != "flags":
+            extra.append(f"tear={self.tear}")
+        if self.proto == "sentinel" and (self.sig_lines, self.sig_epoch) != ("cleared", "call"):
+            extra.append(f"sig={self.sig_lines}" + ("" if self.sig_epoch == "call" else f",{self.sig_epoch}"))
+        if self.epoch_bits != EPOCH_FIELD_BITS:
             extra.append(f"bits={self.epoch_bits}")
         if self.algorithm == "ll128" and not self.ll128_line_atomic:
             extra.append("torn")

@@ -113,11 +113,11 @@ class FaultState:
 class State:
     """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
 
-    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx")
+    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx", "done", "front")
 
     def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
                  pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost], var: list[int],
-                 fx: FaultState | None = None) -> None:
+                 fx: FaultState | None = None, done: list[list[int]] | None = None) -> None:
         self.call = call
         self.pc = pc
         self.regs = regs
@@ -126,15 +126,24 @@ class State:
         self.ghost = ghost
         self.var = var  # per rank: the program variant of its current call (-1: waiting to start it)
         self.fx = fx
+        #: PTX mode (ptx.PtxMachine): per thread, the operations of its current window already
+        #: performed (a bit mask from the window's start, ``pc``); the strong model leaves it empty.
+        self.done = done if done is not None else [[] for _ in call]
+        #: PTX mode, derived from pc and done (not part of the key): per thread, the operations of
+        #: its window whose turn has come (None: to be computed)
+        self.front: list[list[Any]] = [[None] * len(d) for d in self.done]
 
     def copy(self) -> State:
-        return State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
-                     self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy())
+        c = State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
+                  self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy(),
+                  [d[:] for d in self.done])
+        c.front = [f[:] for f in self.front]
+        return c
 
     def key(self) -> tuple[Any, ...]:
         return (tuple(self.call), tuple(map(tuple, self.pc)), tuple(map(tuple, self.regs)),
                 tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost),
-                tuple(self.var), None if self.fx is None else self.fx.key())
+                tuple(self.var), None if self.fx is None else self.fx.key(), tuple(map(tuple, self.done)))
 
 
 def _fmt_tag(tag: Any) -> str:
@@ -157,11 +166,26 @@ def _ranks(mask: int, nranks: int) -> str:
 
 
 def _fmt_flag(flag: Any) -> str:
+    if flag is None:
+        return "no flag"
+    if isinstance(flag[0], tuple):  # two-flag line: (tag, epoch) per 8-byte word
+        return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
     return f"flag(sig={flag[0]:#010x}, epoch={flag[1]})"
 
 
 class Machine:
-    """Static part of the model (programs, scratch layout) plus the step semantics."""
+    """Static part of the model (programs, scratch layout) plus the step semantics.
+
+    ``Machine(cfg)`` is the strong model for ``cfg.memory == "strong"`` and a
+    :class:`sollat.model.ptx.PtxMachine` for ``"ptx"``.
+    """
+
+    def __new__(cls, cfg: Config) -> Machine:
+        if cls is Machine and cfg.ptx:
+            from .ptx import PtxMachine
+
+            cls = PtxMachine
+        return super().__new__(cls)
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -245,14 +269,13 @@ class Machine:
         while st.call[r] < self.ncalls:
             k = st.call[r]
             if st.fx is not None and self._gate(st, r, k):
-                st.var[r], st.pc[r], st.regs[r] = -1, [], []
+                st.var[r], st.pc[r], st.regs[r], st.done[r] = -1, [], [], []
                 if log is not None:
                     log.append(f"    r{r} waits before call {k} ({self._gate(st, r, k)})")
                 return None
             var = st.var[r] = self._variant(st, r, k)
-            code = self.vcode[var]
-            n = len(code)
-            st.pc[r] = [0] * n
+            n = len(self.vcode[var])
+            self._begin_threads(st, r, var)
             st.regs[r] = [(0,) * m for m in self.vnregs[var]]
             if log is not None:
                 log.append(f"    r{r} starts call {k} ({n} thread{'s' if n != 1 else ''})")
@@ -264,7 +287,7 @@ class Machine:
                 v = self._settle(st, r, j, log, advance=False)
                 if v is not None:
                     return v
-            if any(pc < len(c) for pc, c in zip(st.pc[r], code, strict=True)):
+            if not self._all_finished(st, r):
                 return None
             if st.fx is not None:
                 v = self._end_call(st, r, k)
@@ -273,8 +296,14 @@ class Machine:
             st.call[r] += 1  # every thread of the call already finished (no data for this rank)
             if log is not None:
                 log.append(f"    r{r} ends call {k} (kernel boundary)")
-        st.var[r], st.pc[r], st.regs[r] = -1, [], []
+        st.var[r], st.pc[r], st.regs[r], st.done[r] = -1, [], [], []
         return None
+
+    def _begin_threads(self, st: State, r: int, var: int) -> None:
+        st.pc[r] = [0] * len(self.vcode[var])
+
+    def _all_finished(self, st: State, r: int) -> bool:
+        return all(pc == len(c) for pc, c in zip(st.pc[r], self.vcode[st.var[r]], strict=True))
 
     # ---- enabled steps -------------------------------------------------------------------------
     def _own_pending_line(self, st: State, r: int, j: int, line: int) -> bool:
@@ -300,9 +329,8 @@ class Machine:
                     if op == POLL:
                         content = mem[ins.line]
                         flag = ins.flag
-                        if flag is not None:  # protocols.ll_try_load != 0, inlined
-                            f = content[1]
-                            if f == flag or (f[1] == flag[1] and f != (0, 0)):
+                        if flag is not None:
+                            if protocols.ll_check_flag(content[1], flag):
                                 acts.append((0, r, j))
                         elif content is not None and not (pend and self._forwarded_reset(pend, j, ins.line)):
                             acts.append((0, r, j))
@@ -485,7 +513,7 @@ class Machine:
         if g[0] == FULL:
             return Violation("reset-race", f"the {what} of {self.names[ln]} issued by {ins.where} is performed after "
                              f"new data {_fmt_tag(g[1])} arrived: that data is lost", ln)
-        st.mem[ln] = protocols.EMPTY if kind == P_RESET else self.zero_line
+        st.mem[ln] = self.scratch.rest(ln) if kind == P_RESET else self.zero_line
         st.ghost[ln] = (FREE, None, ())
         return None
 
@@ -582,13 +610,17 @@ class Machine:
                              f"{FAULT_NAMES.get(prior, prior)}")
         if not absent and not cfg.has(Mutation.NO_POISON):
             fx.outs[r] = (1 << cfg.calls[k]) - 1
-        st.pc[r] = [len(c) for c in code]
+        self._finish_threads(st, r)
         fx.abort[r] = (1 << len(code)) - 1
         if log is not None:
             log.append(f"    r{r} is absent in call {k}: its blocks return at once (test hook)" if absent else
                        f"    r{r} REFUSES call {k}: its record holds {FAULT_NAMES.get(prior, prior)}; NaN into "
                        "every output it owns, nothing sent, nothing committed")
         return None
+
+    def _finish_threads(self, st: State, r: int) -> None:
+        """Every thread of rank r's current call ends at once (refusal, the absent hook)."""
+        st.pc[r] = [len(c) for c in self.vcode[st.var[r]]]
 
     def _end_call(self, st: State, r: int, k: int) -> Violation | None:
         """Kernel end: every output line of the call holds the exact sum or NaN (absent: untouched)."""
