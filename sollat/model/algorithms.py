@@ -71,8 +71,10 @@ class ThreadProgram:
 
 
 def split_line(cfg: Config, kind: str) -> bool:
-    """PTX mode: whether a line of ``kind`` is modelled as its two 8-byte parts (``Config.tear``)."""
-    if not cfg.ptx or kind == "ll128":
+    """PTX mode: whether a line of ``kind`` is modelled as its two 8-byte parts (``Config.tear``).
+    An LL128 line is added whole (``Config.ll128_line_atomic``) or lane by lane; a signature word is
+    one aligned 8-byte access, single-copy atomic."""
+    if not cfg.ptx or kind in ("ll128", "sig"):
         return False
     if cfg.tear == "all":
         return True
@@ -102,8 +104,9 @@ class _Builder:
         self.scope = rules.fence_scope(cfg)
         self.where = label
         self.it = 0
-        #: Signature lines (sentinel buffers, thread 0 of a block): the block, and per buffer the
-        #: peers this thread has sent its signature line to / polled theirs from in this call.
+        #: Signature words (sentinel buffers, channel 0's thread of a block): the block, and
+        #: (``SIGNATURE_ONCE``) per buffer the peers this thread has sent its word to / polled
+        #: theirs from in this call.
         self.sig_block: int | None = None
         self.sig_sent: dict[str, set[int]] = {}
         self.sig_polled: dict[str, set[int]] = {}
@@ -214,6 +217,8 @@ class _Gen:
                 continue
             if info.kind == "ll128":
                 self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
+            elif info.kind == "sig":
+                self.sig_line(info.rank, info.buffer.removesuffix(".sig"), info.parity + 1, info.src, info.slot)
             else:
                 self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.kind)
 
@@ -223,53 +228,55 @@ class _Gen:
         addr = rules.line_address(self.cfg, par, src, slot)
         return self.scratch.line(LineInfo(rank, buffer, kind or self.kind, par, src, slot, 0, addr))
 
-    # ---- signature lines (sentinel buffers: ll_buffer.h, "Signature lines") -------------------------
+    # ---- signature words (sentinel buffers: ll_buffer.h, "Signature words") -----------------------
     def sig_thread(self, B: _Builder, b: int, t: int) -> None:
-        """Thread 0 of block ``b`` carries the block's signature lines (``sigThread``)."""
-        if self.cfg.signature_lines and t == 0:
+        """The thread of block ``b`` whose channel 0 is (b, slot 0, thread 0) carries the block's
+        signature words: model thread 0 (its bundle's first real thread is thread 0)."""
+        if self.cfg.signature_words and t == 0:
             B.sig_block = b
+
+    def sig_line(self, rank: int, buffer: str, epoch: int, src: int, block: int) -> int:
+        """The signature word of ``block`` from ``src`` in ``rank``'s region of ``buffer``, parity
+        ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
+        par = rules.parity(self.cfg, epoch)
+        addr = rules.signature_address(self.cfg, par, src, block)
+        return self.scratch.line(LineInfo(rank, buffer + ".sig", "sig", par, src, block, 0, addr))
 
     def sig_send(self, B: _Builder, r: int, k: int, sig: int, buffer: str, p: int,
                  epochs: dict[tuple[str, int], int]) -> None:
-        """With its first line-0 send of ``buffer`` to ``p`` in the call, thread 0 stores the block's
-        signature line into p's region: LL format (two flags), the block's per-call epoch."""
+        """With each line-0 send (or bcast) of ``buffer`` to ``p``, channel 0's thread stores the
+        block's signature word ``sig << 32 | epoch`` (channel 0's epoch) into p's region, at the
+        (parity, source r) part: one aligned 8-byte volatile store. ``SIGNATURE_ONCE``: with the
+        call's first line-0 send to ``p`` only."""
         b = B.sig_block
-        if b is None or p in B.sig_sent.setdefault(buffer, set()):
+        if b is None:
             return
-        B.sig_sent[buffer].add(p)
-        e = self.sig_epoch(b, buffer, epochs)
-        B.emit(SEND, line=self.line(p, buffer + ".sig", e, r, b, "ll"), value=sig, flag=rules.ll_flag(self.cfg, sig, e),
+        if self.cfg.has(Mutation.SIGNATURE_ONCE):
+            if p in B.sig_sent.setdefault(buffer, set()):
+                return
+            B.sig_sent[buffer].add(p)
+        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
+        B.emit(SEND, line=self.sig_line(p, buffer, e, r, b), value=0, flag=rules.sig_word(self.cfg, sig, e),
                tag=(k, -1 - b, e), peer=p)
 
     def sig_items(self, B: _Builder, r: int, k: int, sig: int, buffer: str, peers: list[int],
                   epochs: dict[tuple[str, int], int]) -> None:
-        """With its first line-0 receive of ``buffer`` from each peer, thread 0 polls that peer's
-        signature line (in the same wait); "cleared": and stores the rest value back."""
+        """With each line-0 receive of ``buffer`` from a peer in ``peers``, channel 0's thread polls
+        that peer's signature word in the same wait (one 8-byte volatile load per poll). The word is
+        never cleared: it only ever holds epochs e, e-2, ... of its parity (written with the line-0
+        data of the same channel, pass and parity), so its reuse rests on that line's credit and
+        fence. ``SIGNATURE_ONCE``: with the call's first line-0 receive from the peer only."""
         b = B.sig_block
         if b is None:
             return
-        e = self.sig_epoch(b, buffer, epochs)
+        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
         for p in peers:
-            if p in B.sig_polled.setdefault(buffer, set()):
-                continue
-            B.sig_polled[buffer].add(p)
-            ln = self.line(r, buffer + ".sig", e, p, b, "ll")
-            B.emit(POLL, line=ln, reg=B.reg(), flag=rules.ll_flag(self.cfg, sig, e), tag=(k, -1 - b, e), peer=p)
-            if self.cfg.sig_lines == "cleared":
-                B.emit(RESET, line=ln)
-                B.dirty[buffer] = True
-
-    def sig_epoch(self, b: int, buffer: str, epochs: dict[tuple[str, int], int]) -> int:
-        """The epoch a signature line carries (and its parity): ``Config.sig_epoch``."""
-        if self.cfg.sig_epoch == "channel":
-            return epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
-        return epochs.get((buffer + ".sig", b), 0)
-
-    def sig_end(self, B: _Builder, epochs: dict[tuple[str, int], int], *buffers: str) -> None:
-        """The block's per-call signature epoch of each buffer advances once per call."""
-        if B.sig_block is not None and self.cfg.sig_epoch == "call":
-            for buffer in buffers:
-                B.advance(epochs, (buffer + ".sig", B.sig_block))
+            if self.cfg.has(Mutation.SIGNATURE_ONCE):
+                if p in B.sig_polled.setdefault(buffer, set()):
+                    continue
+                B.sig_polled[buffer].add(p)
+            B.emit(POLL, line=self.sig_line(r, buffer, e, p, b), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
+                   tag=(k, -1 - b, e), peer=p)
 
     def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
         par = rules.parity(self.cfg, epoch)
@@ -307,7 +314,7 @@ class _Gen:
 
     def _threads(self, r: int, k: int, geo: Geometry, lines: int,
                  iteration: Callable[[_Builder, int, list[tuple[int, int, int]]], None],
-                 epochs: dict[tuple[str, int], int], buffers: tuple[str, ...]) -> list[ThreadProgram]:
+                 epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         """One program per (block, thread) of call ``k`` on rank ``r``: ``iteration(B, it, chans)``
         for every iteration in which the thread has data (``_active``), then the kernel end
         (``commit``)."""
@@ -322,7 +329,6 @@ class _Gen:
                     if not chans:
                         break
                     iteration(B, it, chans)
-                self.sig_end(B, epochs, *buffers)
                 threads.append(B.end())  # buf.commit, kernel end
         return threads
 
@@ -353,7 +359,7 @@ class _Gen:
                 B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
                 B.advance(epochs, ("oneshot", s))  # buf.advanceEpoch
 
-        return self._threads(r, k, geo, n, iteration, epochs, ("oneshot",))
+        return self._threads(r, k, geo, n, iteration, epochs)
 
     # ---- two-shot: allreduce_twoshot.cu ---------------------------------------------------------
     def twoshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -420,7 +426,7 @@ class _Gen:
                 B.advance(epochs, ("rs", s))
                 B.advance(epochs, ("ag", s))
 
-        return self._threads(r, k, geo, cl, iteration, epochs, ("rs", "ag"))
+        return self._threads(r, k, geo, cl, iteration, epochs)
 
     # ---- fused RMSNorm two-shot's exchange: allreduce_rmsnorm.cu, SOLLAT_RMSNORM_TWOSHOT ------------
     def rowshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -471,7 +477,7 @@ class _Gen:
                 B.advance(epochs, ("rs", s))
                 B.advance(epochs, ("ag", s))
 
-        return self._threads(r, k, geo, n, iteration, epochs, ("rs", "ag"))
+        return self._threads(r, k, geo, n, iteration, epochs)
 
     # ---- two-shot LL128 atomic: allreduce_ll128.cu ------------------------------------------------
     def ll128(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:

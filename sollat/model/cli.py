@@ -24,9 +24,9 @@ from collections.abc import Callable
 
 from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
 from . import bulk
+from .config import MEMORY
 from .explore import Report, exhaustive, random_runs
 from .fault_sweep import FAULT_BENIGN, FAULT_PLANTED
-from .config import MEMORY
 from .sweep import (
     BENIGN,
     EXHAUSTIVE,
@@ -148,11 +148,14 @@ def _planted(seed: int, show: str | None = None, memory: str = "ptx") -> int:
         caught = [r for r in (ex, rnd) if r.counterexample is not None and r.counterexample.violation.kind in p.kinds]
         ok = len(caught) == 2
         bad += not ok
-        rk = f"after {rnd.interleavings} random schedule(s)" if rnd.counterexample else "NOT by random schedules"
+        rk = (f"random: {rnd.counterexample.violation.kind} after {rnd.interleavings} schedule(s)"
+              if rnd.counterexample else "NOT by random schedules")
         print(f"{'caught' if ok else 'MISSED'}  {p.name:40s} exhaustive: "
               f"{ex.counterexample.violation.kind if ex.counterexample else 'NOT caught'}; {rk}")
         if show is not None and ex.counterexample is not None:
             print(ex.counterexample.format())
+        if p.ptx_only:  # and the strong model proves the same configuration clean
+            bad += _strong_proof(p)
     if show is None:
         bad += _bulk()
         for p in BENIGN + FAULT_BENIGN:

@@ -62,19 +62,26 @@ class Mutation(enum.Enum):
     EARLY_PRIOR = "early-prior"
     #: The LL line before session 10: 8 bytes of payload and one 8-byte flag in one 16-byte store
     #: (``protocol_ll.h`` at 1be0c58). Harmless if the store is never torn (``memory="strong"``);
-    #: PTX splits it into its 8-byte parts, and the flag may be seen before the payload.
+    #: PTX performs a vector access as its 8-byte parts in any order, so the flag word may be
+    #: seen before the payload word.
     SINGLE_FLAG_LINE = "single-flag-line"
-    #: The fence between a completed receive and the next send (``LLBuffer::beforeSend`` when
-    #: ``received``; LL128's ``ag.releaseReceives()``) only where the old code had one: sentinel
-    #: buffers that reset lines; no fence after an LL receive nor before LL128's next adds. The
-    #: next send then rests on the control dependency on the poll, which PTX does not order.
+    #: The fence between a completed receive and the next send of a buffer (``LLBuffer``'s
+    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only where the code
+    #: before session 10 had one: after sentinel resets. No fence after an LL receive, none at the
+    #: top of a pass or before LL128's next adds: the next send then rests on the control dependency
+    #: on the poll, which PTX does not order.
     NO_REUSE_FENCE = "no-reuse-fence"
     #: Every protocol fence at ``.gpu`` scope (``fence<Scope::Gpu>`` literals) although the ranks
     #: are on different GPUs (``Config.ranks="real"``): PTX's fences then order nothing for a peer.
     GPU_FENCE = "gpu-fence"
-    #: Sentinel buffers without the per-call signature line (the code before session 10): a peer
-    #: that made another call with the same line count is summed, not reported.
+    #: Sentinel buffers without the signature word (the code before session 10): a peer that made
+    #: another call with the same line count is summed, not reported.
     NO_SIGNATURE_LINE = "no-signature-line"
+    #: The signature word only with the call's first line-0 send to each peer (and polled only with
+    #: the first line-0 receive), not with every one: a call of p passes then leaves the word of one
+    #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
+    #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
+    SIGNATURE_ONCE = "signature-once"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -88,7 +95,8 @@ class Fault:
 
     ``absent``: the rank's threads of call ``call`` end at once without sending (``prologue``
     returns false), so its peers time out. ``mismatch``: the rank calls with another signature
-    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag.
+    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag, and
+    sentinel peers a signature word with the right epoch and a foreign signature.
     """
 
     kind: str  # "absent" | "mismatch"
@@ -107,7 +115,7 @@ class Fault:
 
 ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
 PROTOCOLS = ("ll", "sentinel")
-#: "ptx": the PTX memory consistency model (machine.PtxMachine; docs/protocol-model.md, "The PTX
+#: "ptx": the PTX memory consistency model (ptx.PtxMachine; docs/protocol-model.md, "The PTX
 #: mode"); "strong": the model before session 10 (untorn 16-byte lines, stores to peers in program
 #: order, no store before an earlier load).
 MEMORY = ("ptx", "strong")
@@ -119,15 +127,8 @@ RANKS = ("real", "virtual")
 #: part is checked by its reader (two-flag LL, sentinel) is one access, which loses no behaviour the
 #: checks can tell apart (docs). "all": every line.
 TEAR = ("flags", "all")
-#: Sentinel buffers' signature line: "ll" (LL format, the block's per-call epoch, never cleared),
-#: "cleared" (the receiver stores the rest value back after reading it, like a sentinel line), or
-#: "omitted": not modelled in this configuration. Leaving them out only removes waits (a thread's
-#: signature poll delays nothing but its own wait), so every data-line behaviour with them is one
-#: without them: large configurations check the data lines so, small ones the signature lines too.
-SIG_LINES = ("ll", "cleared", "omitted")
-#: The epoch (and parity) of a signature line: "call" (the block's per-call counter: +1 per call)
-#: or "channel" (the epoch of thread 0's channel 0 at its first line-0 exchange with the peer).
-SIG_EPOCHS = ("call", "channel")
+#: Width of the signature word's epoch field (``ll_buffer.h``: ``sig << 32 | epoch``, 32 bits).
+SIG_EPOCH_FIELD_BITS = 32
 #: Width of an LL flag's epoch field (``protocol_ll.h``: 16 bits; SOLLAT_EPOCH_BITS may mask fewer).
 EPOCH_FIELD_BITS = 16
 
@@ -170,8 +171,14 @@ class Config:
     memory: str = "ptx"
     ranks: str = "real"
     tear: str = "flags"
-    sig_lines: str = "cleared"
-    sig_epoch: str = "call"
+    #: Sentinel buffers' signature words (``ll_buffer.h``, "Signature words"). False: not modelled in
+    #: this configuration (the data lines only). Leaving them out only removes a store and a load
+    #: that nothing else waits for (a thread's signature poll delays nothing but its own pass), so
+    #: every data-line behaviour with them is one without them: large configurations check the data
+    #: lines so, small ones the signature words too.
+    sig_words: bool = True
+    #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
+    sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -184,9 +191,10 @@ class Config:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
         if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
             raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
+        if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
+            raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
         for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
-                                     ("tear", self.tear, TEAR), ("sig_lines", self.sig_lines, SIG_LINES),
-                                     ("sig_epoch", self.sig_epoch, SIG_EPOCHS)):
+                                     ("tear", self.tear, TEAR)):
             if value not in allowed:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
@@ -230,10 +238,10 @@ class Config:
         return self.memory == "ptx"
 
     @property
-    def signature_lines(self) -> bool:
-        """Sentinel buffers carry one signature line per (block, peer) and call (not LL: every LL
-        line carries the signature)."""
-        return self.proto == "sentinel" and not self.has(Mutation.NO_SIGNATURE_LINE) and self.sig_lines != "omitted"
+    def signature_words(self) -> bool:
+        """Sentinel buffers carry a signature word per (block, parity, sender) in every receiver's
+        region, exchanged with every line-0 send (not LL: every LL line carries the signature)."""
+        return self.proto == "sentinel" and self.sig_words and not self.has(Mutation.NO_SIGNATURE_LINE)
 
     def with_mutation(self, *ms: Mutation) -> Config:
         return replace(self, mutations=self.mutations | frozenset(ms))
@@ -251,8 +259,10 @@ class Config:
             extra.append(self.ranks)
         if self.tear != "flags":
             extra.append(f"tear={self.tear}")
-        if self.proto == "sentinel" and (self.sig_lines, self.sig_epoch) != ("cleared", "call"):
-            extra.append(f"sig={self.sig_lines}" + ("" if self.sig_epoch == "call" else f",{self.sig_epoch}"))
+        if self.proto == "sentinel" and not self.sig_words:
+            extra.append("no-sig-words")
+        if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
+            extra.append(f"sig-bits={self.sig_epoch_bits}")
         if self.epoch_bits != EPOCH_FIELD_BITS:
             extra.append(f"bits={self.epoch_bits}")
         if self.algorithm == "ll128" and not self.ll128_line_atomic:

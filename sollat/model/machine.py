@@ -113,7 +113,7 @@ class FaultState:
 class State:
     """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
 
-    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx", "done", "front")
+    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx", "done", "front", "acts")
 
     def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
                  pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost], var: list[int],
@@ -132,12 +132,16 @@ class State:
         #: PTX mode, derived from pc and done (not part of the key): per thread, the operations of
         #: its window whose turn has come (None: to be computed)
         self.front: list[list[Any]] = [[None] * len(d) for d in self.done]
+        #: PTX mode, derived (not part of the key): per rank, its enabled steps (None: to be computed;
+        #: they change only when the rank steps or a store lands in its scratch)
+        self.acts: list[tuple[Action, ...] | None] = [None] * len(call)
 
     def copy(self) -> State:
         c = State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
                   self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy(),
                   [d[:] for d in self.done])
         c.front = [f[:] for f in self.front]
+        c.acts = self.acts[:]
         return c
 
     def key(self) -> tuple[Any, ...]:
@@ -198,6 +202,7 @@ class Machine:
         # committed); on the fault path further variants are built when a call starts from other
         # epochs. vcode[v] is the same list object as code[r][k] for the built ones.
         self.vcode: list[list[tuple[Instr, ...]]] = [c for rank in self.code for c in rank]
+        self.vrank: list[int] = [r for r, rank in enumerate(self.code) for _ in rank]  # each variant's rank
         self.vnregs: list[list[int]] = []
         self.vadv: list[list[tuple[tuple[int, tuple[str, int], int], ...]]] = []
         self.vouts: list[list[tuple[tuple[int, int], ...]]] = []
@@ -248,6 +253,7 @@ class Machine:
             threads = self.programs.variant(r, k, dict(self._table_list[st.fx.ep[r]]))
             v = self._variants[key] = len(self.vcode)
             self.vcode.append([tuple(th.code) for th in threads])
+            self.vrank.append(r)
             self._describe(threads)
         return v
 

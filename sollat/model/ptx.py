@@ -62,8 +62,8 @@ from .machine import (
     FAULT_NAMES,
     GIVE_UP,
     P_REC,
-    RESET_ALL,
     REJOIN,
+    RESET_ALL,
     Action,
     Machine,
     Pending,
@@ -99,6 +99,10 @@ class Op(NamedTuple):
     bound: int  # the window's boundary operation (a boundary's own index)
     locs: tuple[int, ...]  # the window's local steps and issues (taken by _settle)
     chk: int  # how enabled() tests a load: 0 one sentinel line, 1 one LL line, 2 _read
+    shared: tuple[int, ...]  # the window's loads and stores (what _frontier looks at)
+    act: Action  # a load or store: the action that performs it
+    pos: int  # its index in the thread's operations
+    succ: tuple[int, ...]  # the operations of the window that wait for it
 
 
 def _reads(ins: Instr) -> set[int]:
@@ -125,6 +129,7 @@ class PtxMachine(Machine):
         self._vops: dict[int, list[tuple[Op, ...]]] = {}
         #: control dependencies kept (the fault path; module docstring)
         self.ctrl = cfg.fault_path
+        self.owner = [info.rank for info in self.scratch.infos]
         steps = sum(sum(1 for o in th if o.cls in (O_LOAD, O_STORE)) for v in range(len(self.vcode))
                     for th in self.vops(v))
         self.max_steps = steps + 1
@@ -135,10 +140,10 @@ class PtxMachine(Machine):
     def vops(self, var: int) -> list[tuple[Op, ...]]:
         ops = self._vops.get(var)
         if ops is None:
-            ops = self._vops[var] = [self._thread_ops(code) for code in self.vcode[var]]
+            ops = self._vops[var] = [self._thread_ops(code, self.vrank[var], j) for j, code in enumerate(self.vcode[var])]
         return ops
 
-    def _thread_ops(self, code: tuple[Instr, ...]) -> tuple[Op, ...]:
+    def _thread_ops(self, code: tuple[Instr, ...], rank: int, j: int) -> tuple[Op, ...]:
         raw: list[tuple[Instr, int, int, tuple[int, ...], int]] = []
         for idx, ins in enumerate(code):
             op = ins.op
@@ -158,14 +163,18 @@ class PtxMachine(Machine):
                 raw.append((ins, O_LOCAL, idx, (), -1))
         out: list[Op] = []
         start = 0
-        for i, (ins, cls, idx, cells, part) in enumerate(raw):
+        for i, (_ins, cls, _idx, _cells, _part) in enumerate(raw):
             if cls != O_BOUND:
                 continue
             locs = tuple(w for w in range(start, i) if raw[w][1] in (O_LOCAL, O_ISSUE))
+            shared = tuple(w for w in range(start, i) if raw[w][1] in (O_LOAD, O_STORE))
+            deps = [self._deps(raw, start, w) for w in range(start, i + 1)]
             for w in range(start, i + 1):
                 wi, wc, widx, wcells, wpart = raw[w]
                 chk = 2 if wi.op != POLL or len(wcells) > 1 else (0 if wi.flag is None else 1)
-                out.append(Op(wi, wc, widx, wcells, wpart, self._deps(raw, start, w), start, i, locs, chk))
+                act = (STORE_STEP if wc == O_STORE else 0, rank, j | w << 8)
+                succ = tuple(y for y in range(start, i) if deps[y - start] >> (w - start) & 1)
+                out.append(Op(wi, wc, widx, wcells, wpart, deps[w - start], start, i, locs, chk, shared, act, w, succ))
             start = i + 1
         return tuple(out)
 
@@ -200,50 +209,58 @@ class PtxMachine(Machine):
         st.front[r] = [None] * len(st.pc[r])
 
     @staticmethod
-    def _frontier(ops: tuple[Op, ...], pc: int, done: int) -> tuple[tuple[int, Op], ...]:
+    def _frontier(ops: tuple[Op, ...], pc: int, done: int) -> tuple[Op, ...]:
         """The thread's loads and stores whose turn has come: in its window, not done, every
         operation they wait for done."""
-        if pc >= len(ops):
+        if pc >= len(ops) or ops[pc].start != pc:  # finished, or sitting at its END after a give-up
             return ()
-        return tuple((i, ops[i]) for i in range(pc, ops[pc].bound)
-                     if not done >> (i - pc) & 1 and not ops[i].deps & ~done and ops[i].cls in (O_LOAD, O_STORE))
+        return tuple(ops[i] for i in ops[pc].shared if not done >> (i - pc) & 1 and not ops[i].deps & ~done)
 
     # ---- enabled steps -----------------------------------------------------------------------------
     def enabled(self, st: State) -> list[Action]:
         acts: list[Action] = []
-        ncalls = self.ncalls
-        mem = st.mem
-        empty = protocols.EMPTY
-        check = protocols.ll_check_flag
+        cache = st.acts
         for r in range(self.R):
-            var = st.var[r]
-            if st.call[r] < ncalls and var >= 0:
-                fronts = st.front[r]
-                allops = None
-                for j, front in enumerate(fronts):
-                    if front is None:
-                        if allops is None:
-                            allops = self.vops(var)
-                        front = fronts[j] = self._frontier(allops[j], st.pc[r][j], st.done[r][j])
-                    for i, o in front:
-                        if o.cls == O_STORE:
-                            acts.append((STORE_STEP, r, j | i << 8))
-                        elif o.chk == 0:
-                            if mem[o.cells[0]] is not empty:
-                                acts.append((0, r, j | i << 8))
-                        elif o.chk == 1:
-                            if check(mem[o.cells[0]][1], o.ins.flag):
-                                acts.append((0, r, j | i << 8))
-                        elif self._read(st, o)[0]:
-                            acts.append((0, r, j | i << 8))
-            pend = st.pend[r]
-            for i, e in enumerate(pend):
-                if i and self._ordered_after(pend, i, e):
-                    continue
-                acts.append((1, r, i))
+            ra = cache[r]
+            if ra is None:
+                ra = cache[r] = self._rank_actions(st, r)
+            acts.extend(ra)
         if st.fx is not None:
             self._fault_actions(st, acts)
         return acts
+
+    def _rank_actions(self, st: State, r: int) -> tuple[Action, ...]:
+        """Rank r's enabled loads, stores and pending stores (``State.acts`` caches them)."""
+        acts: list[Action] = []
+        mem = st.mem
+        empty = protocols.EMPTY
+        check = protocols.ll_check_flag
+        var = st.var[r]
+        if st.call[r] < self.ncalls and var >= 0:
+            fronts = st.front[r]
+            allops = None
+            for j, front in enumerate(fronts):
+                if front is None:
+                    if allops is None:
+                        allops = self.vops(var)
+                    front = fronts[j] = self._frontier(allops[j], st.pc[r][j], st.done[r][j])
+                for o in front:
+                    if o.cls == O_STORE:
+                        acts.append(o.act)
+                    elif o.chk == 0:
+                        if mem[o.cells[0]] is not empty:
+                            acts.append(o.act)
+                    elif o.chk == 1:
+                        if check(mem[o.cells[0]][1], o.ins.flag):
+                            acts.append(o.act)
+                    elif self._read(st, o)[0]:
+                        acts.append(o.act)
+        pend = st.pend[r]
+        for i, e in enumerate(pend):
+            if i and self._ordered_after(pend, i, e):
+                continue
+            acts.append((1, r, i))
+        return tuple(acts)
 
     def _read(self, st: State, o: Op) -> tuple[int, Any]:
         """A poll's view of its line: (1 complete / 0 not yet / -1 another call, the payload)."""
@@ -267,6 +284,7 @@ class PtxMachine(Machine):
     # ---- steps -------------------------------------------------------------------------------------
     def _step(self, st: State, act: Action, log: list[str] | None) -> Violation | None:
         kind, r, x = act
+        st.acts[r] = None  # its own state changes (a store into a peer's scratch: _store)
         if kind == 1:
             pend = st.pend[r]
             entry = pend[x]
@@ -284,7 +302,7 @@ class PtxMachine(Machine):
         if v is not None:
             return v
         st.done[r][j] |= 1 << (i - st.pc[r][j])
-        return self._settle(st, r, j, log)
+        return self._settle(st, r, j, log, after=i)
 
     def _perform(self, st: State, r: int, e: Pending, log: list[str] | None) -> Violation | None:
         if e[1] == P_OP:
@@ -314,6 +332,7 @@ class PtxMachine(Machine):
         ln = o.cells[0]
         g = st.ghost[ln]
         name = self.names[ln]
+        st.acts[self.owner[ln]] = None  # the line's owner may now accept it
         if ins.op == SEND:
             if log is not None:
                 fl = f" {_fmt_flag(ins.flag)}" if ins.flag is not None else ""
@@ -442,14 +461,43 @@ class PtxMachine(Machine):
                                  f"the exact sum is {ins.expect}")
         return None
 
-    def _settle(self, st: State, r: int, j: int, log: list[str] | None, advance: bool = True) -> Violation | None:
+    def _settle(self, st: State, r: int, j: int, log: list[str] | None, advance: bool = True,
+                after: int = -1) -> Violation | None:
         """Takes thread (r, j)'s local steps as soon as their inputs are there, and passes every
-        window boundary whose window is complete (an effective fence; the kernel end)."""
+        window boundary whose window is complete (an effective fence; the kernel end).
+        ``after``: the operation just performed (the frontier is then updated, not recomputed)."""
         k = st.call[r]
         var = st.var[r]
         ops = self.vops(var)[j]
         n = len(ops)
         pc, done = st.pc[r][j], st.done[r][j]
+        front = st.front[r][j]
+        if after >= 0 and front is not None:
+            bound = ops[pc].bound
+            new = [o for o in front if o.pos != after]
+            seen = {o.pos for o in new}
+            work = [after]
+            while work:
+                for y in ops[work.pop()].succ:
+                    o = ops[y]
+                    bit = 1 << (y - pc)
+                    if done & bit or o.deps & ~done or y in seen:
+                        continue
+                    if o.cls == O_LOAD or o.cls == O_STORE:
+                        new.append(o)
+                        seen.add(y)
+                        continue
+                    v = self._local(st, r, j, o, log)
+                    done |= bit
+                    work.append(y)
+                    if v is not None:
+                        st.done[r][j] = done
+                        st.front[r][j] = None
+                        return v
+            st.done[r][j] = done
+            if done != (1 << (bound - pc)) - 1 and (self.boundary_orders or ops[bound].ins.op != END):
+                st.front[r][j] = tuple(new)
+                return None
         while pc < n:
             bound = ops[pc].bound
             changed = ops[pc].start == pc  # after a give-up the thread sits at its END: no local step left
@@ -544,7 +592,10 @@ class PtxMachine(Machine):
 
     def _apply_fault(self, st: State, act: Action, log: list[str] | None) -> Violation | None:
         kind, r, x = act
+        if kind not in (0, 1, STORE_STEP):
+            st.acts = [None] * self.R  # a give-up, a rejoin, the reset: every rank's steps anew
         if kind == 0 and self._foreign(st, r, x):
+            st.acts[r] = None
             v = self._give_up(st, r, x & 0xFF, layout.FAULT_MISMATCH, log, at=x >> 8)
             if v is None and self.finished(st):
                 v = self._record_check(st, "the end of the run")

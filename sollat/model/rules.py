@@ -121,6 +121,23 @@ def ll_rest(cfg: Config) -> Any:
     return (0, (0, 0)) if cfg.has(Mutation.SINGLE_FLAG_LINE) else (0, ((0, 0), (0, 0)))
 
 
+def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
+    """The signature word a sentinel buffer's channel-0 thread stores with every line-0 send, as
+    (high 32 bits, low 32 bits): ``sig << 32 | epoch`` (``ll_buffer.h``, "Signature words"), the
+    epoch that of channel 0, masked to ``Config.sig_epoch_bits`` (the device: all 32). The reader
+    accepts it when equal, reports a call mismatch when the low half is its epoch and the high half
+    neither 0 nor its signature (``protocols.ll_check_flag``), and polls on otherwise."""
+    return sig, epoch & ((1 << cfg.sig_epoch_bits) - 1)
+
+
+def signature_address(cfg: Config, par: int, src: int, block: int) -> int:
+    """The model's index of the signature word of ``block`` from ``src`` (parity ``par``) in a
+    receiver's region. The device puts it at ``layout.signature_line(block, lines_per_src)`` of the
+    (parity, src) part, past the data slots; the model keeps the words in a namespace of their own
+    (``<buffer>.sig``), one per (parity, source, block), so they can share no line with data."""
+    return (par * cfg.nranks + src) * cfg.max_blocks + block
+
+
 def peer_scope(cfg: Config) -> str:
     """``memory.h`` ``peer_scope()``: the scope of the threads that write this GPU's scratch."""
     return "sys" if cfg.ranks == "real" else "gpu"

@@ -31,11 +31,11 @@ Ghost = tuple[int, Any, tuple[int, ...]]
 @dataclass(frozen=True)
 class LineInfo:
     rank: int  # whose memory
-    buffer: str  # "oneshot" | "rs" | "ag" | "acc"
-    kind: str  # "ll" | "sentinel" | "ll128"
+    buffer: str  # "oneshot" | "rs" | "ag" | "acc"; a signature word: "<buffer>.sig"
+    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a sentinel buffer's signature word)
     parity: int
     src: int  # sending rank (-1 for an LL128 accumulator: every rank adds)
-    slot: int  # line-channel index (layout.slot_index)
+    slot: int  # line-channel index (layout.slot_index); a signature word: its block
     sub: int  # line of the warp (LL128), else 0
     address: int  # line index inside the rank's region of this buffer
     part: int = -1  # PTX mode, a line split into its 8-byte parts: which one (-1: the whole line)
@@ -43,6 +43,8 @@ class LineInfo:
     def name(self) -> str:
         if self.kind == "ll128":
             return f"r{self.rank}.acc[p{self.parity} ch{self.slot} line{self.sub}]@{self.address}"
+        if self.kind == "sig":
+            return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} b{self.slot}]"
         w = "" if self.part < 0 else f".w{self.part}"
         return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} ch{self.slot}]@{self.address}{w}"
 
@@ -50,6 +52,10 @@ class LineInfo:
 #: The two 8-byte words of a split single-flag LL line at rest: the payload word (its "flag" is
 #: None: it has none) and the flag word (no payload).
 SINGLE_FLAG_PARTS_REST: tuple[Any, Any] = ((0, None), (None, (0, 0)))
+
+
+#: A signature word at rest: (value 0, word (0, 0)).
+SIG_REST: tuple[int, tuple[int, int]] = (0, (0, 0))
 
 
 class Scratch:
@@ -92,8 +98,11 @@ class Scratch:
 
     def rest(self, idx: int) -> Any:
         """The content of line (or part) ``idx`` at rest: LL regions 0, sentinel regions all ones,
-        LL128 accumulators zero."""
+        LL128 accumulators zero, signature words 0 (``Communicator._init_scratch`` zeroes them in
+        every region: a word whose high half is 0 is never a mismatch)."""
         info = self.infos[idx]
+        if info.kind == "sig":
+            return SIG_REST
         if info.kind == "ll":
             if info.part < 0:
                 return self.ll_rest

@@ -29,15 +29,15 @@ def _c(name: str, **kw: Any) -> Config:
 #: Tiny configurations explored exhaustively (every interleaving, PTX mode): 2-3 ranks, 1-2 threads,
 #: 2-5 calls of different sizes, covering chunked iterations, several slots/blocks, idle channels,
 #: uneven two-shot chunks, 2-bit epochs (wrap-around), every line split into its 8-byte parts
-#: (``tear="all"``), virtual ranks, both signature-line epochs. PTX's freedom to reorder a window's
+#: (``tear="all"``), virtual ranks, 2-bit signature-word epochs. PTX's freedom to reorder a window's
 #: operations multiplies the states, so the 3-rank two-shot and the 2-thread 3-rank configurations
-#: of the strong model are in RANDOM; "sig=omitted" configurations check the data lines only (their
-#: signature lines elsewhere: leaving them out only removes waits, config.SIG_LINES).
+#: of the strong model are in RANDOM; ``sig_words=False`` configurations check the data lines only
+#: (the signature words elsewhere: leaving them out only removes waits, ``Config.sig_words``).
 EXHAUSTIVE: list[Config] = [
     _c("oneshot-ll-2r1t", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1)),
     _c("oneshot-sentinel-2r1t", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1)),
     _c("oneshot-ll-3r1t", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 2)),
-    _c("oneshot-sentinel-3r1t", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 2), sig_lines="omitted"),
+    _c("oneshot-sentinel-3r1t", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 2), sig_words=False),
     _c("oneshot-ll-2r2t", algorithm="oneshot", protocol="ll", nranks=2, threads=2, calls=(2, 5, 1)),
     _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 5, 1)),
     _c("oneshot-ll-2r1t-bits2", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3, 1), epoch_bits=2),
@@ -48,7 +48,7 @@ EXHAUSTIVE: list[Config] = [
     _c("twoshot-sentinel-2r1t", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 4, 2)),
     _c("twoshot-ll-3r1t", algorithm="twoshot", protocol="ll", nranks=3, calls=(3, 2)),
     _c("twoshot-sentinel-2r2t", algorithm="twoshot", protocol="sentinel", nranks=2, threads=2, calls=(4, 6, 2),
-       sig_lines="omitted"),
+       sig_words=False),
     _c("ll128-2r1t", algorithm="ll128", nranks=2, calls=(2, 4, 2)),
     # the fused RMSNorm two-shot's exchange (rows owned by row % R): ownership of a channel's slot
     # changes from call to call; 2-bit epochs wrap within these sequences
@@ -64,10 +64,10 @@ EXHAUSTIVE: list[Config] = [
     _c("oneshot-ll-2r1t-tear", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1), tear="all"),
     _c("oneshot-sentinel-2r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1), tear="all"),
     _c("twoshot-ll-2r1t-tear", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2), tear="all"),
-    # the signature line's parity and epoch from channel 0 (what LLBuffer does), and virtual ranks
-    # (one GPU: .gpu fences)
-    _c("oneshot-sentinel-2r1t-sigch", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(2, 1, 3, 1),
-       epoch_bits=2, sig_epoch="channel"),
+    # signature words with a 2-bit epoch field: exchanged with every line-0 send, a word holds e-2 at
+    # worst, as an LL line does; and virtual ranks (one GPU: .gpu fences)
+    _c("oneshot-sentinel-2r1t-sigbits2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(2, 1, 3, 1),
+       sig_epoch_bits=2),
     _c("oneshot-sentinel-2r1t-virtual", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1),
        ranks="virtual"),
     _c("ll128-split-torn-2r1t-virtual", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
@@ -109,11 +109,12 @@ RANDOM: list[tuple[Config, int]] = [
     (_c("twoshot-ll-3r2t", algorithm="twoshot", protocol="ll", nranks=3, threads=2, calls=(6, 3)), 800),
     (_c("twoshot-sentinel-3r1t", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(3, 7, 2)), 600),
     (_c("ll128-3r1t", algorithm="ll128", nranks=3, calls=(3, 7)), 1000),
-    # signature lines: channel 0's epoch; the sequence that defeats uncleared lines; torn lines; one GPU
-    (_c("oneshot-sentinel-3r1t-sigch-bits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
-        epoch_bits=2, sig_epoch="channel"), 600),
-    (_c("rmsnorm-twoshot-sentinel-3r1t-bits2-x5", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3,
-        calls=(2, 1, 1, 1, 3), epoch_bits=2), 600),
+    # signature words with a 2-bit epoch field; the fused two-shot over a sequence where a pair skips
+    # many passes (32-bit words: clean); torn lines; one GPU
+    (_c("oneshot-sentinel-3r1t-sigbits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
+        sig_epoch_bits=2), 600),
+    (_c("rmsnorm-twoshot-sentinel-3r1t-x5", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3,
+        calls=(2, 1, 1, 1, 3)), 600),
     (_c("oneshot-sentinel-3r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3), tear="all"),
      400),
     (_c("twoshot-sentinel-3r1t-virtual", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7),
@@ -212,24 +213,22 @@ PLANTED: list[Planted] = [
     _p("no-signature-line/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 1, 1),
                                                     faults=(Fault("mismatch", 1, 0),), reset_at=2)
        .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
-       "sentinel: one signature line per (block, peer) and call, checked by the receiver"),
-    # Not mutations: signature lines never cleared (LL format, no reset). With the block's per-call
-    # epoch they are right wherever every call writes every (block, peer) line (one-shot, two-shot);
-    # the fused two-shot writes a pair's line only in calls whose rows one of the two owns, so a line
-    # can hold an epoch 4 (2^16) calls old: a false mismatch. With channel 0's epoch even one-shot
-    # fails (a call of 2 passes keeps the parity): a stale line accepted.
-    _p("uncleared-signature/rmsnorm-twoshot-sentinel-bits2",
-       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3, calls=(2, 1, 1, 1, 3), epoch_bits=2,
-              sig_lines="ll"), ("mismatch",),
-       "sentinel: the signature line is cleared after reading (a pair may exchange nothing for many calls)"),
-    _p("uncleared-signature-channel/oneshot-sentinel-bits2",
-       Config(algorithm="oneshot", protocol="sentinel", calls=(2, 1, 3, 1), epoch_bits=2, sig_lines="ll",
-              sig_epoch="channel"), ("stale", "mismatch"),
-       "sentinel: the signature line is cleared after reading (channel 0's epoch repeats its parity)"),
+       "sentinel: a signature word with every line-0 send, checked by the receiver"),
+    # The signature word's epoch field: exchanged with every line-0 send, a word of one-shot and
+    # two-shot holds e-2 at worst (2 bits suffice, as for LL lines); the fused two-shot writes a
+    # pair's line 0 only in passes whose row one of the two owns, so its word can be many epochs old
+    # (32 bits: 2^31 passes of one channel). With the word only in each call's first line-0
+    # exchange, one-shot's words can be old too.
+    _p("sig-bits2/rmsnorm-twoshot-sentinel", Config(algorithm="rmsnorm_twoshot", protocol="sentinel",
+                                                    calls=(1, 3, 1), sig_epoch_bits=2), ("stale", "mismatch"),
+       "sentinel: the signature word's epoch field outlasts the passes a pair can skip (32 bits)"),
+    _p("signature-once/oneshot-sentinel-sigbits2", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1),
+                                                          sig_epoch_bits=2).with_mutation(Mutation.SIGNATURE_ONCE),
+       ("stale", "mismatch"), "sentinel: the signature word travels with every line-0 send (it holds e-2 at worst)"),
     _p("no-signature-line/twoshot-sentinel", Config(algorithm="twoshot", protocol="sentinel", calls=(2, 2, 2),
                                                     faults=(Fault("mismatch", 0, 1),), reset_at=2)
        .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
-       "sentinel: one signature line per (block, peer) and call, checked by the receiver"),
+       "sentinel: a signature word with every line-0 send, checked by the receiver"),
 ]
 
 #: Mutations the checker proves harmless in a given algorithm (documented, and tested as such).
