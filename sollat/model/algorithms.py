@@ -9,9 +9,13 @@ device memory that advances once per iteration in which the channel carries data
 
 The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
 ``allreduce_twoshot.cu``, ``allreduce_ll128.cu``, the exchange of ``allreduce_rmsnorm.cu``'s two-shot) and the ``LLBuffer`` primitives they call
-(``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (lazy fence per buffer: ``beforeSend``),
-``recvReduce``/``recvGather`` (``pollAll``: every line polled; a sentinel line reset once read),
-``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel end).
+(``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (a fence at the peer scope first when a receive
+of the buffer completed since its last send: ``beforeSend``; two-shot: one fence for both buffers
+at the top of every pass after the first, ``releaseReceivesWith``; LL128: one before the adds of
+every iteration after the first), ``recvReduce``/``recvGather`` (``pollAll``: every line polled;
+a sentinel line reset once read; thread 0's channel 0 also polls each peer's signature word with
+its line-0 lines), ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel
+end).
 
 =====================  =======================================================================
 shared instructions    ``SEND`` (one LL/sentinel line store to a peer), ``POLL`` (accept one
@@ -89,11 +93,13 @@ def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
 class _Builder:
     """Appends instructions for one thread.
 
-    Fences (``LLBuffer::beforeSend``, ``releaseReceives``): ``received[buffer]`` is set when a
+    Fences (``LLBuffer::beforeSend``, ``releaseReceivesWith``): ``received[buffer]`` is set when a
     receive of that buffer completes; the next send of the buffer issues ``fence<peer_scope()>``
-    first (acq_rel), since PTX orders a poll's load before a later store, and a reset before a later
-    store, by nothing else. ``dirty`` is the rule before session 10 (``resetPending``: a fence only
-    after sentinel resets), which ``Mutation.NO_REUSE_FENCE`` restores.
+    (``fence.acq_rel.sys`` on real ranks, ``.gpu`` on virtual ones) first: PTX orders a poll's load
+    before a later store to another line, and a reset before a later send, by nothing but a fence
+    (no order from the poll loop's control dependency). ``dirty`` is the rule before session 10
+    (``resetPending``: a fence only after sentinel resets), which ``Mutation.NO_REUSE_FENCE``
+    restores.
     """
 
     def __init__(self, cfg: Config, label: str) -> None:

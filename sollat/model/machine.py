@@ -1,17 +1,23 @@
 """The executable model: ranks running thread programs against scratch memory, one step at a time.
 
+This module is the *strong* model (``Config(memory="strong")``) and what both models share: the
+programs, the ghost checks, the fault path. The PTX model (the default, what CI checks) is
+:class:`sollat.model.ptx.PtxMachine`, which ``Machine(cfg)`` returns for ``memory="ptx"``.
+
 A *step* is one shared-memory operation of one thread (a line store to a peer, an accepted
 poll, a line-atomic add) followed by that thread's local work up to its next shared operation,
 or the *performing* of one delayed store (a sentinel reset, an LL128 zeroing, one lane of a
-non-atomic LL128 add). Any interleaving of steps is a legal execution of the modelled hardware:
+non-atomic LL128 add). In the strong model any interleaving of steps is an execution of a
+machine stronger than PTX:
 
-* LL and sentinel lines are 16-byte single-copy-atomic stores (``st.volatile.v2.b64``).
-* A thread's line stores to peers are performed in program order, when issued; the model delays
-  only what the protocols must order explicitly: stores to the thread's own scratch that give a
+* LL and sentinel lines are 16-byte single-copy-atomic stores, never torn (PTX promises that
+  only for aligned accesses of at most 8 bytes: the PTX model splits what its checks can tell).
+* A thread's line stores to peers are performed in program order, when issued, never before the
+  thread's earlier polls; the model delays only stores to the thread's own scratch that give a
   line back (reset, zeroing) and, when ``ll128_line_atomic`` is off, the lanes of an LL128 add.
-  Delayed stores are performed in any order, and before the thread passes a ``FENCE`` or ends its
-  kernel (``END``). Same-address order is kept (a store waits for the thread's delayed store to
-  the same line), as is store-to-load forwarding for the thread's own reset.
+  Delayed stores are performed in any order, and before the thread passes a ``FENCE`` (of any
+  scope) or ends its kernel (``END``). Same-address order is kept (a store waits for the thread's
+  delayed store to the same line), as is store-to-load forwarding for the thread's own reset.
 * Kernel boundary: a rank starts call k+1 only when every thread of call k has ended (so all its
   stores are performed). Ranks are never synchronised with each other.
 * A poll is a blocking step: it is enabled only when the line holds what the poll accepts, so no
@@ -155,7 +161,8 @@ def _fmt_tag(tag: Any) -> str:
         return "nothing"
     (k, m, e), *rest = tag if isinstance(tag[0], tuple) else (tag,)
     who = f" from r{rest[0]}" if rest else ""
-    return f"call {k} line {m} epoch {e}{who}"
+    what = f"line {m}" if m >= 0 else f"block {-1 - m}'s signature word"  # algorithms._Gen.sig_send
+    return f"call {k} {what} epoch {e}{who}"
 
 
 def _status(g: Ghost) -> str:
@@ -174,7 +181,7 @@ def _fmt_flag(flag: Any) -> str:
         return "no flag"
     if isinstance(flag[0], tuple):  # two-flag line: (tag, epoch) per 8-byte word
         return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
-    return f"flag(sig={flag[0]:#010x}, epoch={flag[1]})"
+    return f"(sig={flag[0]:#010x}, epoch={flag[1]})"
 
 
 class Machine:

@@ -103,7 +103,8 @@ def ll128_restore(snapshots: list[Line128], lines: int, lanes: int) -> tuple[int
 
 
 def lane_add(line: Line128, lane: int, vals: Lane) -> Line128:
-    """One 16-byte atomic add into one lane (the unit NVLink never tears)."""
+    """One lane's 16-byte add (``red.add.v4``), applied as a unit (the split kernel does not need
+    more: its counter travels in a separate add after a fence)."""
     old = line[lane]
     new = tuple(a + b for a, b in zip(old, vals, strict=True))
     return line[:lane] + (new,) + line[lane + 1:]

@@ -2,35 +2,46 @@
 
 The strong model (``machine.Machine``, ``Config(memory="strong")``) performs a thread's stores to
 peers in program order, when issued, never before an earlier poll, and 16-byte lines as one
-access. PTX promises less (ISA 9.1, chapter 8; docs/protocol-model.md cites each rule), and this
-machine gives the scheduler every freedom PTX does, as an operational model:
+access. PTX promises less (PTX ISA 9.x, chapter 8 "Memory Consistency Model";
+docs/protocol-model.md, "The PTX mode", cites each rule), and this machine gives the scheduler
+every freedom PTX gives these programs, as an operational model:
 
-* **Windows.** A thread's program is cut at its *effective* fences and at its end: a fence orders
-  the thread's earlier memory operations before its later ones (``fence.acq_rel``: a release and an
-  acquire fence, ISA §8.8 and §8.9.4) only if its scope includes the peer it talks to (§8.5,
-  §8.7: a ``.gpu`` fence on a rank whose peers are other GPUs orders nothing for them; the kernel
-  end, a kernel boundary, ``griddepcontrol.wait``, orders everything, §8.9.4's API
-  synchronisation). Inside a window the operations are performed **in any order**: stores to
-  different lines in any order (relaxed operations to different locations are ordered by nothing,
-  §8.9.5), loads in any order, a load before an earlier store, and a store before an earlier load
-  (load buffering: no ordering from a control dependency, §8.10.4 permits it; a poll's loop is
-  nothing but a control dependency). What still orders two operations of a window: the same
-  location (§8.10.5, sequential consistency per location: a reset after the poll of its line, a
-  store after the thread's earlier store to the same line; LL128 lane adds commute), and a value
-  dependency (a send of a reduced value after the polls it sums, §8.10.4 No Thin Air).
-* **Vector accesses** are their 8-byte parts, performed in either order (§8.2.4); an aligned
-  8-byte part is single-copy atomic (§8.10.3). A line whose every part is checked by its reader
-  (two-flag LL, sentinel: a reader takes the line only when each part is complete) is modelled as
-  one access: its reader cannot tell a torn store from one that landed when its first part did
-  (docs); ``Config(tear="all")`` splits every line, and a test checks that both give the same
-  verdicts. The single-flag LL line (``Mutation.SINGLE_FLAG_LINE``) is always split.
+* **Windows.** A thread's program is cut at its *effective* fences and at its end. A fence orders
+  the thread's earlier memory operations before its later ones only if its scope includes the
+  peer it talks to (§8.5 "Scope", §8.7 "Morally strong operations", §8.9.4 "Memory
+  synchronization"): a ``.gpu`` fence on a rank whose peers are other GPUs orders nothing for
+  them and is no cut. The kernel end (a kernel boundary, ``griddepcontrol.wait``) orders
+  everything. Inside a window the operations are performed **in any order**: stores to different
+  lines (relaxed and volatile accesses to different locations are ordered by nothing but
+  synchronization, §8.9.5 "Causality order"), loads, a load before an earlier store, and a store
+  before an earlier load (load buffering: no order from a control or address dependency; a poll
+  loop is nothing but a control dependency). What still orders two operations of a window: the
+  same location (§8.10.5 "Sequential Consistency Per Location": a reset after the poll of its
+  line, a store after the thread's earlier store to the same line; LL128 lane adds commute), and a
+  value dependency (a send of a reduced value after the polls it sums: §8.10.4 "No Thin Air").
+* **A cut is a full fence.** The protocols' fences are ``fence.acq_rel``; PTX does not order an
+  earlier store before a later load with it (that takes ``fence.sc``), the model does. Every
+  ordering the protocols rely on is load-before-store or store-before-store (docs/design.md,
+  "Orderings the protocols rely on"); a poll after a fence that completed before the thread's
+  earlier stores landed reads a line no one rewrites before those stores land (its rewrite needs
+  a credit the thread sends after a later fence), so the stronger cut hides no execution the
+  checks could tell apart (docs).
+* **Vector accesses** are their 8-byte parts, performed in either order (§8.2.4 "Memory
+  operations on vector data-types"); an aligned 8-byte part is single-copy atomic (§8.10.3
+  "Atomicity"; volatile accesses are relaxed at ``.sys`` scope, §8.4.2). A line whose every part is
+  checked by its reader (two-flag LL, sentinel: the reader takes a line only when each part is
+  complete) is one access: its reader cannot tell a torn store from one that landed when its last
+  part did. ``Config(tear="all")`` splits every line (the ``*-tear`` configurations, and a test
+  that both give the same verdicts). The single-flag LL line (``Mutation.SINGLE_FLAG_LINE``) is
+  always split; a signature word is one 8-byte access.
 * Local steps (register arithmetic, output checks, issuing a reset) are taken as soon as their
   inputs are there; they commute with every other step.
 
 A step is one operation: a store part performed, or a poll satisfied (a blocking step, enabled when
 the line holds what the poll accepts). The fault path (``Config.fault_path``) keeps control
 dependencies (every operation after a poll of its window waits for it): a thread that gives up at
-a wait executes nothing after it, and the model must not have performed it early.
+a wait executes nothing after it, and the model must not have performed it early. (So the fault
+path is checked under a model stronger than PTX in that one respect.)
 """
 
 from __future__ import annotations
@@ -130,8 +141,10 @@ class PtxMachine(Machine):
         #: control dependencies kept (the fault path; module docstring)
         self.ctrl = cfg.fault_path
         self.owner = [info.rank for info in self.scratch.infos]
-        steps = sum(sum(1 for o in th if o.cls in (O_LOAD, O_STORE)) for v in range(len(self.vcode))
-                    for th in self.vops(v))
+        # a run's steps: every load and store (part) of every thread (_thread_ops; the programs'
+        # windows are built on first use)
+        steps = sum(self.scratch.parts(ins.line) if ins.op in (SEND, RESET, ZERO) else ins.op in (POLL, POLL128, *_ADDS)
+                    for code in self.vcode for th in code for ins in th)
         self.max_steps = steps + 1
         if self.fault:
             self.max_steps += sum(len(call) * self.R for rank in self.code for call in rank) + self.R * self.ncalls + 1
@@ -335,8 +348,11 @@ class PtxMachine(Machine):
         st.acts[self.owner[ln]] = None  # the line's owner may now accept it
         if ins.op == SEND:
             if log is not None:
-                fl = f" {_fmt_flag(ins.flag)}" if ins.flag is not None else ""
-                log.append(f"{ins.where}: SEND{self._part(o)} {val}{fl} -> {name}  [{_fmt_tag(ins.tag)}]")
+                if self.kinds[ln] == "sig":
+                    what = f"signature word {_fmt_flag(ins.flag)}"
+                else:
+                    what = f"{val} {_fmt_flag(ins.flag)}" if ins.flag is not None else f"{val}"
+                log.append(f"{ins.where}: SEND{self._part(o)} {what} -> {name}  [{_fmt_tag(ins.tag)}]")
             if g[0] == FULL:
                 return Violation("overwrite", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)}{self._part(o)} into {name} "
                                  f"which still holds unconsumed {_fmt_tag(g[1])}", ln)
@@ -411,7 +427,8 @@ class PtxMachine(Machine):
                              f"holds {_fmt_tag(st.ghost[ln][1])})", ln)
         if log is not None:
             fl = f" {self._seen(st, o)}" if ins.flag is not None else ""
-            log.append(f"{ins.where}: POLL {name} accepts {val}{fl}  [holds {_fmt_tag(st.ghost[ln][1])}, "
+            what = f"signature word{fl}" if self.kinds[ln] == "sig" else f"{val}{fl}"
+            log.append(f"{ins.where}: POLL {name} accepts {what}  [holds {_fmt_tag(st.ghost[ln][1])}, "
                        f"{_status(st.ghost[ln])}]")
         want = (ins.tag, ins.peer)
         for c in o.cells:

@@ -203,12 +203,15 @@ PLANTED: list[Planted] = [
     # Caught under the model's reading of PTX: no order from a control dependency. PTX's No Thin Air
     # axiom (ISA §8.10.4) may exclude this execution for LL lines (docs/protocol-model.md, "Line
     # reuse and control dependencies").
-    _p("no-reuse-fence/oneshot-ll", replace(_O_LL, calls=(3,)).with_mutation(Mutation.NO_REUSE_FENCE), _RACE,
+    _p("no-reuse-fence/oneshot-ll", replace(_O_LL, calls=(3,)).with_mutation(Mutation.NO_REUSE_FENCE), ("overwrite",),
        "a fence between a receive and the next send (no order from a control dependency)", ptx_only=True),
-    _p("gpu-fence/oneshot-sentinel", _O_SE.with_mutation(Mutation.GPU_FENCE), _RACE,
+    _p("no-reuse-fence/twoshot-ll", replace(_T_LL, calls=(6,)).with_mutation(Mutation.NO_REUSE_FENCE), ("overwrite",),
+       "two-shot: one fence at the top of every pass after the first orders the last pass's receives before "
+       "this pass's sends", ptx_only=True),
+    _p("gpu-fence/oneshot-sentinel", _O_SE.with_mutation(Mutation.GPU_FENCE), ("overwrite", "reset-race"),
        "fences at the peers' scope: .sys when they are other GPUs", ptx_only=True),
     _p("gpu-fence/ll128-split", replace(_LL128, ll128_split=True, ll128_line_atomic=False, ll128_lines=1)
-       .with_mutation(Mutation.GPU_FENCE), ("torn", *_RACE), "fences at the peers' scope: .sys when they are other GPUs",
+       .with_mutation(Mutation.GPU_FENCE), ("torn", "reset-race"), "fences at the peers' scope: .sys when they are other GPUs",
        ptx_only=True),
     _p("no-signature-line/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 1, 1),
                                                     faults=(Fault("mismatch", 1, 0),), reset_at=2)
