@@ -180,12 +180,13 @@ def _demo(seed: int, workers: int, memory: str) -> int:
             fails += not (rep.ok and rep.complete)
             print(rep.summary())
     for c, n in RANDOM[:9]:
-        rep = random_runs(with_memory(c, memory), max(100, n // 40), seed)
+        rep = random_runs(with_memory(c, memory), max(60, n // 120), seed)
         fails += not rep.ok
         print(rep.summary())
         if rep.counterexample is not None:
             print(rep.counterexample.format())
-    print("\nA planted bug (the sentinel reset not fenced before the next send), as the checker reports it:")
+    print("\nA planted bug (no fence between a receive, its sentinel resets and the next send), as the checker")
+    print("reports it:")
     p = next(p for p in PLANTED if p.name == "reset-after-send/oneshot-sentinel")
     rep = exhaustive(with_memory(p.config, memory))
     if rep.counterexample is None:

@@ -151,6 +151,7 @@ class PtxMachine(Machine):
 
     # ---- programs as windows of operations --------------------------------------------------------
     def vops(self, var: int) -> list[tuple[Op, ...]]:
+        """Program variant ``var`` as windows of operations, one tuple per thread (built on first use)."""
         ops = self._vops.get(var)
         if ops is None:
             ops = self._vops[var] = [self._thread_ops(code, self.vrank[var], j) for j, code in enumerate(self.vcode[var])]
@@ -516,11 +517,13 @@ class PtxMachine(Machine):
                 st.front[r][j] = tuple(new)
                 return None
         while pc < n:
-            bound = ops[pc].bound
-            changed = ops[pc].start == pc  # after a give-up the thread sits at its END: no local step left
+            first = ops[pc]
+            bound = first.bound
+            locs = first.locs
+            changed = first.start == pc and bool(locs)  # after a give-up the thread sits at its END
             while changed:
                 changed = False
-                for i in ops[pc].locs:
+                for i in locs:
                     bit = 1 << (i - pc)
                     o = ops[i]
                     if done & bit or o.deps & ~done:
@@ -541,7 +544,8 @@ class PtxMachine(Machine):
                 # NO_BOUNDARY_ORDER: the kernel ends with stores still in flight
                 self._detach(st, r, j, -1, ops, [i for i in range(pc, bound) if not done >> (i - pc) & 1])
                 done = full
-            if any(e[0] == j for e in st.pend[r]):
+            pend = st.pend[r]
+            if pend and any(e[0] == j for e in pend):
                 if b.op != END or self.boundary_orders:
                     break  # its detached stores (and fault-record writes) land first
                 st.pend[r] = tuple((-1, *e[1:]) if e[0] == j else e for e in st.pend[r])

@@ -77,50 +77,44 @@ EXHAUSTIVE: list[Config] = [
 #: Larger configurations for random schedules: more ranks, blocks, slots, threads and calls.
 #: (config, runs in the CI sweep); small ones get many runs, big ones fewer (similar CPU time).
 RANDOM: list[tuple[Config, int]] = [
-    (_c("oneshot-ll-2r1t-x4", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3)), 8000),
-    (_c("oneshot-sentinel-2r1t-x4", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1, 3)), 6000),
-    (_c("oneshot-sentinel-3r1t-bits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
-        epoch_bits=2), 2000),
-    (_c("oneshot-ll-3r1t-bits2", algorithm="oneshot", protocol="ll", nranks=3, calls=(2, 1, 3, 1, 2), epoch_bits=2),
-     2000),
-    (_c("twoshot-ll-2r1t-x4", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 5, 1, 3)), 5000),
-    (_c("twoshot-sentinel-2r1t-x4", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 5, 1, 3)), 3000),
-    (_c("twoshot-sentinel-3r1t-x3", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7)), 1000),
-    (_c("ll128-2r1t-x3", algorithm="ll128", nranks=2, calls=(2, 5, 1)), 2000),
-    (_c("ll128-split-torn-2r1t-w2", algorithm="ll128", nranks=2, calls=(2, 5, 1), ll128_line_atomic=False,
-        ll128_split=True), 1000),
-    (_c("oneshot-ll-3r2t-b2s2", algorithm="oneshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
-        calls=(1, 5, 2, 12, 3)), 500),
-    (_c("oneshot-sentinel-4r2t-b2s2", algorithm="oneshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
-        max_slots=2, calls=(3, 1, 9, 2)), 250),
-    (_c("oneshot-sentinel-8r1t", algorithm="oneshot", protocol="sentinel", nranks=8, calls=(1, 2, 1)), 150),
-    (_c("twoshot-ll-3r2t-b2s2", algorithm="twoshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
-        calls=(4, 13, 2, 24, 7)), 400),
-    (_c("twoshot-sentinel-4r2t-b2s2", algorithm="twoshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
-        max_slots=2, calls=(4, 13, 2, 24, 7)), 120),
-    (_c("ll128-3r2t", algorithm="ll128", nranks=3, threads=2, calls=(3, 7, 2)), 800),
-    (_c("ll128-split-torn-3r1t", algorithm="ll128", nranks=3, calls=(3, 7, 2), ll128_line_atomic=False,
-        ll128_split=True), 500),
-    (_c("ll128-4r1t-lanes4", algorithm="ll128", nranks=4, calls=(4, 9), ll128_lines=2, ll128_lanes=4), 400),
-    (_c("rmsnorm-twoshot-sentinel-4r2t-b2s2-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4,
-        threads=2, max_blocks=2, max_slots=2, calls=(3, 1, 9, 2, 5), epoch_bits=2), 300),
-    # the strong model's exhaustive configurations PTX mode cannot afford to explore completely
-    (_c("oneshot-ll-3r2t", algorithm="oneshot", protocol="ll", nranks=3, threads=2, calls=(2, 3, 1)), 1000),
-    (_c("twoshot-ll-3r2t", algorithm="twoshot", protocol="ll", nranks=3, threads=2, calls=(6, 3)), 800),
-    (_c("twoshot-sentinel-3r1t", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(3, 7, 2)), 600),
-    (_c("ll128-3r1t", algorithm="ll128", nranks=3, calls=(3, 7)), 1000),
-    # signature words with a 2-bit epoch field; the fused two-shot over a sequence where a pair skips
-    # many passes (32-bit words: clean); torn lines; one GPU
+    (_c("oneshot-ll-2r1t-x4", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3)), 43000),
+    (_c("oneshot-sentinel-2r1t-x4", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1, 3)), 10000),
+    # 2-bit signature-word epochs: exchanged with every line-0 send, a word holds e-2 at worst
     (_c("oneshot-sentinel-3r1t-sigbits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
-        sig_epoch_bits=2), 600),
+        sig_epoch_bits=2), 2000),
+    (_c("oneshot-ll-3r1t-bits2", algorithm="oneshot", protocol="ll", nranks=3, calls=(2, 1, 3, 1, 2), epoch_bits=2),
+     3000),
+    (_c("twoshot-ll-2r1t-x4", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 5, 1, 3)), 18000),
+    (_c("twoshot-sentinel-2r1t-x4", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 5, 1, 3)), 4000),
+    (_c("twoshot-sentinel-3r1t-x3", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7)), 500),
+    (_c("ll128-2r1t-x3", algorithm="ll128", nranks=2, calls=(2, 5, 1)), 3000),
+    (_c("ll128-split-torn-2r1t-w2", algorithm="ll128", nranks=2, calls=(2, 5, 1), ll128_line_atomic=False,
+        ll128_split=True), 800),
+    (_c("oneshot-ll-3r2t-b2s2", algorithm="oneshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
+        calls=(1, 5, 2, 12, 3)), 300),
+    (_c("oneshot-sentinel-4r2t-b2s2", algorithm="oneshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
+        max_slots=2, calls=(3, 1, 9, 2)), 120),
+    (_c("oneshot-sentinel-8r1t", algorithm="oneshot", protocol="sentinel", nranks=8, calls=(1, 2, 1)), 80),
+    (_c("twoshot-ll-3r2t-b2s2", algorithm="twoshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
+        calls=(4, 13, 2, 24, 7)), 200),
+    (_c("twoshot-sentinel-4r2t-b2s2", algorithm="twoshot", protocol="sentinel", nranks=4, threads=2, max_blocks=2,
+        max_slots=2, calls=(4, 13, 2, 24, 7)), 60),
+    (_c("ll128-3r2t", algorithm="ll128", nranks=3, threads=2, calls=(3, 7, 2)), 400),
+    (_c("ll128-split-torn-3r1t", algorithm="ll128", nranks=3, calls=(3, 7, 2), ll128_line_atomic=False,
+        ll128_split=True), 250),
+    (_c("ll128-4r1t-lanes4", algorithm="ll128", nranks=4, calls=(4, 9), ll128_lines=2, ll128_lanes=4), 250),
+    (_c("rmsnorm-twoshot-sentinel-4r2t-b2s2-bits2", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4,
+        threads=2, max_blocks=2, max_slots=2, calls=(3, 1, 9, 2, 5), epoch_bits=2), 200),
+    # the strong model's exhaustive configurations PTX mode cannot afford to explore completely
+    (_c("oneshot-ll-3r2t", algorithm="oneshot", protocol="ll", nranks=3, threads=2, calls=(2, 3, 1)), 6000),
+    (_c("twoshot-ll-3r2t", algorithm="twoshot", protocol="ll", nranks=3, threads=2, calls=(6, 3)), 4000),
+    (_c("twoshot-sentinel-3r1t", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(3, 7, 2)), 400),
+    (_c("ll128-3r1t", algorithm="ll128", nranks=3, calls=(3, 7)), 1500),
+    # the fused two-shot over a sequence where a pair skips many passes (32-bit words: clean); torn lines
     (_c("rmsnorm-twoshot-sentinel-3r1t-x5", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3,
-        calls=(2, 1, 1, 1, 3)), 600),
+        calls=(2, 1, 1, 1, 3)), 2000),
     (_c("oneshot-sentinel-3r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3), tear="all"),
-     400),
-    (_c("twoshot-sentinel-3r1t-virtual", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7),
-        ranks="virtual"), 300),
-    (_c("ll128-split-torn-4r1t-virtual", algorithm="ll128", nranks=4, calls=(4, 9), ll128_line_atomic=False,
-        ll128_split=True, ranks="virtual"), 300),
+     300),
 ]
 
 
@@ -242,9 +236,19 @@ BENIGN: list[Planted] = [
     _p("single-buffer/ll128", Config(algorithm="ll128", nranks=2, calls=(4, 6)).with_mutation(Mutation.SINGLE_BUFFER),
        (),
        "two-shot: the all-gather receive is the credit for the next reduce-scatter add"),
-    _p("no-reuse-fence/ll128", Config(algorithm="ll128", nranks=2, calls=(6, 2)).with_mutation(Mutation.NO_REUSE_FENCE),
+    _p("no-reuse-fence/ll128", Config(algorithm="ll128", nranks=2, calls=(6, 2), ll128_lines=1)
+       .with_mutation(Mutation.NO_REUSE_FENCE),
        (), "LL128: every rank's next adds follow its own counter poll, which saw the owner's adds of the round "
            "after the owner's zeroing fence (release/acquire through the counter): no fence at the top is needed"),
+    _p("signature-once/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1))
+       .with_mutation(Mutation.SIGNATURE_ONCE), (),
+       "sentinel: with a 32-bit epoch field a word many passes old never reads as current; the word with every "
+       "line-0 send is what makes a narrow field enough (signature-once/oneshot-sentinel-sigbits2)"),
+    _p("gpu-fence/oneshot-sentinel-virtual", replace(_O_SE, ranks="virtual").with_mutation(Mutation.GPU_FENCE), (),
+       "virtual ranks: every peer runs on the one GPU, so .gpu fences order everything the protocol needs"),
+    _p("gpu-fence/ll128-split-virtual", replace(_LL128, ll128_split=True, ll128_line_atomic=False, ll128_lines=1,
+                                                ranks="virtual").with_mutation(Mutation.GPU_FENCE), (),
+       "virtual ranks: every peer runs on the one GPU, so .gpu fences order everything the protocol needs"),
 ]
 
 
