@@ -241,6 +241,14 @@ class _Gen:
         if self.cfg.signature_words and t == 0:
             B.sig_block = b
 
+    def sig_ring(self) -> bool:
+        """``SigPeers::Ring``: the word goes to rank + 1 only (and is polled from rank - 1). The
+        device's built-in all-to-all kernels; the fused two-shot sends one with every line-0 send
+        (``Mutation.RING_IN_FUSED_TWOSHOT`` gives it the ring too)."""
+        if self.cfg.sig_peers != "ring":
+            return False
+        return self.cfg.algorithm != "rmsnorm_twoshot" or self.cfg.has(Mutation.RING_IN_FUSED_TWOSHOT)
+
     def sig_line(self, rank: int, buffer: str, epoch: int, src: int, block: int) -> int:
         """The signature word of ``block`` from ``src`` in ``rank``'s region of ``buffer``, parity
         ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
@@ -255,7 +263,7 @@ class _Gen:
         (parity, source r) part: one aligned 8-byte volatile store. ``SIGNATURE_ONCE``: with the
         call's first line-0 send to ``p`` only."""
         b = B.sig_block
-        if b is None:
+        if b is None or (self.sig_ring() and p != (r + 1) % self.cfg.nranks):
             return
         if self.cfg.has(Mutation.SIGNATURE_ONCE):
             if p in B.sig_sent.setdefault(buffer, set()):
@@ -277,6 +285,8 @@ class _Gen:
             return
         e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
         for p in peers:
+            if self.sig_ring() and p != (r - 1) % self.cfg.nranks:
+                continue
             if self.cfg.has(Mutation.SIGNATURE_ONCE):
                 if p in B.sig_polled.setdefault(buffer, set()):
                     continue

@@ -82,6 +82,10 @@ class Mutation(enum.Enum):
     #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
     #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
     SIGNATURE_ONCE = "signature-once"
+    #: The fused two-shot with the built-in kernels' ring of signature words (``SigPeers::Ring``:
+    #: only to rank + 1) instead of a word with every line-0 send (``SigPeers::Every``): a row's
+    #: exchange is only with its owner, so from 4 ranks on a rank's call is compared with nobody's.
+    RING_IN_FUSED_TWOSHOT = "ring-in-fused-twoshot"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -179,6 +183,10 @@ class Config:
     sig_words: bool = True
     #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
     sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
+    #: Which line-0 sends carry a signature word (``ll_buffer.h`` SigPeers): "ring" (the device: the
+    #: one-shot, the two-shot, AllGather, ReduceScatter send only to rank + 1; the fused two-shot to
+    #: every peer) or "every" (every line-0 send, in every algorithm).
+    sig_peers: str = "ring"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -191,6 +199,8 @@ class Config:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
         if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
             raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
+        if self.sig_peers not in ("ring", "every"):
+            raise ValueError(f"sig_peers must be 'ring' or 'every', got {self.sig_peers!r}")
         if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
             raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
         for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
@@ -261,6 +271,8 @@ class Config:
             extra.append(f"tear={self.tear}")
         if self.proto == "sentinel" and not self.sig_words:
             extra.append("no-sig-words")
+        if self.proto == "sentinel" and self.sig_peers != "ring":
+            extra.append(f"sig={self.sig_peers}")
         if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
             extra.append(f"sig-bits={self.sig_epoch_bits}")
         if self.epoch_bits != EPOCH_FIELD_BITS:

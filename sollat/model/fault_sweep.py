@@ -62,10 +62,19 @@ FAULT_EXHAUSTIVE: list[Config] = [
     # sentinel call mismatches: seen in the signature lines (ll_buffer.h), recorded on every rank
     _c("f-oneshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(1, 0),), **_O),
     _c("f-twoshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(0, 1),), **_T),
+    # the ring of signature words (SigPeers::Ring) from 3 ranks on: rank 1 differs from both neighbours
+    _c("f-oneshot-sentinel-3r-mismatch", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 1, 1),
+       faults=(mismatch(1, 0),), reset_at=2),
 ]
 
 #: Larger configurations for random schedules: (config, runs).
 FAULT_RANDOM: list[tuple[Config, int]] = [
+    # the fused two-shot's words with every line-0 send: rank 2 of 4 is compared with row 0's owner
+    # (ring-in-fused-twoshot/rmsnorm-twoshot-sentinel is the same with the ring: unnoticed)
+    (_c("f-rmsnorm-twoshot-sentinel-4r-mismatch", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4,
+        calls=(1, 1), faults=(mismatch(2, 0),), reset_at=1), 100),
+    (_c("f-oneshot-sentinel-3r-mismatch-every", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 1, 1),
+        faults=(mismatch(1, 0),), reset_at=2, sig_peers="every"), 100),
     # an absent rank in a middle call with spurious timeouts, 3 ranks (PTX mode: ~60,000 states)
     (_c("f-oneshot-ll-3r-absent-mid-any", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 3, 2, 1),
         faults=(absent(1, 1),), reset_at=3, timeouts="any"), 300),
@@ -96,6 +105,12 @@ _POISON = "a thread that gives up or refuses writes NaN into every output it has
 _PRIOR = "the record code is loaded after griddepcontrol.wait (prologue, then prior)"
 
 FAULT_PLANTED: list[Planted] = [
+    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
+    # (all-gather) only; rank 2's call is compared with nobody's.
+    _p("ring-in-fused-twoshot/rmsnorm-twoshot-sentinel",
+       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(mismatch(2, 0),),
+              reset_at=1).with_mutation(Mutation.RING_IN_FUSED_TWOSHOT), ("unnoticed",),
+       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
     _p("no-propagation/oneshot-sentinel", replace(_ABSENT, protocol="sentinel").with_mutation(
         Mutation.NO_PROPAGATION), ("stale",), _PROPAGATE),
     _p("no-propagation/ll128", replace(_ABSENT, algorithm="ll128", calls=(2, 2, 2)).with_mutation(
