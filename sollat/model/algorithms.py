@@ -9,9 +9,13 @@ device memory that advances once per iteration in which the channel carries data
 
 The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
 ``allreduce_twoshot.cu``, ``allreduce_ll128.cu``, the exchange of ``allreduce_rmsnorm.cu``'s two-shot) and the ``LLBuffer`` primitives they call
-(``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (lazy fence per buffer: ``beforeSend``),
-``recvReduce``/``recvGather`` (``pollAll``: every line polled; a sentinel line reset once read),
-``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel end).
+(``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (a fence at the peer scope first when a receive
+of the buffer completed since its last send: ``beforeSend``; two-shot: one fence for both buffers
+at the top of every pass after the first, ``releaseReceivesWith``; LL128: one before the adds of
+every iteration after the first), ``recvReduce``/``recvGather`` (``pollAll``: every line polled;
+a sentinel line reset once read; thread 0's channel 0 also polls each peer's signature word with
+its line-0 lines), ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel
+end).
 
 =====================  =======================================================================
 shared instructions    ``SEND`` (one LL/sentinel line store to a peer), ``POLL`` (accept one
@@ -70,20 +74,48 @@ class ThreadProgram:
     advances: list[tuple[int, EpochKey, int]] = field(default_factory=list)
 
 
+def split_line(cfg: Config, kind: str) -> bool:
+    """PTX mode: whether a line of ``kind`` is modelled as its two 8-byte parts (``Config.tear``).
+    An LL128 line is added whole (``Config.ll128_line_atomic``) or lane by lane; a signature word is
+    one aligned 8-byte access, single-copy atomic."""
+    if not cfg.ptx or kind in ("ll128", "sig"):
+        return False
+    if cfg.tear == "all":
+        return True
+    return kind == "ll" and cfg.has(Mutation.SINGLE_FLAG_LINE)
+
+
 def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
     """Deterministic, call-dependent inputs: a stale or lost contribution changes the sum."""
     return 1 + ((rank + 1) * 7919 + (call + 1) * 104729 + (line + 1) * 1299709 + elem * 15485863) % 997
 
 
 class _Builder:
-    """Appends instructions for one thread. ``dirty`` is ``LLBuffer::resetPending``, per buffer."""
+    """Appends instructions for one thread.
+
+    Fences (``LLBuffer::beforeSend``, ``releaseReceivesWith``): ``received[buffer]`` is set when a
+    receive of that buffer completes; the next send of the buffer issues ``fence<peer_scope()>``
+    (``fence.acq_rel.sys`` on real ranks, ``.gpu`` on virtual ones) first: PTX orders a poll's load
+    before a later store to another line, and a reset before a later send, by nothing but a fence
+    (no order from the poll loop's control dependency). ``dirty`` is the rule before session 10
+    (``resetPending``: a fence only after sentinel resets), which ``Mutation.NO_REUSE_FENCE``
+    restores.
+    """
 
     def __init__(self, cfg: Config, label: str) -> None:
         self.cfg = cfg
         self.prog = ThreadProgram(label)
         self.dirty: dict[str, bool] = {}
+        self.received: dict[str, bool] = {}
+        self.scope = rules.fence_scope(cfg)
         self.where = label
         self.it = 0
+        #: Signature words (sentinel buffers, channel 0's thread of a block): the block, and
+        #: (``SIGNATURE_ONCE``) per buffer the peers this thread has sent its word to / polled
+        #: theirs from in this call.
+        self.sig_block: int | None = None
+        self.sig_sent: dict[str, set[int]] = {}
+        self.sig_polled: dict[str, set[int]] = {}
 
     def at(self, it: int, slot: int) -> None:
         self.it = it
@@ -96,11 +128,37 @@ class _Builder:
     def emit(self, op: int, **kw: Any) -> None:
         self.prog.code.append(Instr(op, self.where, **kw))
 
+    def fence(self) -> None:
+        """``fence<peer_scope()>()`` (``GPU_FENCE``: ``.gpu``): acq_rel; ``value`` is its scope."""
+        self.emit(FENCE, value=self.scope)
+
+    def _owes(self, buffer: str) -> bool:
+        if self.cfg.has(Mutation.RESET_AFTER_SEND):
+            return False
+        if self.cfg.has(Mutation.NO_REUSE_FENCE):
+            return self.dirty.get(buffer, False)
+        return self.received.get(buffer, False)
+
     def before_send(self, buffer: str) -> None:
-        """``LLBuffer::beforeSend``: a reset stored since this buffer's last send is fenced first."""
-        if self.dirty.get(buffer) and not self.cfg.has(Mutation.RESET_AFTER_SEND):
-            self.emit(FENCE)
-        self.dirty[buffer] = False
+        """``LLBuffer::beforeSend``: a receive (and its resets) since this buffer's last fence is
+        fenced before its next send."""
+        if self._owes(buffer):
+            self.fence()
+        self.dirty[buffer] = self.received[buffer] = False
+
+    def release(self, *buffers: str) -> None:
+        """``releaseReceives`` / ``releaseReceivesWith``: one fence for every buffer that owes one
+        (two-shot: at the top of every pass; LL128: before the adds of every iteration). Not in the
+        code before session 10 (``NO_REUSE_FENCE``)."""
+        if self.cfg.has(Mutation.NO_REUSE_FENCE):
+            return
+        if any(self._owes(b) for b in buffers):
+            self.fence()
+        for b in buffers:
+            self.dirty[b] = self.received[b] = False
+
+    def received_from(self, buffer: str) -> None:
+        self.received[buffer] = True
 
     def reset(self, buffer: str, line: int) -> None:
         """``ProtoSentinel::reset`` of a consumed line (``pollAll``), marking the buffer's resetPending."""
@@ -144,7 +202,8 @@ class Programs:
 class _Gen:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.scratch = Scratch(ll128_lanes=cfg.ll128_lanes, ll128_elems=cfg.ll128_lines)
+        self.scratch = Scratch(ll128_lanes=cfg.ll128_lanes, ll128_elems=cfg.ll128_lines, ll_rest=rules.ll_rest(cfg),
+                               split=lambda kind: split_line(cfg, kind))
         self.kind = cfg.proto
 
     def make(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
@@ -160,16 +219,80 @@ class _Gen:
         """Registers the other parity of every line, so that a call run from epochs that differ
         from the healthy ones (fault path) finds every line it can touch."""
         for info in list(self.scratch.infos):
+            if info.part > 0:
+                continue
             if info.kind == "ll128":
                 self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
+            elif info.kind == "sig":
+                self.sig_line(info.rank, info.buffer.removesuffix(".sig"), info.parity + 1, info.src, info.slot)
             else:
-                self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot)
+                self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.kind)
 
-    def line(self, rank: int, buffer: str, epoch: int, src: int, slot: int) -> int:
+    def line(self, rank: int, buffer: str, epoch: int, src: int, slot: int, kind: str | None = None) -> int:
         """``LLBuffer::peerLine`` / ``ownLine``: (parity, src, slot) in ``rank``'s region of ``buffer``."""
         par = rules.parity(self.cfg, epoch)
         addr = rules.line_address(self.cfg, par, src, slot)
-        return self.scratch.line(LineInfo(rank, buffer, self.kind, par, src, slot, 0, addr))
+        return self.scratch.line(LineInfo(rank, buffer, kind or self.kind, par, src, slot, 0, addr))
+
+    # ---- signature words (sentinel buffers: ll_buffer.h, "Signature words") -----------------------
+    def sig_thread(self, B: _Builder, b: int, t: int) -> None:
+        """The thread of block ``b`` whose channel 0 is (b, slot 0, thread 0) carries the block's
+        signature words: model thread 0 (its bundle's first real thread is thread 0)."""
+        if self.cfg.signature_words and t == 0:
+            B.sig_block = b
+
+    def sig_ring(self) -> bool:
+        """``SigPeers::Ring``: the word goes to rank + 1 only (and is polled from rank - 1). The
+        device's built-in all-to-all kernels; the fused two-shot sends one with every line-0 send
+        (``Mutation.RING_IN_FUSED_TWOSHOT`` gives it the ring too)."""
+        if self.cfg.sig_peers != "ring":
+            return False
+        return self.cfg.algorithm != "rmsnorm_twoshot" or self.cfg.has(Mutation.RING_IN_FUSED_TWOSHOT)
+
+    def sig_line(self, rank: int, buffer: str, epoch: int, src: int, block: int) -> int:
+        """The signature word of ``block`` from ``src`` in ``rank``'s region of ``buffer``, parity
+        ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
+        par = rules.parity(self.cfg, epoch)
+        addr = rules.signature_address(self.cfg, par, src, block)
+        return self.scratch.line(LineInfo(rank, buffer + ".sig", "sig", par, src, block, 0, addr))
+
+    def sig_send(self, B: _Builder, r: int, k: int, sig: int, buffer: str, p: int,
+                 epochs: dict[tuple[str, int], int]) -> None:
+        """With each line-0 send (or bcast) of ``buffer`` to ``p``, channel 0's thread stores the
+        block's signature word ``sig << 32 | epoch`` (channel 0's epoch) into p's region, at the
+        (parity, source r) part: one aligned 8-byte volatile store. ``SIGNATURE_ONCE``: with the
+        call's first line-0 send to ``p`` only."""
+        b = B.sig_block
+        if b is None or (self.sig_ring() and p != (r + 1) % self.cfg.nranks):
+            return
+        if self.cfg.has(Mutation.SIGNATURE_ONCE):
+            if p in B.sig_sent.setdefault(buffer, set()):
+                return
+            B.sig_sent[buffer].add(p)
+        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
+        B.emit(SEND, line=self.sig_line(p, buffer, e, r, b), value=0, flag=rules.sig_word(self.cfg, sig, e),
+               tag=(k, -1 - b, e), peer=p)
+
+    def sig_items(self, B: _Builder, r: int, k: int, sig: int, buffer: str, peers: list[int],
+                  epochs: dict[tuple[str, int], int]) -> None:
+        """With each line-0 receive of ``buffer`` from a peer in ``peers``, channel 0's thread polls
+        that peer's signature word in the same wait (one 8-byte volatile load per poll). The word is
+        never cleared: it only ever holds epochs e, e-2, ... of its parity (written with the line-0
+        data of the same channel, pass and parity), so its reuse rests on that line's credit and
+        fence. ``SIGNATURE_ONCE``: with the call's first line-0 receive from the peer only."""
+        b = B.sig_block
+        if b is None:
+            return
+        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
+        for p in peers:
+            if self.sig_ring() and p != (r - 1) % self.cfg.nranks:
+                continue
+            if self.cfg.has(Mutation.SIGNATURE_ONCE):
+                if p in B.sig_polled.setdefault(buffer, set()):
+                    continue
+                B.sig_polled[buffer].add(p)
+            B.emit(POLL, line=self.sig_line(r, buffer, e, p, b), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
+                   tag=(k, -1 - b, e), peer=p)
 
     def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
         par = rules.parity(self.cfg, epoch)
@@ -193,6 +316,11 @@ class _Gen:
             B.emit(POLL, line=ln, reg=reg, flag=self.flag(sig, e), tag=tag, peer=p)
             if self.kind == "sentinel":
                 B.reset(buffer, ln)
+        if items:
+            B.at(B.it, 0)
+            self.sig_items(B, r, items[0][4][0], sig, buffer,
+                           [p for p, i, *_ in items if i == 0], epochs)
+            B.received_from(buffer)
 
     def _active(self, geo: Geometry, it: int, b: int, t: int, lines: int) -> list[tuple[int, int, int]]:
         """(slot, message line, channel) of every slot of thread (b, t) with data in iteration it."""
@@ -201,7 +329,8 @@ class _Gen:
         return [c for c in chans if c[1] < lines]
 
     def _threads(self, r: int, k: int, geo: Geometry, lines: int,
-                 iteration: Callable[[_Builder, int, list[tuple[int, int, int]]], None]) -> list[ThreadProgram]:
+                 iteration: Callable[[_Builder, int, list[tuple[int, int, int]]], None],
+                 epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         """One program per (block, thread) of call ``k`` on rank ``r``: ``iteration(B, it, chans)``
         for every iteration in which the thread has data (``_active``), then the kernel end
         (``commit``)."""
@@ -209,6 +338,7 @@ class _Gen:
         for b in range(geo.blocks):
             for t in range(geo.threads):
                 B = _Builder(self.cfg, f"r{r} call{k} b{b}.t{t}")
+                self.sig_thread(B, b, t)
                 for it in range(geo.iterations):
                     B.at(it, 0)
                     chans = self._active(geo, it, b, t, lines)
@@ -233,6 +363,8 @@ class _Gen:
                     if p != r:
                         B.emit(SEND, line=self.line(p, "oneshot", e, r, s), value=input_value(r, k, x),
                                flag=self.flag(sig, e), tag=(k, x, e), peer=p)
+                        if i == 0:
+                            self.sig_send(B, r, k, sig, "oneshot", p, epochs)
             acc = {i: B.reg() for i, _, _ in chans}
             items = [(p, i, s, acc[i], (k, x, epochs.get(("oneshot", s), 0)))
                      for p in range(R) if p != r for i, x, s in chans]
@@ -243,7 +375,7 @@ class _Gen:
                 B.emit(OUT, reg=acc[i], expect=sum(input_value(q, k, x) for q in range(R)), value=x)
                 B.advance(epochs, ("oneshot", s))  # buf.advanceEpoch
 
-        return self._threads(r, k, geo, n, iteration)
+        return self._threads(r, k, geo, n, iteration, epochs)
 
     # ---- two-shot: allreduce_twoshot.cu ---------------------------------------------------------
     def twoshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -260,6 +392,7 @@ class _Gen:
             return not unpadded or c * cl + x < n
 
         def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+            B.release("rs", "ag")  # rs.releaseReceivesWith(ag): the previous pass's receives, one fence
             # reduce-scatter: rs.send(c, i, line x of chunk c) for every c != self
             for c in range(R):
                 if c == r:
@@ -272,6 +405,8 @@ class _Gen:
                     B.before_send("rs")
                     B.emit(SEND, line=self.line(c, "rs", e, r, s), value=inp(r, c * cl + x),
                            flag=self.flag(sig, e), tag=(k, c * cl + x, e), peer=c)
+                    if i == 0:
+                        self.sig_send(B, r, k, sig, "rs", c, epochs)
             mine = [ch for ch in chans if exists(r, ch[1])]
             acc = {i: B.reg() for i, _, _ in mine}
             items = [(p, i, s, acc[i], (k, r * cl + x, epochs.get(("rs", s), 0)))
@@ -289,6 +424,8 @@ class _Gen:
                     if p != r:
                         B.emit(SEND, line=self.line(p, "ag", e, r, s), reg=acc[i],
                                flag=self.flag(sig, e), tag=(k, m, e), peer=p)
+                        if i == 0:
+                            self.sig_send(B, r, k, sig, "ag", p, epochs)
                 if m < n:
                     B.emit(OUT, reg=acc[i], expect=sum(inp(q, m) for q in range(R)), value=m)
             got = {(c, i): B.reg() for c in range(R) for i, x, _ in chans if c != r and exists(c, x)}
@@ -305,7 +442,7 @@ class _Gen:
                 B.advance(epochs, ("rs", s))
                 B.advance(epochs, ("ag", s))
 
-        return self._threads(r, k, geo, cl, iteration)
+        return self._threads(r, k, geo, cl, iteration, epochs)
 
     # ---- fused RMSNorm two-shot's exchange: allreduce_rmsnorm.cu, SOLLAT_RMSNORM_TWOSHOT ------------
     def rowshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -329,6 +466,8 @@ class _Gen:
                     B.before_send("rs")
                     B.emit(SEND, line=self.line(x % R, "rs", e, r, s), value=input_value(r, k, x),
                            flag=self.flag(sig, e), tag=(k, x, e), peer=x % R)
+                    if i == 0:
+                        self.sig_send(B, r, k, sig, "rs", x % R, epochs)
             for i, x, s in chans:
                 B.at(it, i)
                 want = sum(input_value(q, k, x) for q in range(R))
@@ -344,6 +483,8 @@ class _Gen:
                         if p != r:
                             B.emit(SEND, line=self.line(p, "ag", e_ag, r, s), reg=got,
                                    flag=self.flag(sig, e_ag), tag=(k, x, e_ag), peer=p)
+                            if i == 0:
+                                self.sig_send(B, r, k, sig, "ag", p, epochs)
                 else:  # ag.recvUnrolled from the owner
                     item = (x % R, i, s, got, (k, x, epochs.get(("ag", s), 0)))
                     self._poll_all(B, r, "ag", [item], sig, epochs)
@@ -352,7 +493,7 @@ class _Gen:
                 B.advance(epochs, ("rs", s))
                 B.advance(epochs, ("ag", s))
 
-        return self._threads(r, k, geo, n, iteration)
+        return self._threads(r, k, geo, n, iteration, epochs)
 
     # ---- two-shot LL128 atomic: allreduce_ll128.cu ------------------------------------------------
     def ll128(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
@@ -385,6 +526,7 @@ class _Gen:
                         break
                     B.at(it, 0)
                     e = epochs.get(("acc", slot), 0)
+                    B.release("ag")  # ag.releaseReceives(): the previous all-gather receive before these adds
                     # reduce-scatter: every lane adds into every owner's line (own chunk included)
                     packed = {c: protocols.ll128_pack(inp(r, c * cl + x), W, L, counter=0 if split else 1)
                               for c in range(R)}
@@ -397,9 +539,9 @@ class _Gen:
                             else:
                                 for lane in range(L):
                                     B.emit(ISSUE_ADD, line=ln, lane=lane, value=packed[c][sub][lane], tag=tag, peer=c)
-                    if split:  # __syncwarp(); fence.acq_rel.gpu; counter adds
+                    if split:  # __syncwarp(); fence<peer_scope()> (acq_rel); counter adds
                         if not cfg.has(Mutation.SPLIT_NO_FENCE):
-                            B.emit(FENCE)
+                            B.fence()
                         for c in range(R):
                             for sub in range(W):
                                 B.emit(ISSUE_ADD, line=self.acc_line(c, e, slot, sub), lane=COUNTER_LANE,
@@ -411,16 +553,19 @@ class _Gen:
                         snap = B.reg()
                         snaps.append(snap)
                         B.emit(POLL128, line=self.acc_line(r, e, slot, sub), reg=snap, expect=R, tag=(k, m, e))
+                    if split:  # the acquire side of the counter, before the data is read (fence<peer_scope()>)
+                        B.fence()
                     red = B.reg()
                     B.emit(COMBINE, reg=red, srcs=tuple(snaps))
                     if not cfg.has(Mutation.SKIP_LL128_ZERO):
                         for sub in range(W):
                             B.emit(ZERO, line=self.acc_line(r, e, slot, sub))
                         if not cfg.has(Mutation.RESET_AFTER_SEND):
-                            B.emit(FENCE)
+                            B.fence()  # fence<peer_scope()>: the read and the zeroing before the all-gather sends
                     B.advance(epochs, ("acc", slot))
                     # all-gather (LLBuffer<ProtoLL>): bcast own unit, write it, collect the others
                     ea = epochs.get(("ag", ch), 0)
+                    B.before_send("ag")
                     for p in range(R):
                         if p != r:
                             B.emit(SEND, line=self.line(p, "ag", ea, r, ch), reg=red, flag=self.flag(sig, ea),
@@ -436,6 +581,7 @@ class _Gen:
                                tag=(k, mc, ea), peer=c)
                         if mc < n:
                             B.emit(OUT, reg=gr, expect=total(mc), value=mc)
+                    B.received_from("ag")
                     B.advance(epochs, ("ag", ch))
                 threads.append(B.end())
         return threads

@@ -57,6 +57,26 @@ class Variant:
     send_ahead: int = 1  # rounds the reduce-scatter is sent ahead of the round being reduced (kernel: 1)
     early_send: bool = False  # the next round's reduce-scatter sent before this round's wait (kernel: after the reduce)
     signed: bool = True  # flags carry the call signature and waits check it (planted: False)
+    #: The flag store is a release (``st.release`` after the block barrier): the area's data stores
+    #: are performed before it. False (planted, PTX ISA §8.9.5: relaxed accesses to different
+    #: locations are ordered by nothing): the flag may be posted before, or while, the data lands.
+    release_post: bool = True
+    #: The flag load is an acquire (``ld.acquire``, then the block barrier): the data accesses after
+    #: the wait follow it. False (planted): the area's reads, and the next writes, may be performed
+    #: before the flag is seen (load-load order and load buffering are not ordered by PTX either).
+    acquire_wait: bool = True
+
+
+#: How far a step may overtake earlier steps of its rank (the relaxed variants only).
+_LOOKAHEAD = 8
+
+
+def overtakes(v: Variant, later: Step, earlier: Step) -> bool:
+    """Whether ``later`` may be performed before ``earlier`` (of the same rank): only what the
+    relaxed flag variants allow; the kernel's release/acquire pairs order everything else."""
+    if not v.release_post and later.op == "P" and earlier.op in ("W", "WE"):
+        return True
+    return not v.acquire_wait and earlier.op == "A" and later.op in ("R", "RE", "W", "WE")
 
 
 def program(rank: int, nranks: int, calls: tuple[Call, ...], v: Variant) -> list[Step]:
@@ -177,8 +197,28 @@ def explore(nranks: int, calls: tuple[Call, ...], variant: Variant = Variant(), 
         elif s.op == "RE":
             area[w] = (a[0], 3 if a[2] == 1 else a[1], a[2] - 1, a[3])
 
+    done = [0] * nranks  # steps after pcs[r] already taken (the relaxed variants), a bit mask from pcs[r]
+
+    def candidates(r: int) -> list[int]:
+        prog, pc = progs[r], pcs[r]
+        out = []
+        for i in range(pc, min(len(prog), pc + _LOOKAHEAD)):
+            if done[r] >> (i - pc) & 1:
+                continue
+            if all(done[r] >> (q - pc) & 1 or overtakes(variant, prog[i], prog[q]) for q in range(pc, i)):
+                out.append(i)
+            if variant.release_post and variant.acquire_wait:
+                break
+        return out
+
+    def take(r: int, i: int) -> None:
+        done[r] |= 1 << (i - pcs[r])
+        while done[r] & 1:
+            done[r] >>= 1
+            pcs[r] += 1
+
     def dfs() -> Result | None:
-        k = key()
+        k = (key(), tuple(done))
         if k in seen:
             return None
         seen.add(k)
@@ -188,36 +228,37 @@ def explore(nranks: int, calls: tuple[Call, ...], variant: Variant = Variant(), 
         for r in range(nranks):
             if pcs[r] == len(progs[r]):
                 continue
-            s = progs[r][pcs[r]]
-            why = fault(r, s)
-            if why == "wait":
-                continue
-            stops = why == "mismatch"  # recorded: this rank stops (the others see the record at their next check)
-            if stops and not mismatch:
-                why = f"rank {r} records a mismatch at {_name(s)} although every rank makes the same calls"
-            elif stops:
-                why = ""
-            if why:
-                return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {'D' if stops else s.op}"])
-            moved = True
-            saved_pc, saved_a, saved_f = pcs[r], dict(area), dict(flag)
-            if stops:
-                pcs[r] = len(progs[r])
-                detected.add(r)
-            else:
-                apply(s)
-                pcs[r] += 1
-            trace.append(f"r{r} {'D' if stops else s.op} {_name(s)}")
-            bad = dfs()
-            trace.pop()
-            pcs[r] = saved_pc
-            detected.discard(r)
-            area.clear()
-            area.update(saved_a)
-            flag.clear()
-            flag.update(saved_f)
-            if bad is not None:
-                return bad
+            for i in candidates(r):
+                s = progs[r][i]
+                why = fault(r, s)
+                if why == "wait":
+                    continue
+                stops = why == "mismatch"  # recorded: this rank stops (the others see the record at their next check)
+                if stops and not mismatch:
+                    why = f"rank {r} records a mismatch at {_name(s)} although every rank makes the same calls"
+                elif stops:
+                    why = ""
+                if why:
+                    return Result(False, len(seen), why, [*trace, f"r{r} {_name(s)} {'D' if stops else s.op}"])
+                moved = True
+                saved_pc, saved_done, saved_a, saved_f = pcs[r], done[r], dict(area), dict(flag)
+                if stops:
+                    pcs[r], done[r] = len(progs[r]), 0
+                    detected.add(r)
+                else:
+                    apply(s)
+                    take(r, i)
+                trace.append(f"r{r} {'D' if stops else s.op} {_name(s)}")
+                bad = dfs()
+                trace.pop()
+                pcs[r], done[r] = saved_pc, saved_done
+                detected.discard(r)
+                area.clear()
+                area.update(saved_a)
+                flag.clear()
+                flag.update(saved_f)
+                if bad is not None:
+                    return bad
         if not moved and mismatch and not detected:
             return Result(False, len(seen), "the calls differ but no rank recorded a mismatch", list(trace))
         if not moved and not detected and any(pcs[r] < len(progs[r]) for r in range(nranks)):
@@ -253,6 +294,10 @@ PLANTED: tuple[tuple[str, int, tuple[int, ...], Variant], ...] = (
     ("bulk-one-parity", 2, (2, 1), Variant(parities=1)),
     ("bulk-post-before-data", 2, (1, 1), Variant(post_before_write_end=True)),
     ("bulk-send-two-ahead", 2, (4,), Variant(send_ahead=2)),
+    # PTX: the flag's release/acquire is what orders the area (the kernel before session 10 read
+    # the area with raw ld.global.cg asm and stored it with plain stores, outside memory.h)
+    ("bulk-relaxed-post", 2, (2, 1), Variant(release_post=False)),
+    ("bulk-relaxed-wait", 2, (2, 1), Variant(acquire_wait=False)),
 )
 # Call mismatches (the last rank's calls differ, as with the signature hook or another size): with
 # signed flags every schedule ends in a recorded mismatch; without, a wrong sum is read unreported.

@@ -9,6 +9,8 @@
   --mutation NAME    print the counterexample for one planted bug (see --list)
   --config NAME      check only these configurations (repeatable; see --list)
   --list             list configurations and planted bugs
+  --memory MODEL     ptx (the default: PTX's memory consistency model, what CI checks) or strong
+                     (the model before session 10: untorn 16-byte lines, stores in program order)
 
 --sweep and --soak print a progress line on stderr every 10 seconds.
 """
@@ -22,11 +24,26 @@ from collections.abc import Callable
 
 from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
 from . import bulk
+from .config import MEMORY
 from .explore import Report, exhaustive, random_runs
 from .fault_sweep import FAULT_BENIGN, FAULT_PLANTED
-from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, default_workers, find_config, soak, sweep, sweep_tasks
+from .sweep import (
+    BENIGN,
+    EXHAUSTIVE,
+    PLANTED,
+    RANDOM,
+    Planted,
+    default_workers,
+    find_config,
+    soak,
+    sweep,
+    sweep_tasks,
+    with_memory,
+)
 
 TICK_SECONDS = 10.0
+#: Exhaustive configurations the demo runs.
+DEMO_CONFIGS = ("oneshot-ll-2r1t", "oneshot-sentinel-2r1t", "twoshot-ll-2r1t", "ll128-2r1t")
 
 
 def _progress(verbose: bool) -> Callable[[Report], None]:
@@ -108,25 +125,41 @@ def _list() -> int:
     return 0
 
 
-def _planted(seed: int, show: str | None = None) -> int:
+def _strong_proof(p: Planted) -> int:
+    """A PTX-only planted bug under the strong model: every schedule must be clean."""
+    ex = exhaustive(with_memory(p.config, "strong"))
+    ok = ex.ok and ex.complete
+    print(f"{'proved' if ok else 'FAILED'}  {p.name:40s} harmless in the strong model, caught only by PTX mode "
+          f"({ex.states:,} states, every schedule)")
+    return not ok
+
+
+def _planted(seed: int, show: str | None = None, memory: str = "ptx") -> int:
     bad = 0
     for p in PLANTED + FAULT_PLANTED:
         if show is not None and p.name != show:
             continue
-        ex = exhaustive(p.config)
-        rnd = random_runs(p.config, 3000, seed)
+        if memory == "strong" and p.ptx_only:
+            bad += _strong_proof(p)
+            continue
+        cfg = with_memory(p.config, memory)
+        ex = exhaustive(cfg)
+        rnd = random_runs(cfg, 3000, seed)
         caught = [r for r in (ex, rnd) if r.counterexample is not None and r.counterexample.violation.kind in p.kinds]
         ok = len(caught) == 2
         bad += not ok
-        rk = f"after {rnd.interleavings} random schedule(s)" if rnd.counterexample else "NOT by random schedules"
+        rk = (f"random: {rnd.counterexample.violation.kind} after {rnd.interleavings} schedule(s)"
+              if rnd.counterexample else "NOT by random schedules")
         print(f"{'caught' if ok else 'MISSED'}  {p.name:40s} exhaustive: "
               f"{ex.counterexample.violation.kind if ex.counterexample else 'NOT caught'}; {rk}")
         if show is not None and ex.counterexample is not None:
             print(ex.counterexample.format())
+        if p.ptx_only:  # and the strong model proves the same configuration clean
+            bad += _strong_proof(p)
     if show is None:
         bad += _bulk()
         for p in BENIGN + FAULT_BENIGN:
-            ex = exhaustive(p.config)
+            ex = exhaustive(with_memory(p.config, memory))
             ok = ex.ok and ex.complete
             bad += not ok
             print(f"{'proved' if ok else 'FAILED'}  {p.name:40s} harmless: {p.rule} "
@@ -134,31 +167,43 @@ def _planted(seed: int, show: str | None = None) -> int:
     return 1 if bad else 0
 
 
-def _demo(seed: int, workers: int) -> int:
+def _demo(seed: int, workers: int, memory: str) -> int:
     t0 = time.perf_counter()
     print("sollat protocol model: every write/read of LL, sentinel, double buffering and LL128 atomic,")
-    print("checked under adversarial schedules (no GPU needed). Short demo; `--sweep` is the CI run.\n")
+    print(f"checked under adversarial schedules (no GPU needed), memory model: {memory}. Short demo;")
+    print("`--sweep` is the CI run, `--planted` checks every planted bug.\n")
     fails = 0
-    names = ["oneshot-ll-2r1t", "oneshot-sentinel-3r1t", "twoshot-sentinel-2r2t", "ll128-3r1t"]
+    names = DEMO_CONFIGS
     for c in EXHAUSTIVE:
         if c.name in names:
-            rep = exhaustive(c)
+            rep = exhaustive(with_memory(c, memory))
             fails += not (rep.ok and rep.complete)
             print(rep.summary())
     for c, n in RANDOM[:9]:
-        rep = random_runs(c, max(100, n // 40), seed)
+        rep = random_runs(with_memory(c, memory), max(60, n // 120), seed)
         fails += not rep.ok
         print(rep.summary())
         if rep.counterexample is not None:
             print(rep.counterexample.format())
-    print("\nA planted bug (the sentinel reset not fenced before the next send), as the checker reports it:")
+    print("\nA planted bug (no fence between a receive, its sentinel resets and the next send), as the checker")
+    print("reports it:")
     p = next(p for p in PLANTED if p.name == "reset-after-send/oneshot-sentinel")
-    rep = exhaustive(p.config)
+    rep = exhaustive(with_memory(p.config, memory))
     if rep.counterexample is None:
         print("MISSED: the planted bug was not caught")
         fails += 1
     else:
         print(rep.counterexample.format())
+    if memory == "ptx":
+        print("\nA bug only PTX's memory model has (the LL line before session 10: one flag for 16 bytes, which")
+        print("PTX may split into two 8-byte stores), as the checker reports it:")
+        p = next(p for p in PLANTED if p.name == "single-flag-line/oneshot-ll")
+        rep = exhaustive(p.config)
+        if rep.counterexample is None:
+            print("MISSED: the planted bug was not caught")
+            fails += 1
+        else:
+            print(rep.counterexample.format())
     print(f"\ndemo done in {time.perf_counter() - t0:.1f} s: {'all clean, planted bug caught' if not fails else 'FAILED'}")
     return 1 if fails else 0
 
@@ -177,6 +222,8 @@ def _parser() -> Parser:
     ap.add_argument("--runs", type=positive_int, default=None,
                     help="--config: random schedules per configuration (default 2000)")
     ap.add_argument("--exhaustive", action="store_true", help="--config: exhaustive search instead of random")
+    ap.add_argument("--memory", choices=MEMORY, default="ptx",
+                    help="memory model: ptx (default, what CI checks) or strong (before session 10)")
     ap.add_argument("--seed", type=nonneg_int, default=0)
     ap.add_argument("--workers", type=positive_int, default=default_workers())
     ap.add_argument("-v", "--verbose", action="store_true", help="print every configuration's report")
@@ -203,7 +250,7 @@ def _check(ap: Parser, a: argparse.Namespace) -> None:
 def _configs(a: argparse.Namespace) -> int:
     fails = 0
     for name in a.config:
-        cfg = find_config(name)
+        cfg = with_memory(find_config(name), a.memory)
         rep = exhaustive(cfg) if a.exhaustive else random_runs(cfg, a.runs or 2000, a.seed)
         print(rep.summary())
         if rep.counterexample is not None:
@@ -219,7 +266,7 @@ def _sweep(a: argparse.Namespace) -> int:
     print(f"sweep: {len(EXHAUSTIVE)} exhaustive configurations and {runs:,} random schedules on {len(RANDOM)} "
           f"configurations, {len(tasks)} tasks on {a.workers} worker(s); progress on stderr", flush=True)
     tick = Ticker("sweep", _progress(a.verbose), total=len(tasks), every=TICK_SECONDS)
-    res = sweep(scale, a.seed, workers=a.workers, progress=tick)
+    res = sweep(scale, a.seed, workers=a.workers, progress=tick, memory=a.memory)
     print(res.summary())
     bulk_bad = _bulk()
     return 0 if res.ok and not bulk_bad else 1
@@ -229,7 +276,7 @@ def _soak(a: argparse.Namespace) -> int:
     print(f"soak: random schedules on {len(RANDOM)} configurations for {a.soak:.0f} s on {a.workers} worker(s); "
           "progress on stderr", flush=True)
     tick = Ticker("soak", _progress(a.verbose), deadline=a.soak, every=TICK_SECONDS)
-    res = soak(a.soak, a.seed or int(time.time()), workers=a.workers, progress=tick)
+    res = soak(a.soak, a.seed or int(time.time()), workers=a.workers, progress=tick, memory=a.memory)
     print(res.summary())
     return 0 if res.ok else 1
 
@@ -241,16 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.list:
         return _list()
     if a.mutation:
-        return _planted(a.seed, a.mutation)
+        return _planted(a.seed, a.mutation, a.memory)
     if a.planted:
-        return _planted(a.seed)
+        return _planted(a.seed, memory=a.memory)
     if a.config:
         return _configs(a)
     if a.sweep:
         return _sweep(a)
     if a.soak is not None:
         return _soak(a)
-    return _demo(a.seed, a.workers)
+    return _demo(a.seed, a.workers, a.memory)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,32 @@ class Mutation(enum.Enum):
     #: Fault path: the record code is loaded before ``griddepcontrol.wait`` (PDL): a kernel reads
     #: the record as it was when the previous kernel of its rank started.
     EARLY_PRIOR = "early-prior"
+    #: The LL line before session 10: 8 bytes of payload and one 8-byte flag in one 16-byte store
+    #: (``protocol_ll.h`` at 1be0c58). Harmless if the store is never torn (``memory="strong"``);
+    #: PTX performs a vector access as its 8-byte parts in any order, so the flag word may be
+    #: seen before the payload word.
+    SINGLE_FLAG_LINE = "single-flag-line"
+    #: The fence between a completed receive and the next send of a buffer (``LLBuffer``'s
+    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only where the code
+    #: before session 10 had one: after sentinel resets. No fence after an LL receive, none at the
+    #: top of a pass or before LL128's next adds: the next send then rests on the control dependency
+    #: on the poll, which PTX does not order.
+    NO_REUSE_FENCE = "no-reuse-fence"
+    #: Every protocol fence at ``.gpu`` scope (``fence<Scope::Gpu>`` literals) although the ranks
+    #: are on different GPUs (``Config.ranks="real"``): PTX's fences then order nothing for a peer.
+    GPU_FENCE = "gpu-fence"
+    #: Sentinel buffers without the signature word (the code before session 10): a peer that made
+    #: another call with the same line count is summed, not reported.
+    NO_SIGNATURE_LINE = "no-signature-line"
+    #: The signature word only with the call's first line-0 send to each peer (and polled only with
+    #: the first line-0 receive), not with every one: a call of p passes then leaves the word of one
+    #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
+    #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
+    SIGNATURE_ONCE = "signature-once"
+    #: The fused two-shot with the built-in kernels' ring of signature words (``SigPeers::Ring``:
+    #: only to rank + 1) instead of a word with every line-0 send (``SigPeers::Every``): a row's
+    #: exchange is only with its owner, so from 4 ranks on a rank's call is compared with nobody's.
+    RING_IN_FUSED_TWOSHOT = "ring-in-fused-twoshot"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -73,7 +99,8 @@ class Fault:
 
     ``absent``: the rank's threads of call ``call`` end at once without sending (``prologue``
     returns false), so its peers time out. ``mismatch``: the rank calls with another signature
-    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag.
+    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag, and
+    sentinel peers a signature word with the right epoch and a foreign signature.
     """
 
     kind: str  # "absent" | "mismatch"
@@ -92,6 +119,22 @@ class Fault:
 
 ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
 PROTOCOLS = ("ll", "sentinel")
+#: "ptx": the PTX memory consistency model (ptx.PtxMachine; docs/protocol-model.md, "The PTX
+#: mode"); "strong": the model before session 10 (untorn 16-byte lines, stores to peers in program
+#: order, no store before an earlier load).
+MEMORY = ("ptx", "strong")
+#: Where the ranks run: "real" (one GPU each: a peer is outside .gpu scope) or "virtual" (all on one
+#: GPU, VirtualCommunicator: .gpu scope covers every peer).
+RANKS = ("real", "virtual")
+#: PTX mode: which 16-byte accesses are split into their two 8-byte parts. "flags": the lines whose
+#: parts do not each carry what the reader checks (the single-flag LL line); a line whose every
+#: part is checked by its reader (two-flag LL, sentinel) is one access, which loses no behaviour the
+#: checks can tell apart (docs). "all": every line.
+TEAR = ("flags", "all")
+#: Width of the signature word's epoch field (``ll_buffer.h``: ``sig << 32 | epoch``, 32 bits).
+SIG_EPOCH_FIELD_BITS = 32
+#: Width of an LL flag's epoch field (``protocol_ll.h``: 16 bits; SOLLAT_EPOCH_BITS may mask fewer).
+EPOCH_FIELD_BITS = 16
 
 
 @dataclass(frozen=True)
@@ -111,7 +154,7 @@ class Config:
     threads: int = 1  # model threads per block at full width; divides MAX_THREADS // WARP
     max_blocks: int = 1
     max_slots: int = 1
-    epoch_bits: int = 32  # SOLLAT_EPOCH_BITS
+    epoch_bits: int = EPOCH_FIELD_BITS  # SOLLAT_EPOCH_BITS
     #: Hardware assumption: a warp's 128-byte line add lands at the owner as one unit (NVLink).
     ll128_line_atomic: bool = True
     #: ``SOLLAT_LL128_SPLIT=1``: data lanes add with counter 0, fence, then a separate counter add.
@@ -128,6 +171,22 @@ class Config:
     #: When a blocked poll may time out: "stuck" (only when no other step is enabled anywhere: the
     #: timeout is longer than any skew) or "any" (at any poll: spurious timeouts of slow peers).
     timeouts: str = "stuck"
+    #: The memory model (``MEMORY``); "ptx" is what CI checks.
+    memory: str = "ptx"
+    ranks: str = "real"
+    tear: str = "flags"
+    #: Sentinel buffers' signature words (``ll_buffer.h``, "Signature words"). False: not modelled in
+    #: this configuration (the data lines only). Leaving them out only removes a store and a load
+    #: that nothing else waits for (a thread's signature poll delays nothing but its own pass), so
+    #: every data-line behaviour with them is one without them: large configurations check the data
+    #: lines so, small ones the signature words too.
+    sig_words: bool = True
+    #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
+    sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
+    #: Which line-0 sends carry a signature word (``ll_buffer.h`` SigPeers): "ring" (the device: the
+    #: one-shot, the two-shot, AllGather, ReduceScatter send only to rank + 1; the fused two-shot to
+    #: every peer) or "every" (every line-0 send, in every algorithm).
+    sig_peers: str = "ring"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -138,8 +197,16 @@ class Config:
             raise ValueError("nranks must be in 2..8")
         if not self.calls or min(self.calls) < 1:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
-        if self.epoch_bits < 1 or self.epoch_bits > 32:
-            raise ValueError("epoch_bits must be in 1..32")
+        if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
+            raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
+        if self.sig_peers not in ("ring", "every"):
+            raise ValueError(f"sig_peers must be 'ring' or 'every', got {self.sig_peers!r}")
+        if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
+            raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
+        for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
+                                     ("tear", self.tear, TEAR)):
+            if value not in allowed:
+                raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
             raise ValueError("ll128_lines and ll128_lanes must be positive")
         self._check_faults()
@@ -155,8 +222,6 @@ class Config:
                 raise ValueError(f"bad fault {f}")
             if not (0 <= f.rank < self.nranks and 0 <= f.call < last):
                 raise ValueError(f"fault {f.label()} must name a rank and a call before the reset")
-            if f.kind == "mismatch" and self.proto != "ll":
-                raise ValueError("a call mismatch is detected by LL flags only (sentinel lines carry no signature)")
 
     @property
     def fault_path(self) -> bool:
@@ -178,6 +243,16 @@ class Config:
     def has(self, m: Mutation) -> bool:
         return m in self.mutations
 
+    @property
+    def ptx(self) -> bool:
+        return self.memory == "ptx"
+
+    @property
+    def signature_words(self) -> bool:
+        """Sentinel buffers carry a signature word per (block, parity, sender) in every receiver's
+        region, exchanged with every line-0 send (not LL: every LL line carries the signature)."""
+        return self.proto == "sentinel" and self.sig_words and not self.has(Mutation.NO_SIGNATURE_LINE)
+
     def with_mutation(self, *ms: Mutation) -> Config:
         return replace(self, mutations=self.mutations | frozenset(ms))
 
@@ -188,7 +263,19 @@ class Config:
             proto = "ll128" if self.algorithm == "ll128" else self.protocol
             base = f"{self.algorithm}-{proto}-{self.nranks}r{self.threads}t"
         extra = []
-        if self.epoch_bits != 32:
+        if self.memory != "ptx":
+            extra.append(self.memory)
+        if self.ranks != "real":
+            extra.append(self.ranks)
+        if self.tear != "flags":
+            extra.append(f"tear={self.tear}")
+        if self.proto == "sentinel" and not self.sig_words:
+            extra.append("no-sig-words")
+        if self.proto == "sentinel" and self.sig_peers != "ring":
+            extra.append(f"sig={self.sig_peers}")
+        if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
+            extra.append(f"sig-bits={self.sig_epoch_bits}")
+        if self.epoch_bits != EPOCH_FIELD_BITS:
             extra.append(f"bits={self.epoch_bits}")
         if self.algorithm == "ll128" and not self.ll128_line_atomic:
             extra.append("torn")

@@ -96,12 +96,14 @@ class _Adversary:
         if self.frozen is not None and self.frozen_left > 0:
             self.frozen_left -= 1
             fr, fj = self.frozen
-            rest = [a for a in acts if not (a[0] == 0 and a[1] == fr and a[2] == fj)]
+            # a thread's own steps: (0, r, j) in the strong model; (0 | 5, r, j | op << 8) in PTX mode
+            rest = [a for a in acts if not (a[0] in (0, 5) and a[1] == fr and a[2] & 0xFF == fj)]
             if rest:
                 acts = rest
         if len(acts) == 1:
             return acts[0]
-        speed, w = self.speed, (1.0, self.flush_w, self.give_up_w, 1.0, 1.0)
+        # kinds: 0 step / PTX load, 1 delayed store, 2 give-up, 3 rejoin, 4 reset, 5 PTX store
+        speed, w = self.speed, (1.0, self.flush_w, self.give_up_w, 1.0, 1.0, self.flush_w)
         weights = [speed[a[1]] * w[a[0]] for a in acts]
         return rng.choices(acts, weights)[0]
 

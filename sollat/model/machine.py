@@ -1,17 +1,23 @@
 """The executable model: ranks running thread programs against scratch memory, one step at a time.
 
+This module is the *strong* model (``Config(memory="strong")``) and what both models share: the
+programs, the ghost checks, the fault path. The PTX model (the default, what CI checks) is
+:class:`sollat.model.ptx.PtxMachine`, which ``Machine(cfg)`` returns for ``memory="ptx"``.
+
 A *step* is one shared-memory operation of one thread (a line store to a peer, an accepted
 poll, a line-atomic add) followed by that thread's local work up to its next shared operation,
 or the *performing* of one delayed store (a sentinel reset, an LL128 zeroing, one lane of a
-non-atomic LL128 add). Any interleaving of steps is a legal execution of the modelled hardware:
+non-atomic LL128 add). In the strong model any interleaving of steps is an execution of a
+machine stronger than PTX:
 
-* LL and sentinel lines are 16-byte single-copy-atomic stores (``st.volatile.v2.b64``).
-* A thread's line stores to peers are performed in program order, when issued; the model delays
-  only what the protocols must order explicitly: stores to the thread's own scratch that give a
+* LL and sentinel lines are 16-byte single-copy-atomic stores, never torn (PTX promises that
+  only for aligned accesses of at most 8 bytes: the PTX model splits what its checks can tell).
+* A thread's line stores to peers are performed in program order, when issued, never before the
+  thread's earlier polls; the model delays only stores to the thread's own scratch that give a
   line back (reset, zeroing) and, when ``ll128_line_atomic`` is off, the lanes of an LL128 add.
-  Delayed stores are performed in any order, and before the thread passes a ``FENCE`` or ends its
-  kernel (``END``). Same-address order is kept (a store waits for the thread's delayed store to
-  the same line), as is store-to-load forwarding for the thread's own reset.
+  Delayed stores are performed in any order, and before the thread passes a ``FENCE`` (of any
+  scope) or ends its kernel (``END``). Same-address order is kept (a store waits for the thread's
+  delayed store to the same line), as is store-to-load forwarding for the thread's own reset.
 * Kernel boundary: a rank starts call k+1 only when every thread of call k has ended (so all its
   stores are performed). Ranks are never synchronised with each other.
 * A poll is a blocking step: it is enabled only when the line holds what the poll accepts, so no
@@ -113,11 +119,11 @@ class FaultState:
 class State:
     """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
 
-    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx")
+    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx", "done", "front", "acts")
 
     def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
                  pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost], var: list[int],
-                 fx: FaultState | None = None) -> None:
+                 fx: FaultState | None = None, done: list[list[int]] | None = None) -> None:
         self.call = call
         self.pc = pc
         self.regs = regs
@@ -126,15 +132,28 @@ class State:
         self.ghost = ghost
         self.var = var  # per rank: the program variant of its current call (-1: waiting to start it)
         self.fx = fx
+        #: PTX mode (ptx.PtxMachine): per thread, the operations of its current window already
+        #: performed (a bit mask from the window's start, ``pc``); the strong model leaves it empty.
+        self.done = done if done is not None else [[] for _ in call]
+        #: PTX mode, derived from pc and done (not part of the key): per thread, the operations of
+        #: its window whose turn has come (None: to be computed)
+        self.front: list[list[Any]] = [[None] * len(d) for d in self.done]
+        #: PTX mode, derived (not part of the key): per rank, its enabled steps (None: to be computed;
+        #: they change only when the rank steps or a store lands in its scratch)
+        self.acts: list[tuple[Action, ...] | None] = [None] * len(call)
 
     def copy(self) -> State:
-        return State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
-                     self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy())
+        c = State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
+                  self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy(),
+                  [d[:] for d in self.done])
+        c.front = [f[:] for f in self.front]
+        c.acts = self.acts[:]
+        return c
 
     def key(self) -> tuple[Any, ...]:
         return (tuple(self.call), tuple(map(tuple, self.pc)), tuple(map(tuple, self.regs)),
                 tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost),
-                tuple(self.var), None if self.fx is None else self.fx.key())
+                tuple(self.var), None if self.fx is None else self.fx.key(), tuple(map(tuple, self.done)))
 
 
 def _fmt_tag(tag: Any) -> str:
@@ -142,7 +161,8 @@ def _fmt_tag(tag: Any) -> str:
         return "nothing"
     (k, m, e), *rest = tag if isinstance(tag[0], tuple) else (tag,)
     who = f" from r{rest[0]}" if rest else ""
-    return f"call {k} line {m} epoch {e}{who}"
+    what = f"line {m}" if m >= 0 else f"block {-1 - m}'s signature word"  # algorithms._Gen.sig_send
+    return f"call {k} {what} epoch {e}{who}"
 
 
 def _status(g: Ghost) -> str:
@@ -157,11 +177,26 @@ def _ranks(mask: int, nranks: int) -> str:
 
 
 def _fmt_flag(flag: Any) -> str:
-    return f"flag(sig={flag[0]:#010x}, epoch={flag[1]})"
+    if flag is None:
+        return "no flag"
+    if isinstance(flag[0], tuple):  # two-flag line: (tag, epoch) per 8-byte word
+        return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
+    return f"(sig={flag[0]:#010x}, epoch={flag[1]})"
 
 
 class Machine:
-    """Static part of the model (programs, scratch layout) plus the step semantics."""
+    """Static part of the model (programs, scratch layout) plus the step semantics.
+
+    ``Machine(cfg)`` is the strong model for ``cfg.memory == "strong"`` and a
+    :class:`sollat.model.ptx.PtxMachine` for ``"ptx"``.
+    """
+
+    def __new__(cls, cfg: Config) -> Machine:
+        if cls is Machine and cfg.ptx:
+            from .ptx import PtxMachine
+
+            cls = PtxMachine
+        return super().__new__(cls)
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -174,6 +209,7 @@ class Machine:
         # committed); on the fault path further variants are built when a call starts from other
         # epochs. vcode[v] is the same list object as code[r][k] for the built ones.
         self.vcode: list[list[tuple[Instr, ...]]] = [c for rank in self.code for c in rank]
+        self.vrank: list[int] = [r for r, rank in enumerate(self.code) for _ in rank]  # each variant's rank
         self.vnregs: list[list[int]] = []
         self.vadv: list[list[tuple[tuple[int, tuple[str, int], int], ...]]] = []
         self.vouts: list[list[tuple[tuple[int, int], ...]]] = []
@@ -224,6 +260,7 @@ class Machine:
             threads = self.programs.variant(r, k, dict(self._table_list[st.fx.ep[r]]))
             v = self._variants[key] = len(self.vcode)
             self.vcode.append([tuple(th.code) for th in threads])
+            self.vrank.append(r)
             self._describe(threads)
         return v
 
@@ -245,14 +282,13 @@ class Machine:
         while st.call[r] < self.ncalls:
             k = st.call[r]
             if st.fx is not None and self._gate(st, r, k):
-                st.var[r], st.pc[r], st.regs[r] = -1, [], []
+                st.var[r], st.pc[r], st.regs[r], st.done[r] = -1, [], [], []
                 if log is not None:
                     log.append(f"    r{r} waits before call {k} ({self._gate(st, r, k)})")
                 return None
             var = st.var[r] = self._variant(st, r, k)
-            code = self.vcode[var]
-            n = len(code)
-            st.pc[r] = [0] * n
+            n = len(self.vcode[var])
+            self._begin_threads(st, r, var)
             st.regs[r] = [(0,) * m for m in self.vnregs[var]]
             if log is not None:
                 log.append(f"    r{r} starts call {k} ({n} thread{'s' if n != 1 else ''})")
@@ -264,7 +300,7 @@ class Machine:
                 v = self._settle(st, r, j, log, advance=False)
                 if v is not None:
                     return v
-            if any(pc < len(c) for pc, c in zip(st.pc[r], code, strict=True)):
+            if not self._all_finished(st, r):
                 return None
             if st.fx is not None:
                 v = self._end_call(st, r, k)
@@ -273,8 +309,14 @@ class Machine:
             st.call[r] += 1  # every thread of the call already finished (no data for this rank)
             if log is not None:
                 log.append(f"    r{r} ends call {k} (kernel boundary)")
-        st.var[r], st.pc[r], st.regs[r] = -1, [], []
+        st.var[r], st.pc[r], st.regs[r], st.done[r] = -1, [], [], []
         return None
+
+    def _begin_threads(self, st: State, r: int, var: int) -> None:
+        st.pc[r] = [0] * len(self.vcode[var])
+
+    def _all_finished(self, st: State, r: int) -> bool:
+        return all(pc == len(c) for pc, c in zip(st.pc[r], self.vcode[st.var[r]], strict=True))
 
     # ---- enabled steps -------------------------------------------------------------------------
     def _own_pending_line(self, st: State, r: int, j: int, line: int) -> bool:
@@ -300,9 +342,8 @@ class Machine:
                     if op == POLL:
                         content = mem[ins.line]
                         flag = ins.flag
-                        if flag is not None:  # protocols.ll_try_load != 0, inlined
-                            f = content[1]
-                            if f == flag or (f[1] == flag[1] and f != (0, 0)):
+                        if flag is not None:
+                            if protocols.ll_check_flag(content[1], flag):
                                 acts.append((0, r, j))
                         elif content is not None and not (pend and self._forwarded_reset(pend, j, ins.line)):
                             acts.append((0, r, j))
@@ -485,7 +526,7 @@ class Machine:
         if g[0] == FULL:
             return Violation("reset-race", f"the {what} of {self.names[ln]} issued by {ins.where} is performed after "
                              f"new data {_fmt_tag(g[1])} arrived: that data is lost", ln)
-        st.mem[ln] = protocols.EMPTY if kind == P_RESET else self.zero_line
+        st.mem[ln] = self.scratch.rest(ln) if kind == P_RESET else self.zero_line
         st.ghost[ln] = (FREE, None, ())
         return None
 
@@ -582,13 +623,17 @@ class Machine:
                              f"{FAULT_NAMES.get(prior, prior)}")
         if not absent and not cfg.has(Mutation.NO_POISON):
             fx.outs[r] = (1 << cfg.calls[k]) - 1
-        st.pc[r] = [len(c) for c in code]
+        self._finish_threads(st, r)
         fx.abort[r] = (1 << len(code)) - 1
         if log is not None:
             log.append(f"    r{r} is absent in call {k}: its blocks return at once (test hook)" if absent else
                        f"    r{r} REFUSES call {k}: its record holds {FAULT_NAMES.get(prior, prior)}; NaN into "
                        "every output it owns, nothing sent, nothing committed")
         return None
+
+    def _finish_threads(self, st: State, r: int) -> None:
+        """Every thread of rank r's current call ends at once (refusal, the absent hook)."""
+        st.pc[r] = [len(c) for c in self.vcode[st.var[r]]]
 
     def _end_call(self, st: State, r: int, k: int) -> Violation | None:
         """Kernel end: every output line of the call holds the exact sum or NaN (absent: untouched)."""

@@ -14,21 +14,35 @@ from .rules import DEVICE_LL, DEVICE_LL128, DEVICE_SENTINEL
 #: equals it because the sender canonicalises NaN (``ProtoSentinel::encode``); model data are ints.
 EMPTY = None
 
-#: LL line at rest: payload 0, flag 0 (``Communicator._init_scratch`` fills LL regions with 0).
-LL_REST: tuple[int, tuple[int, int]] = (0, (0, 0))
+#: LL line at rest: payload 0, every flag word 0 (``Communicator._init_scratch`` fills LL regions
+#: with 0). ``rules.ll_rest`` gives the rest value of the configured line format.
+LL_REST: tuple[int, Any] = (0, ((0, 0), (0, 0)))
 
-Flag = tuple[int, int]  # (signature, epoch & mask) == the 64-bit word sig << 32 | epoch
+#: One flag word: (tag, epoch & mask). A two-flag line's flag is a pair of them (one per 8-byte
+#: word); the single-flag line (``Mutation.SINGLE_FLAG_LINE``) has one (signature, epoch).
+Flag = tuple[int, int]
 
 
-def ll_try_load(content: tuple[Any, Flag], want: Flag) -> int:
-    """``ProtoLL::check`` (``protocol_ll.h``): 1 data of this epoch and call, 0 not yet,
-    -1 this epoch from a call with another signature (a call mismatch, reported)."""
-    flag = content[1]
+def _other_call(f: Flag, want: Flag) -> bool:
+    """``ll_other_call``: a word that holds this epoch with another tag (another call)."""
+    return f != want and f != (0, 0) and f[1] == want[1]
+
+
+def ll_check_flag(flag: Any, want: Any) -> int:
+    """``ll_check`` (``protocol_ll.h``) on the flag part of a line: 1 when every word carries the
+    wanted flag, -1 when a word carries this epoch with another tag, 0 otherwise (not yet written,
+    or torn: keep polling)."""
     if flag == want:
         return 1
-    if flag[1] == want[1] and flag != (0, 0):
-        return -1
-    return 0
+    if isinstance(want[0], tuple):  # two-flag line: one flag per 8-byte word
+        return -1 if _other_call(flag[0], want[0]) or _other_call(flag[1], want[1]) else 0
+    return -1 if _other_call(flag, want) else 0
+
+
+def ll_try_load(content: tuple[Any, Any], want: Any) -> int:
+    """``ProtoLL::check`` (``protocol_ll.h``): 1 data of this epoch and call, 0 not yet,
+    -1 this epoch from a call with another signature (a call mismatch, reported)."""
+    return ll_check_flag(content[1], want)
 
 
 def sentinel_full(content: Any) -> bool:
@@ -89,7 +103,8 @@ def ll128_restore(snapshots: list[Line128], lines: int, lanes: int) -> tuple[int
 
 
 def lane_add(line: Line128, lane: int, vals: Lane) -> Line128:
-    """One 16-byte atomic add into one lane (the unit NVLink never tears)."""
+    """One lane's 16-byte add (``red.add.v4``), applied as a unit (the split kernel does not need
+    more: its counter travels in a separate add after a fence)."""
     old = line[lane]
     new = tuple(a + b for a, b in zip(old, vals, strict=True))
     return line[:lane] + (new,) + line[lane + 1:]
@@ -110,7 +125,7 @@ def vadd(a: Any, b: Any) -> Any:
 
 
 __all__ = [
-    "DEVICE_LL", "DEVICE_LL128", "DEVICE_SENTINEL", "EMPTY", "LL_REST", "Flag", "ll_try_load",
+    "DEVICE_LL", "DEVICE_LL128", "DEVICE_SENTINEL", "EMPTY", "LL_REST", "Flag", "ll_check_flag", "ll_try_load",
     "sentinel_full", "ll128_payload", "ll128_zero", "ll128_pack", "ll128_counter", "ll128_restore",
     "lane_add", "line_add", "vadd",
 ]

@@ -19,11 +19,12 @@ runs one representative thread per group (a *bundle*). Its line-channel index is
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 from sollat import layout
 from sollat.layout import Geometry
 
-from .config import Config, Mutation
+from .config import EPOCH_FIELD_BITS, Config, Mutation
 
 # Device files the rules below are implemented in (linked from docstrings and the docs).
 DEVICE_LL = "sollat/csrc/include/sollat/protocol_ll.h"
@@ -94,15 +95,65 @@ def acc_line_address(cfg: Config, par: int, slot: int, line: int) -> int:
 
 
 def epoch_mask(cfg: Config) -> int:
-    """``kEpochMask`` of ``protocol_ll.h`` (``SOLLAT_EPOCH_BITS``)."""
-    return 0xFFFFFFFF if cfg.epoch_bits >= 32 else (1 << cfg.epoch_bits) - 1
+    """``kEpochMask`` of ``protocol_ll.h``: SOLLAT_EPOCH_BITS bits of the 16-bit epoch field."""
+    return (1 << min(cfg.epoch_bits, EPOCH_FIELD_BITS)) - 1
 
 
-def ll_flag(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
-    """``ProtoLL::flag``: (signature, epoch & mask), i.e. the 64-bit ``sig << 32 | epoch``."""
-    if cfg.has(Mutation.REUSED_FLAG):
-        return (sig, 0)
-    return (sig, epoch & epoch_mask(cfg))
+def ll_tags(sig: int) -> tuple[int, int]:
+    """The two 16-bit tags of an LL line (``ll_flag0``/``ll_flag1``): tag_0 = sig & 0xFFFF (odd,
+    because the signature is), tag_1 = (sig >> 16) | 1; neither is ever 0, the rest value."""
+    return sig & 0xFFFF, (sig >> 16) | 1
+
+
+def ll_flag(cfg: Config, sig: int, epoch: int) -> Any:
+    """What an LL reader waits for. Two-flag line (``protocol_ll.h``): ((tag_0, e), (tag_1, e)),
+    one flag per 8-byte word, ``flag_h = tag_h << 16 | (epoch & mask)``. ``SINGLE_FLAG_LINE``: the
+    line before session 10, one 64-bit flag ``sig << 32 | epoch``: (sig, e)."""
+    e = 0 if cfg.has(Mutation.REUSED_FLAG) else epoch & epoch_mask(cfg)
+    if cfg.has(Mutation.SINGLE_FLAG_LINE):
+        return (sig, e)
+    t0, t1 = ll_tags(sig)
+    return ((t0, e), (t1, e))
+
+
+def ll_rest(cfg: Config) -> Any:
+    """An LL line at rest (``Communicator._init_scratch`` fills LL regions with 0)."""
+    return (0, (0, 0)) if cfg.has(Mutation.SINGLE_FLAG_LINE) else (0, ((0, 0), (0, 0)))
+
+
+def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
+    """The signature word a sentinel buffer's channel-0 thread stores with every line-0 send, as
+    (high 32 bits, low 32 bits): ``sig << 32 | epoch`` (``ll_buffer.h``, "Signature words"), the
+    epoch that of channel 0, masked to ``Config.sig_epoch_bits`` (the device: all 32). The reader
+    accepts it when equal, reports a call mismatch when the low half is its epoch and the high half
+    neither 0 nor its signature (``protocols.ll_check_flag``), and polls on otherwise."""
+    return sig, epoch & ((1 << cfg.sig_epoch_bits) - 1)
+
+
+def signature_address(cfg: Config, par: int, src: int, block: int) -> int:
+    """The model's index of the signature word of ``block`` from ``src`` (parity ``par``) in a
+    receiver's region. The device puts it at ``layout.signature_line(block, lines_per_src)`` of the
+    (parity, src) part, past the data slots; the model keeps the words in a namespace of their own
+    (``<buffer>.sig``), one per (parity, source, block), so they can share no line with data."""
+    return (par * cfg.nranks + src) * cfg.max_blocks + block
+
+
+def peer_scope(cfg: Config) -> str:
+    """``memory.h`` ``peer_scope()``: the scope of the threads that write this GPU's scratch."""
+    return "sys" if cfg.ranks == "real" else "gpu"
+
+
+def fence_scope(cfg: Config) -> str:
+    """The scope of every protocol fence: the peer scope (``GPU_FENCE``: ``.gpu`` literals)."""
+    return "gpu" if cfg.has(Mutation.GPU_FENCE) else peer_scope(cfg)
+
+
+def fence_orders_peers(cfg: Config, scope: str) -> bool:
+    """Whether a fence of ``scope`` orders anything a peer observes. PTX (ISA 9.1 §8.5 Scope, §8.7
+    Morally strong operations, §8.9.4 Memory synchronization): two fences synchronise only when each
+    one's scope includes the other's thread, and a peer of a real rank runs on another GPU. The
+    strong model (the model before session 10) treats every fence as global."""
+    return not cfg.ptx or scope == "sys" or cfg.ranks == "virtual"
 
 
 def signature(cfg: Config, call_lines: int) -> int:

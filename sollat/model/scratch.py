@@ -16,7 +16,7 @@ Ghost state (not device state; what the checker knows about a line):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import protocols
@@ -31,29 +31,54 @@ Ghost = tuple[int, Any, tuple[int, ...]]
 @dataclass(frozen=True)
 class LineInfo:
     rank: int  # whose memory
-    buffer: str  # "oneshot" | "rs" | "ag" | "acc"
-    kind: str  # "ll" | "sentinel" | "ll128"
+    buffer: str  # "oneshot" | "rs" | "ag" | "acc"; a signature word: "<buffer>.sig"
+    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a sentinel buffer's signature word)
     parity: int
     src: int  # sending rank (-1 for an LL128 accumulator: every rank adds)
-    slot: int  # line-channel index (layout.slot_index)
+    slot: int  # line-channel index (layout.slot_index); a signature word: its block
     sub: int  # line of the warp (LL128), else 0
     address: int  # line index inside the rank's region of this buffer
+    part: int = -1  # PTX mode, a line split into its 8-byte parts: which one (-1: the whole line)
 
     def name(self) -> str:
         if self.kind == "ll128":
             return f"r{self.rank}.acc[p{self.parity} ch{self.slot} line{self.sub}]@{self.address}"
-        return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} ch{self.slot}]@{self.address}"
+        if self.kind == "sig":
+            return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} b{self.slot}]"
+        w = "" if self.part < 0 else f".w{self.part}"
+        return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} ch{self.slot}]@{self.address}{w}"
+
+
+#: The two 8-byte words of a split single-flag LL line at rest: the payload word (its "flag" is
+#: None: it has none) and the flag word (no payload).
+SINGLE_FLAG_PARTS_REST: tuple[Any, Any] = ((0, None), (None, (0, 0)))
+
+
+#: A signature word at rest: (value 0, word (0, 0)).
+SIG_REST: tuple[int, tuple[int, int]] = (0, (0, 0))
 
 
 class Scratch:
-    """Dense numbering of the lines a configuration touches, and their initial contents."""
+    """Dense numbering of the lines a configuration touches, and their initial contents.
 
-    def __init__(self, ll128_lanes: int = 2, ll128_elems: int = 2) -> None:
+    ``split(kind)`` says whether a line of that kind is split into its two 8-byte parts (PTX
+    mode, ``Config.tear``): such a line takes two consecutive indices (``LineInfo.part`` 0 and 1),
+    and ``line()`` returns the first.
+    """
+
+    def __init__(self, ll128_lanes: int = 2, ll128_elems: int = 2, ll_rest: Any = protocols.LL_REST,
+                 split: Any = None) -> None:
         self.infos: list[LineInfo] = []
         self.index: dict[tuple[int, str, int], int] = {}
         self.aliases: dict[int, list[LineInfo]] = {}
         self._lanes = ll128_lanes
         self._elems = ll128_elems
+        self.ll_rest = ll_rest
+        self._split = split or (lambda kind: False)
+
+    def parts(self, idx: int) -> int:
+        """1 for a whole line, 2 for the first part of a split one."""
+        return 2 if self.infos[idx].part == 0 else 1
 
     def line(self, info: LineInfo) -> int:
         key = (info.rank, info.buffer, info.address)
@@ -61,24 +86,35 @@ class Scratch:
         if idx is None:
             idx = len(self.infos)
             self.index[key] = idx
-            self.infos.append(info)
-        elif self.infos[idx] != info:
-            group = self.aliases.setdefault(idx, [self.infos[idx]])
+            if self._split(info.kind):
+                self.infos += [replace(info, part=0), replace(info, part=1)]
+            else:
+                self.infos.append(info)
+        elif replace(self.infos[idx], part=-1) != info:
+            group = self.aliases.setdefault(idx, [replace(self.infos[idx], part=-1)])
             if info not in group:
                 group.append(info)
         return idx
 
+    def rest(self, idx: int) -> Any:
+        """The content of line (or part) ``idx`` at rest: LL regions 0, sentinel regions all ones,
+        LL128 accumulators zero, signature words 0 (``Communicator._init_scratch`` zeroes them in
+        every region: a word whose high half is 0 is never a mismatch)."""
+        info = self.infos[idx]
+        if info.kind == "sig":
+            return SIG_REST
+        if info.kind == "ll":
+            if info.part < 0:
+                return self.ll_rest
+            if isinstance(self.ll_rest[1][0], tuple):  # two-flag line: each word (payload, its flag)
+                return (0, self.ll_rest[1][info.part])
+            return SINGLE_FLAG_PARTS_REST[info.part]
+        if info.kind == "sentinel":
+            return protocols.EMPTY
+        return protocols.ll128_zero(self._lanes, self._elems)
+
     def initial_memory(self) -> list[Any]:
-        """LL regions start at 0, sentinel regions at all ones, LL128 accumulators at zero."""
-        mem: list[Any] = []
-        for info in self.infos:
-            if info.kind == "ll":
-                mem.append(protocols.LL_REST)
-            elif info.kind == "sentinel":
-                mem.append(protocols.EMPTY)
-            else:
-                mem.append(protocols.ll128_zero(self._lanes, self._elems))
-        return mem
+        return [self.rest(i) for i in range(len(self.infos))]
 
     def initial_ghost(self) -> list[Ghost]:
         return [(FREE, None, ()) for _ in self.infos]

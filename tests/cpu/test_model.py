@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ from sollat.model import (
     random_runs,
     rules,
 )
-from sollat.model.algorithms import SEND
+from sollat.model.algorithms import POLL, SEND
 from sollat.model.explore import Report
 from sollat.model.fault_sweep import FAULT_MUTATIONS
 from sollat.model.machine import State
@@ -145,10 +146,75 @@ def test_planted_bug_is_caught_with_a_counterexample(planted: Planted) -> None:
     assert rnd.counterexample.violation.kind in planted.kinds, str(rnd.counterexample.violation)
 
 
-@pytest.mark.parametrize("benign", BENIGN, ids=[p.name for p in BENIGN])
+#: Proofs of more than QUICK_STATES states: in the tests marked slow (CI runs them).
+SLOW_BENIGN = {"single-buffer/twoshot-ll"}
+
+
+@pytest.mark.parametrize("benign", [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_BENIGN else p
+                                    for p in BENIGN], ids=[p.name for p in BENIGN])
 def test_benign_mutation_is_proved_harmless(benign: Planted) -> None:
     rep = exhaustive(benign.config)
     assert rep.ok and rep.complete, str(rep.counterexample)
+
+
+@pytest.mark.parametrize("planted", [p for p in PLANTED if p.ptx_only], ids=lambda p: p.name)
+def test_ptx_only_bug_is_harmless_in_the_strong_model(planted: Planted) -> None:
+    # what only PTX's memory model breaks: the strong model (untorn lines, stores in program order,
+    # every fence global) proves the same configuration clean on every schedule
+    rep = exhaustive(replace(planted.config, memory="strong"))
+    assert rep.ok and rep.complete, str(rep.counterexample)
+
+
+#: PTX-only planted bugs and the one rule each breaks: a torn line, no fence, a fence too narrow.
+PTX_ONLY = {Mutation.SINGLE_FLAG_LINE: {"stale"}, Mutation.NO_REUSE_FENCE: {"overwrite"},
+            Mutation.GPU_FENCE: {"overwrite", "reset-race", "torn"}}
+
+
+def test_ptx_only_bugs_are_the_new_mutations() -> None:
+    got = {m for p in PLANTED if p.ptx_only for m in p.config.mutations}
+    assert got == set(PTX_ONLY)
+    for p in PLANTED:
+        for m in p.config.mutations & set(PTX_ONLY):
+            assert p.kinds <= PTX_ONLY[m] | {"stale"}, p.name  # each caught as what that rule breaks
+
+
+@pytest.mark.parametrize("name", ["single-flag-line/oneshot-ll", "no-reuse-fence/oneshot-ll", "reused-flag/twoshot",
+                                  "skip-sentinel-reset/oneshot", "gpu-fence/oneshot-sentinel"])
+def test_split_lines_give_the_same_verdicts(name: str) -> None:
+    # tear="flags" models a line whose every part its reader checks as one access; splitting every
+    # line (tear="all") finds the same bug, as the same kind (and the *-tear configurations are clean)
+    p = next(p for p in PLANTED if p.name == name)
+    one, split = exhaustive(p.config), exhaustive(replace(p.config, tear="all"))
+    assert one.counterexample is not None and split.counterexample is not None
+    assert split.counterexample.violation.kind == one.counterexample.violation.kind
+
+
+@pytest.mark.parametrize("kw", [
+    {"memory": "sc"}, {"ranks": "remote"}, {"tear": "none"}, {"sig_epoch_bits": 0}, {"sig_epoch_bits": 33},
+    {"epoch_bits": 17}, {"epoch_bits": 0}, {"algorithm": "bulk"}, {"protocol": "ll128"}, {"nranks": 9},
+])
+def test_config_validation(kw: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        Config(**{"algorithm": "oneshot", "calls": (1, 2, 1), **kw})  # type: ignore[arg-type]
+
+
+def test_config_labels_name_what_differs_from_the_device() -> None:
+    base = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2))
+    assert base.label() == "oneshot-sentinel-2r1t[1,2]" and base.ptx and base.signature_words
+    assert replace(base, memory="strong", ranks="virtual", tear="all", sig_epoch_bits=2, sig_words=False).label() == \
+        "oneshot-sentinel-2r1t[1,2] strong virtual tear=all no-sig-words sig-bits=2"
+    assert not base.with_mutation(Mutation.NO_SIGNATURE_LINE).signature_words
+    assert not replace(base, protocol="ll").signature_words  # every LL line carries the signature
+    assert rules.peer_scope(base) == "sys" and rules.peer_scope(replace(base, ranks="virtual")) == "gpu"
+    assert rules.fence_scope(base.with_mutation(Mutation.GPU_FENCE)) == "gpu"
+    assert not rules.fence_orders_peers(base, "gpu") and rules.fence_orders_peers(replace(base, ranks="virtual"), "gpu")
+    assert rules.fence_orders_peers(replace(base, memory="strong"), "gpu")  # the strong model: every fence global
+
+
+def test_the_device_files_the_model_names_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    named = [v for k, v in vars(rules).items() if k.startswith("DEVICE_")]
+    assert len(named) >= 8 and all((root / f).is_file() for f in named), named
 
 
 def test_every_mutation_is_planted_somewhere() -> None:
@@ -156,14 +222,18 @@ def test_every_mutation_is_planted_somewhere() -> None:
     assert planted | FAULT_MUTATIONS == set(Mutation)  # the fault path's: tests/cpu/test_model_faults.py
 
 
-def test_counterexample_reads_well() -> None:
-    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2, 1)).with_mutation(Mutation.RESET_AFTER_SEND)
-    ce = exhaustive(cfg).counterexample
+@pytest.mark.parametrize("memory", ["ptx", "strong"])
+def test_counterexample_reads_well(memory: str) -> None:
+    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2, 1), memory=memory)
+    ce = exhaustive(cfg.with_mutation(Mutation.NO_BOUNDARY_ORDER)).counterexample
     assert ce is not None
     text = ce.format()
     assert "before the receiver's reset" in text
     assert "RESET r1.oneshot" in text and "issued (not yet performed)" in text
     assert "SEND" in text and "POLL" in text and "kernel boundary" in text
+    if memory == "ptx":  # the fence that orders the pass, and the signature words, are in the trace
+        assert "FENCE .sys (its earlier operations are performed)" in text
+        assert "SEND signature word (sig=" in text and "block 0's signature word epoch 0" in text
 
 
 def test_torn_line_counterexample_is_short() -> None:
@@ -175,12 +245,15 @@ def test_torn_line_counterexample_is_short() -> None:
 
 
 # ---- the checker's own machinery -----------------------------------------------------------------
-def test_interleaving_count_is_exact() -> None:
-    # 2 ranks, one line: each rank SENDs then POLLs the other's line: S0 S1 in either order, then
-    # P0 P1 in either order -> 4 schedules.
-    assert exhaustive(Config(algorithm="oneshot", protocol="ll", calls=(1,))).interleavings == 4
+@pytest.mark.parametrize("memory", ["ptx", "strong"])
+def test_interleaving_count_is_exact(memory: str) -> None:
+    # 2 ranks, one line: each rank SENDs then POLLs the other's line. Strong model: S0 S1 in either
+    # order, then P0 P1 in either order -> 4 schedules. PTX: a rank's poll may also come before its
+    # own send (nothing orders them), only S1 < P0 and S0 < P1 -> 4! / 4 = 6.
+    one = exhaustive(Config(algorithm="oneshot", protocol="ll", calls=(1,), memory=memory))
+    assert one.interleavings == {"strong": 4, "ptx": 6}[memory]
     # Brute-force enumeration (no state merging) agrees with the count on the state graph.
-    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2))
+    cfg = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2), sig_words=False, memory=memory)
     m = Machine(cfg)
 
     def count(st: State) -> int:
@@ -198,8 +271,9 @@ def test_interleaving_count_is_exact() -> None:
     assert count(m.initial()) == exhaustive(cfg).interleavings
 
 
-def test_deadlock_is_reported() -> None:
-    cfg = Config(algorithm="oneshot", protocol="ll", calls=(1, 1))
+@pytest.mark.parametrize("memory", ["ptx", "strong"])
+def test_deadlock_is_reported(memory: str) -> None:
+    cfg = Config(algorithm="oneshot", protocol="ll", calls=(1, 1), memory=memory)
     m = Machine(cfg)
     code = list(m.code[1][1][0])
     code.remove(next(i for i in code if i.op == SEND))  # rank 1 never sends in call 1
@@ -252,14 +326,67 @@ def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
 
 
 def test_ll_flag_rules() -> None:
+    # protocol_ll.h: word h = data32 | flag_h << 32, flag_h = tag_h << 16 | (epoch & mask),
+    # tag_0 = sig & 0xFFFF, tag_1 = (sig >> 16) | 1; the model keeps (tag_h, epoch & mask).
     cfg = Config(epoch_bits=2)
-    f5 = rules.ll_flag(cfg, 0x1235, 5)
-    assert f5 == (0x1235, 1) and rules.ll_flag(cfg, 0x1235, 3) != f5  # e-2 differs in 2 bits
+    sig = 0xABCD1235
+    f5 = rules.ll_flag(cfg, sig, 5)
+    assert f5 == ((0x1235, 1), (0xABCD, 1)) and rules.ll_tags(0x00021235) == (0x1235, 3)  # tag_1 is never 0
+    assert rules.ll_flag(cfg, sig, 3) != f5  # e-2 differs in 2 bits
     assert protocols.ll_try_load((7, f5), f5) == 1
     assert protocols.ll_try_load(protocols.LL_REST, f5) == 0  # flag 0 is never valid
-    assert protocols.ll_try_load((7, (0x9999, 1)), f5) == -1  # right epoch, other call: mismatch
-    assert rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), 0x1235, 5) == \
-        rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), 0x1235, 3)
+    assert protocols.ll_try_load((7, ((0x1235, 1), (0, 0))), f5) == 0  # one word written: keep polling
+    assert protocols.ll_try_load((7, ((0x1235, 1), (0x9999, 1))), f5) == -1  # this epoch, other tag: mismatch
+    assert protocols.ll_try_load((7, ((0x1235, 2), (0xABCD, 1))), f5) == 0  # another epoch: not yet
+    assert rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), sig, 5) == \
+        rules.ll_flag(cfg.with_mutation(Mutation.REUSED_FLAG), sig, 3)
+    assert rules.ll_flag(cfg.with_mutation(Mutation.SINGLE_FLAG_LINE), sig, 5) == (sig, 1)  # one flag for 16 bytes
+
+
+def test_signature_word_rules() -> None:
+    # ll_buffer.h: word = sig << 32 | epoch (channel 0's, 32 bits); accepted when equal, a call
+    # mismatch when the low half is the wanted epoch and the high half neither 0 nor the own sig.
+    cfg = Config(protocol="sentinel")
+    sig = rules.signature(cfg, 3)
+    want = rules.sig_word(cfg, sig, 7)
+    assert want == (sig, 7) and rules.sig_word(cfg, sig, 7 + (1 << 32)) == want  # 32-bit field
+    assert rules.sig_word(Config(protocol="sentinel", sig_epoch_bits=2), sig, 7) == (sig, 3)
+    assert protocols.ll_check_flag(want, want) == 1
+    assert protocols.ll_check_flag((0, 0), want) == 0  # at rest (scratch init zeroes the words)
+    assert protocols.ll_check_flag((sig, 5), want) == 0  # e-2: keep polling
+    assert protocols.ll_check_flag((sig ^ 2, 7), want) == -1  # the mismatch hook's signature: reported
+    assert protocols.ll_check_flag((sig ^ 2, 5), want) == 0
+
+
+@pytest.mark.parametrize("algorithm", ["oneshot", "twoshot", "rmsnorm_twoshot"])
+@pytest.mark.parametrize("once", [False, True])
+def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool) -> None:
+    # Thread 0's channel 0 (block 0, slot 0, thread 0) stores one word with each line-0 send (every
+    # pass, every peer, every call) into the receiver's (parity, sender) part, and polls one with each
+    # line-0 receive; SIGNATURE_ONCE: only with the first of each call (per buffer and peer).
+    cfg = Config(algorithm=algorithm, protocol="sentinel", nranks=3, calls=(5, 2), threads=2)
+    m = Machine(cfg.with_mutation(Mutation.SIGNATURE_ONCE) if once else cfg)
+    ch0 = rules.channel(cfg, 0, 0, 0)
+    for r, rank in enumerate(m.code):
+        for threads in rank:
+            for t, code in enumerate(threads):
+                words = [i for i in code if i.line >= 0 and m.kinds[i.line] == "sig"]
+                if t:
+                    assert not words
+                    continue
+                line0 = [(i.op, i.peer, m.scratch.infos[i.line].buffer + ".sig", i.tag[2]) for i in code
+                         if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and m.scratch.infos[i.line].slot == ch0]
+                got = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in words]
+                if once:
+                    firsts = {(op, p, buf): e for op, p, buf, e in reversed(line0)}
+                    assert sorted(got) == sorted((*key, e) for key, e in firsts.items())
+                else:
+                    assert sorted(got) == sorted(line0) and got
+                for i in words:
+                    info = m.scratch.infos[i.line]
+                    assert info.parity == i.tag[2] & 1
+                    assert i.flag == rules.sig_word(cfg, rules.signature(cfg, cfg.calls[i.tag[0]]), i.tag[2])
+                    assert (info.rank, info.src) == ((i.peer, r) if i.op == SEND else (r, i.peer))
 
 
 @pytest.mark.parametrize("lines,lanes", [(1, 2), (2, 2), (2, 4), (4, 8)])
@@ -278,12 +405,16 @@ def test_ll128_pack_restore(lines: int, lanes: int) -> None:
 # ---- command line --------------------------------------------------------------------------------
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--list"]) == 0
-    assert cli.main(["--config", "ll128-3r1t", "--exhaustive"]) == 0
+    assert cli.main(["--config", "ll128-2r1t", "--exhaustive"]) == 0
+    assert cli.main(["--config", "ll128-2r1t", "--exhaustive", "--memory", "strong"]) == 0
     assert cli.main(["--config", "oneshot-sentinel-8r1t", "--runs", "20"]) == 0
     assert cli.main(["--mutation", "torn-ll128"]) == 0
+    assert cli.main(["--mutation", "single-flag-line/oneshot-ll"]) == 0
     out = capsys.readouterr().out
     assert "planted bugs" in out and "VIOLATION [torn]" in out and "caught" in out
-    assert "6.441e+76 interleavings" in out  # as documented for ll128-3r1t
+    assert "VIOLATION [stale]" in out and "harmless in the strong model" in out
+    assert f"{DOCUMENTED['ll128-2r1t'][2]} interleavings" in out  # as documented for ll128-2r1t
+    assert "ll128-2r1t[2,4,2] strong" in out
 
 
 @pytest.mark.parametrize("argv", [
@@ -304,7 +435,7 @@ def test_cli_refuses_bad_arguments(argv: list[str], capsys: pytest.CaptureFixtur
 def test_sweep_shows_progress(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "TICK_SECONDS", 0.0)  # a line per task
     monkeypatch.setattr(cli, "sweep_tasks", lambda scale, seed: [("random", RANDOM[0][0], 3, 0)] * 4)
-    monkeypatch.setattr(cli, "sweep", lambda scale, seed, workers, progress: _fake_sweep(progress))
+    monkeypatch.setattr(cli, "sweep", lambda scale, seed, workers, progress, memory: _fake_sweep(progress))
     assert cli.main(["--sweep"]) == 0
     captured = capsys.readouterr()
     assert "12 random schedules" in captured.out  # the start line names the work
@@ -332,7 +463,8 @@ def test_ticker_is_quiet_between_ticks(capsys: pytest.CaptureFixture[str]) -> No
 def test_cli_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--demo"]) == 0
     out = capsys.readouterr().out
-    assert "interleavings" in out and "VIOLATION [reset-race]" in out and "all clean" in out
+    assert "interleavings" in out and "VIOLATION [overwrite]" in out and "all clean" in out
+    assert "memory model: ptx" in out and "VIOLATION [stale]" in out  # the PTX-only planted bug
 
 
 @pytest.mark.slow

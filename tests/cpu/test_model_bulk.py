@@ -20,11 +20,26 @@ def test_the_kernels_order_is_clean(name: str, nranks: int, calls: tuple[int, ..
     (*bulk.PLANTED[0], "has not read"),
     (*bulk.PLANTED[1], "write in progress"),
     (*bulk.PLANTED[2], "has not read"),
+    (*bulk.PLANTED[3], "write in progress"),
+    (*bulk.PLANTED[4], "finds round 0"),
 ], ids=[p[0] for p in bulk.PLANTED])
 def test_planted_bugs_are_caught(name: str, nranks: int, calls: tuple[int, ...], variant: bulk.Variant, says: str) -> None:
     res = bulk.explore(nranks, calls, variant)
     assert not res.ok and says in res.violation, f"{name}: {res.violation or 'not caught'}"
     assert res.trace, "a counterexample comes with its schedule"
+
+
+def test_relaxed_flags_only_reorder_what_release_acquire_would_order() -> None:
+    # PTX (ISA §8.8, §8.9.5): with release/acquire nothing of a rank's program moves; relaxed, a
+    # post may pass its data and the data accesses after a wait may pass the wait, nothing else.
+    v = bulk.Variant()
+    w, we, p, a, r = (bulk.Step(op, bulk.RS, 0, 1, 1) for op in ("W", "WE", "P", "A", "R"))
+    assert not any(bulk.overtakes(v, x, y) for x in (w, we, p, a, r) for y in (w, we, p, a, r))
+    rel = bulk.Variant(release_post=False)
+    assert bulk.overtakes(rel, p, we) and bulk.overtakes(rel, p, w) and not bulk.overtakes(rel, r, a)
+    acq = bulk.Variant(acquire_wait=False)
+    assert bulk.overtakes(acq, r, a) and bulk.overtakes(acq, w, a) and not bulk.overtakes(acq, p, we)
+    assert not bulk.overtakes(acq, a, r)  # a wait never passes what comes before it
 
 
 def test_the_program_follows_the_kernel() -> None:

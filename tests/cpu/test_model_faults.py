@@ -104,8 +104,9 @@ def _drive(m: Machine, pick: Callable[[State, list[Action]], Action]) -> tuple[S
 def test_give_up_poisons_only_what_is_unwritten_and_later_calls_refuse_until_reset() -> None:
     # Two iterations in call 0 (2 lines, one thread); rank 1 gives up in the second one, its record
     # writes land at once. (Were rank 0 quicker than the write to its record, its call 1 would run
-    # and give up at its record check: the fault path allows both.)
-    cfg = Config(algorithm="oneshot", protocol="ll", calls=(2, 1, 1), reset_at=2, timeouts="any")
+    # and give up at its record check: the fault path allows both.) The strong model: this test
+    # follows the program counter through the program (PTX mode's counts windows).
+    cfg = Config(algorithm="oneshot", protocol="ll", calls=(2, 1, 1), reset_at=2, timeouts="any", memory="strong")
     m = Machine(cfg)
 
     def pick(st: State, acts: list[Action]) -> Action:
@@ -188,7 +189,8 @@ def test_absent_rank_that_runs_ahead_is_another_call_sequence() -> None:
 
 
 @pytest.mark.parametrize("kw", [
-    {"protocol": "sentinel", "faults": (Fault("mismatch", 1, 0),)},  # sentinel lines carry no signature
+    {"memory": "sc"},  # no such memory model
+    {"ranks": "remote"},
     {"faults": (absent(1, 2),), "reset_at": 2},  # faults come before the reset
     {"faults": (absent(2, 0),)},  # no such rank
     {"reset_at": 0},
