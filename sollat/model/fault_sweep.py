@@ -105,12 +105,6 @@ _POISON = "a thread that gives up or refuses writes NaN into every output it has
 _PRIOR = "the record code is loaded after griddepcontrol.wait (prologue, then prior)"
 
 FAULT_PLANTED: list[Planted] = [
-    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
-    # (all-gather) only; rank 2's call is compared with nobody's.
-    _p("ring-in-fused-twoshot/rmsnorm-twoshot-sentinel",
-       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(mismatch(2, 0),),
-              reset_at=1).with_mutation(Mutation.RING_IN_FUSED_TWOSHOT), ("unnoticed",),
-       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
     _p("no-propagation/oneshot-sentinel", replace(_ABSENT, protocol="sentinel").with_mutation(
         Mutation.NO_PROPAGATION), ("stale",), _PROPAGATE),
     _p("no-propagation/ll128", replace(_ABSENT, algorithm="ll128", calls=(2, 2, 2)).with_mutation(

@@ -222,6 +222,12 @@ PLANTED: list[Planted] = [
     _p("signature-once/oneshot-sentinel-sigbits2", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1),
                                                           sig_epoch_bits=2).with_mutation(Mutation.SIGNATURE_ONCE),
        ("stale", "mismatch"), "sentinel: the signature word travels with every line-0 send (it holds e-2 at worst)"),
+    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
+    # (all-gather) only; rank 2's call is compared with nobody's.
+    _p("ring-in-fused-twoshot/rmsnorm-twoshot-sentinel",
+       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(Fault("mismatch", 2, 0),),
+              reset_at=1).with_mutation(Mutation.RING_IN_FUSED_TWOSHOT), ("unnoticed",),
+       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
     _p("no-signature-line/twoshot-sentinel", Config(algorithm="twoshot", protocol="sentinel", calls=(2, 2, 2),
                                                     faults=(Fault("mismatch", 0, 1),), reset_at=2)
        .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),

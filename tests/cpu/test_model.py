@@ -362,9 +362,11 @@ def test_signature_word_rules() -> None:
 @pytest.mark.parametrize("once", [False, True])
 def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool) -> None:
     # Thread 0's channel 0 (block 0, slot 0, thread 0) stores one word with each line-0 send (every
-    # pass, every peer, every call) into the receiver's (parity, sender) part, and polls one with each
-    # line-0 receive; SIGNATURE_ONCE: only with the first of each call (per buffer and peer).
+    # pass, every call; SigPeers::Ring in the one-shot and two-shot: only to rank + 1, polled only
+    # from rank - 1; the fused two-shot: every peer) into the receiver's (parity, sender) part, and
+    # polls one with each such line-0 receive; SIGNATURE_ONCE: only with the first of each call.
     cfg = Config(algorithm=algorithm, protocol="sentinel", nranks=3, calls=(5, 2), threads=2)
+    ring = algorithm != "rmsnorm_twoshot"
     m = Machine(cfg.with_mutation(Mutation.SIGNATURE_ONCE) if once else cfg)
     ch0 = rules.channel(cfg, 0, 0, 0)
     for r, rank in enumerate(m.code):
@@ -375,7 +377,8 @@ def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool
                     assert not words
                     continue
                 line0 = [(i.op, i.peer, m.scratch.infos[i.line].buffer + ".sig", i.tag[2]) for i in code
-                         if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and m.scratch.infos[i.line].slot == ch0]
+                         if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and m.scratch.infos[i.line].slot == ch0
+                         and (not ring or i.peer == (r + 1 if i.op == SEND else r - 1) % cfg.nranks)]
                 got = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in words]
                 if once:
                     firsts = {(op, p, buf): e for op, p, buf, e in reversed(line0)}
