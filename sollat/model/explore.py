@@ -159,8 +159,10 @@ class _Found(Exception):
         self.v = v
 
 
-def exhaustive(cfg: Config, max_states: int = 2_000_000, machine: Machine | None = None) -> Report:
-    """Every interleaving of ``cfg`` (DFS with state hashing); stops at the first violation."""
+def exhaustive(cfg: Config, max_states: int = 2_000_000, machine: Machine | None = None, *,
+               shortest: bool = True) -> Report:
+    """Every interleaving of ``cfg`` (DFS with state hashing); stops at the first violation, and
+    reports a shortest violating schedule (breadth-first) or, ``shortest=False``, the one found."""
     m = machine or Machine(cfg)
     rep = Report(cfg.label(), "exhaustive")
     memo: dict[tuple[object, ...], int] = {}
@@ -203,7 +205,7 @@ def exhaustive(cfg: Config, max_states: int = 2_000_000, machine: Machine | None
     try:
         rep.interleavings = dfs(m.initial())
     except _Found as f:
-        short = shortest_counterexample(m, max_states=min(max_states, 300_000))
+        short = shortest_counterexample(m, max_states=min(max_states, 300_000)) if shortest else None
         if short is not None:
             rep.counterexample = counterexample(m, short, "exhaustive search (shortest schedule, breadth-first)")
         else:
