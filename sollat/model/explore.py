@@ -130,13 +130,14 @@ def run_schedule(machine: Machine, choose: Callable[[list[Action]], Action]) -> 
 
 
 def random_runs(cfg: Config, runs: int, seed: int = 0, *, seconds: float | None = None,
-                machine: Machine | None = None) -> Report:
-    """``runs`` random schedules (or as many as fit in ``seconds``), cycling through the adversaries."""
+                machine: Machine | None = None, first: int = 0) -> Report:
+    """``runs`` random schedules (or as many as fit in ``seconds``), cycling through the adversaries;
+    ``first``: the index of the first one (schedule i is the same for every ``runs``)."""
     m = machine or Machine(cfg)
     rep = Report(cfg.label(), "random")
     t0 = time.perf_counter()
-    i = 0
-    while (i < runs) if seconds is None else (time.perf_counter() - t0 < seconds):
+    i = first
+    while (i < first + runs) if seconds is None else (time.perf_counter() - t0 < seconds):
         mode = ADVERSARIES[i % len(ADVERSARIES)]
         rng = random.Random(f"{seed}/{i}")
         adv = _Adversary(m, rng, mode)

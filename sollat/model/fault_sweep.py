@@ -143,12 +143,16 @@ FAULT_BENIGN: list[Planted] = [
 ]
 
 
-def fault_sweep(seed: int = 0, scale: float = 1.0, *, exhaustive_configs: bool = True) -> SweepResult:
+def fault_sweep(seed: int = 0, scale: float = 1.0, *, exhaustive_configs: bool = True,
+                skip: float = 0.0) -> SweepResult:
     """Every FAULT_EXHAUSTIVE configuration completely (unless ``exhaustive_configs`` is False),
-    ``scale`` x the FAULT_RANDOM run counts."""
+    ``scale`` x the FAULT_RANDOM run counts, leaving out the first ``skip`` x of each (those a
+    smaller scale ran)."""
     t0 = time.perf_counter()
     reports = [exhaustive(c) for c in FAULT_EXHAUSTIVE] if exhaustive_configs else []
-    reports += [random_runs(c, max(1, int(n * scale)), seed * 1009 + i) for i, (c, n) in enumerate(FAULT_RANDOM)]
+    for i, (c, n) in enumerate(FAULT_RANDOM):
+        first = max(1, int(n * skip)) if skip else 0
+        reports.append(random_runs(c, max(1, int(n * scale)) - first, seed * 1009 + i, first=first))
     return SweepResult(reports, time.perf_counter() - t0)
 
 

@@ -228,6 +228,7 @@ class Machine:
             1 for rank in self.code for call in rank for th in call for ins in th
             if ins.op in (RESET, ZERO, ISSUE_ADD)) + 1
         self.fault = cfg.fault_path
+        self._initial: State | None = None
         self._tables: dict[tuple[tuple[tuple[str, int], int], ...], int] = {(): 0}
         self._table_list: list[tuple[tuple[tuple[str, int], int], ...]] = [()]
         self._variants: dict[tuple[int, int, int], int] = {}
@@ -266,6 +267,12 @@ class Machine:
 
     # ---- state ---------------------------------------------------------------------------------
     def initial(self) -> State:
+        """The state every run starts from (built once; each call returns a copy)."""
+        if self._initial is None:
+            self._initial = self._build_initial()
+        return self._initial.copy()
+
+    def _build_initial(self) -> State:
         st = State([0] * self.R, [[] for _ in range(self.R)], [[] for _ in range(self.R)],
                    [() for _ in range(self.R)], self.scratch.initial_memory(), self.scratch.initial_ghost(),
                    [-1] * self.R, FaultState(self.R) if self.fault else None)
