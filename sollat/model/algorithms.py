@@ -224,7 +224,7 @@ class _Gen:
             if info.kind == "ll128":
                 self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
             elif info.kind == "sig":
-                self.sig_line(info.rank, info.buffer.removesuffix(".sig"), info.parity + 1, info.src, info.slot)
+                self.sig_line(info.rank, info.buffer, info.parity + 1, info.src, info.slot)
             else:
                 self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.kind)
 
@@ -254,7 +254,7 @@ class _Gen:
         ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
         par = rules.parity(self.cfg, epoch)
         addr = rules.signature_address(self.cfg, par, src, block)
-        return self.scratch.line(LineInfo(rank, buffer + ".sig", "sig", par, src, block, 0, addr))
+        return self.scratch.line(LineInfo(rank, buffer, "sig", par, src, block, 0, addr))
 
     def sig_send(self, B: _Builder, r: int, k: int, sig: int, buffer: str, p: int,
                  epochs: dict[tuple[str, int], int]) -> None:

@@ -131,11 +131,11 @@ def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
 
 
 def signature_address(cfg: Config, par: int, src: int, block: int) -> int:
-    """The model's index of the signature word of ``block`` from ``src`` (parity ``par``) in a
-    receiver's region. The device puts it at ``layout.signature_line(block, lines_per_src)`` of the
-    (parity, src) part, past the data slots; the model keeps the words in a namespace of their own
-    (``<buffer>.sig``), one per (parity, source, block), so they can share no line with data."""
-    return (par * cfg.nranks + src) * cfg.max_blocks + block
+    """Line of the signature word of ``block`` from ``src`` (parity ``par``) in a receiver's region
+    of a sentinel buffer: ``layout.signature_line(block, lines_per_src)`` of the (parity, src) part,
+    past the data slots (``LLBuffer::sigWord``; the word is the line's first 8 bytes)."""
+    lps = layout.lines_per_src(cfg.max_blocks)
+    return layout.line_index(par, src, layout.signature_line(block, lps), nranks=cfg.nranks, lines_per_src=lps)
 
 
 def peer_scope(cfg: Config) -> str:

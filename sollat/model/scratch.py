@@ -31,7 +31,7 @@ Ghost = tuple[int, Any, tuple[int, ...]]
 @dataclass(frozen=True)
 class LineInfo:
     rank: int  # whose memory
-    buffer: str  # "oneshot" | "rs" | "ag" | "acc"; a signature word: "<buffer>.sig"
+    buffer: str  # "oneshot" | "rs" | "ag" | "acc"
     kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a sentinel buffer's signature word)
     parity: int
     src: int  # sending rank (-1 for an LL128 accumulator: every rank adds)
@@ -44,7 +44,7 @@ class LineInfo:
         if self.kind == "ll128":
             return f"r{self.rank}.acc[p{self.parity} ch{self.slot} line{self.sub}]@{self.address}"
         if self.kind == "sig":
-            return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} b{self.slot}]"
+            return f"r{self.rank}.{self.buffer}.sig[p{self.parity} src{self.src} b{self.slot}]@{self.address}"
         w = "" if self.part < 0 else f".w{self.part}"
         return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} ch{self.slot}]@{self.address}{w}"
 

@@ -336,6 +336,9 @@ def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
     lps = layout.lines_per_src(cfg.max_blocks)
     for info in m.scratch.infos:  # addresses stay inside the region the host allocates
         assert 0 <= info.address < 2 * cfg.nranks * lps
+        if info.kind == "sig":  # layout.signature_line: the (parity, sender) part's tail, past the data slots
+            assert info.address // lps == info.parity * cfg.nranks + info.src
+            assert info.address % lps >= lps - layout.signature_lines(cfg.max_blocks)
 
 
 def test_ll_flag_rules() -> None:
@@ -389,7 +392,7 @@ def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool
                 if t:
                     assert not words
                     continue
-                line0 = [(i.op, i.peer, m.scratch.infos[i.line].buffer + ".sig", i.tag[2]) for i in code
+                line0 = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in code
                          if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and m.scratch.infos[i.line].slot == ch0
                          and (not ring or i.peer == (r + 1 if i.op == SEND else r - 1) % cfg.nranks)]
                 got = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in words]
