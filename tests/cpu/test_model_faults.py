@@ -18,6 +18,7 @@ from sollat.model import Config, Fault, Machine, Mutation, Report, exhaustive, r
 from sollat.model.fault_sweep import (
     FAULT_BENIGN,
     FAULT_EXHAUSTIVE,
+    FAULT_EXHAUSTIVE_LARGE,
     FAULT_MUTATIONS,
     FAULT_PLANTED,
     FAULT_RANDOM,
@@ -67,6 +68,14 @@ def test_fault_exhaustive_config_is_clean_and_complete(swept: SweepResult, name:
     assert rep.complete and rep.interleavings > 0
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", FAULT_EXHAUSTIVE_LARGE, ids=[c.name for c in FAULT_EXHAUSTIVE_LARGE])
+def test_large_fault_config_is_clean_and_complete(cfg: Config) -> None:
+    rep = exhaustive(cfg)
+    assert rep.counterexample is None, str(rep.counterexample)
+    assert rep.complete and rep.interleavings > 0
+
+
 @pytest.mark.parametrize("name", [c.name for c, _ in FAULT_RANDOM])
 def test_fault_random_config_is_clean(swept: SweepResult, name: str) -> None:
     rep = _report(swept, find_fault_config(name), "random")
@@ -95,7 +104,7 @@ def test_fault_benign_mutation_is_proved_harmless(benign: Planted) -> None:
 def test_every_fault_mutation_is_planted_or_proved_harmless() -> None:
     used = set().union(*(p.config.mutations for p in FAULT_PLANTED + FAULT_BENIGN))
     assert used == FAULT_MUTATIONS
-    names = [c.name for c in FAULT_EXHAUSTIVE] + [c.name for c, _ in FAULT_RANDOM] + \
+    names = [c.name for c in FAULT_EXHAUSTIVE + FAULT_EXHAUSTIVE_LARGE] + [c.name for c, _ in FAULT_RANDOM] + \
         [p.name for p in FAULT_PLANTED + FAULT_BENIGN]
     assert len(names) == len(set(names))
 
