@@ -161,7 +161,8 @@ class _Builder:
         self.received[buffer] = True
 
     def reset(self, buffer: str, line: int) -> None:
-        """``ProtoSentinel::reset`` of a consumed line (``pollAll``), marking the buffer's resetPending."""
+        """``ProtoSentinel::reset`` of a consumed line (``pollAll``); ``dirty`` is the rule before
+        session 10 (``resetPending``), which ``Mutation.NO_REUSE_FENCE`` fences by."""
         if self.cfg.has(Mutation.SKIP_SENTINEL_RESET):
             return
         self.emit(RESET, line=line)
@@ -462,7 +463,7 @@ class _Gen:
                 if x % R != r:
                     B.at(it, i)
                     e = epochs.get(("rs", s), 0)
-                    B.before_send("ag")  # ag.releaseResets (== its beforeSend)
+                    B.before_send("ag")  # ag.releaseReceives() (the fence beforeSend would issue)
                     B.before_send("rs")
                     B.emit(SEND, line=self.line(x % R, "rs", e, r, s), value=input_value(r, k, x),
                            flag=self.flag(sig, e), tag=(k, x, e), peer=x % R)
@@ -477,7 +478,7 @@ class _Gen:
                     items = [(p, i, s, got, (k, x, e_rs)) for p in range(R) if p != r]
                     self._poll_all(B, r, "rs", items, sig, epochs)
                     B.emit(ADDC, reg=got, value=input_value(r, k, x))
-                    B.before_send("rs")  # buf.releaseResets
+                    B.before_send("rs")  # buf.releaseReceives()
                     B.before_send("ag")
                     for p in range(R):
                         if p != r:

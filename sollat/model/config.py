@@ -25,9 +25,10 @@ class Mutation(enum.Enum):
     #: The LL flag carries no epoch, only the call signature (``ProtoLL::flag`` ignores epoch):
     #: a line still holding the previous use of that parity looks fresh.
     REUSED_FLAG = "reused-flag"
-    #: The lazy fence before the first send after a reset/zeroing is dropped
-    #: (``LLBuffer`` send without ``fence_acq_rel_gpu``): the reset may be performed after the
-    #: next send, i.e. after the peer already got the credit to write the line again.
+    #: The fences that give a line back are dropped: the reuse fence between a receive and the
+    #: next send (``LLBuffer::beforeSend``) and LL128's fence after zeroing. A reset or zeroing may
+    #: be performed after the next send, i.e. after the peer already got the credit to write the
+    #: line again (and, in the PTX mode, the send may pass the poll itself).
     RESET_AFTER_SEND = "reset-after-send"
     #: 128-byte adds are not line-atomic (the 8 lanes' 16-byte adds land independently, as for adds
     #: issued on one GPU) while the kernel relies on line atomicity (``SOLLAT_LL128_SPLIT=0``).

@@ -59,7 +59,7 @@ FAULT_EXHAUSTIVE: list[Config] = [
     _c("f-ll128-any", timeouts="any", **_L),
     _c("f-ll128-mismatch", faults=(mismatch(1, 0),), **_L),
     _c("f-ll128-absent-mid", algorithm="ll128", nranks=2, calls=(2, 5, 3, 2), faults=(absent(1, 1),), reset_at=3),
-    # sentinel call mismatches: seen in the signature lines (ll_buffer.h), recorded on every rank
+    # sentinel call mismatches: seen in the signature words (ll_buffer.h), recorded on every rank
     _c("f-oneshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(1, 0),), **_O),
     _c("f-twoshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(0, 1),), **_T),
 ]

@@ -151,7 +151,7 @@ PLANTED: list[Planted] = [
     _p("single-buffer/oneshot-sentinel", _O_SE.with_mutation(Mutation.SINGLE_BUFFER), ("overwrite", "reset-race"),
        "double buffering: a line is rewritten only after the credit for it"),
     _p("single-buffer/twoshot-sentinel", _T_SE.with_mutation(Mutation.SINGLE_BUFFER), ("reset-race", "overwrite"),
-       "two-shot sentinel: per-buffer lazy fences suffice only with two parities"),
+       "two-shot sentinel: per-buffer fences suffice only with two parities"),
     _p("skip-sentinel-reset/oneshot", _O_SE.with_mutation(Mutation.SKIP_SENTINEL_RESET), ("stale",),
        "sentinel: the receiver stores the sentinel back after reading"),
     _p("skip-sentinel-reset/twoshot", _T_SE.with_mutation(Mutation.SKIP_SENTINEL_RESET), ("stale",),
