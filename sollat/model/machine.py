@@ -405,6 +405,24 @@ class Machine:
         st.pc[r][j] += 1
         return self._settle(st, r, j, log)
 
+    def _register_step(self, st: State, r: int, j: int, ins: Instr, log: list[str] | None) -> Violation | None:
+        """A step on thread (r, j)'s registers: ADDC, COMBINE, or OUT (checks the output line)."""
+        if ins.op == ADDC:
+            self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], ins.value))
+        elif ins.op == COMBINE:
+            snaps = [st.regs[r][j][s] for s in ins.srcs]
+            self._set_reg(st, r, j, ins.reg, protocols.ll128_restore(snaps, self.cfg.ll128_lines, self.lanes))
+        else:  # OUT
+            got = st.regs[r][j][ins.reg]
+            if log is not None:
+                log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
+            if st.fx is not None:
+                st.fx.outs[r] |= 1 << ins.value
+            if got != ins.expect:
+                return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
+                                 f"the exact sum is {ins.expect}")
+        return None
+
     def _set_reg(self, st: State, r: int, j: int, reg: int, value: Any) -> None:
         regs = list(st.regs[r][j])
         regs[reg] = value
@@ -575,20 +593,10 @@ class Machine:
                 if log is not None:
                     part = "counter" if ins.lane == COUNTER_LANE else f"lane {ins.lane}"
                     log.append(f"    {ins.where}: {part} add {ins.value} -> {self.names[ins.line]} issued")
-            elif op == ADDC:
-                self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], ins.value))
-            elif op == COMBINE:
-                snaps = [st.regs[r][j][s] for s in ins.srcs]
-                self._set_reg(st, r, j, ins.reg, protocols.ll128_restore(snaps, self.cfg.ll128_lines, self.lanes))
-            elif op == OUT:
-                got = st.regs[r][j][ins.reg]
-                if log is not None:
-                    log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
-                if st.fx is not None:
-                    st.fx.outs[r] |= 1 << ins.value
-                if got != ins.expect:
-                    return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
-                                     f"the exact sum is {ins.expect}")
+            elif op in (ADDC, COMBINE, OUT):
+                v = self._register_step(st, r, j, ins, log)
+                if v is not None:
+                    return v
             pc += 1
         st.pc[r][j] = pc
         if advance and pc == n and all(p == len(c) for p, c in zip(st.pc[r], self.vcode[var], strict=True)):

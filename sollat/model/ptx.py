@@ -463,20 +463,8 @@ class PtxMachine(Machine):
         elif op == FENCE:
             if log is not None:
                 log.append(f"    {ins.where}: FENCE .{ins.value} (orders nothing for a peer on another GPU)")
-        elif op == ADDC:
-            self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], ins.value))
-        elif op == COMBINE:
-            snaps = [st.regs[r][j][s] for s in ins.srcs]
-            self._set_reg(st, r, j, ins.reg, protocols.ll128_restore(snaps, self.cfg.ll128_lines, self.lanes))
-        elif op == OUT:
-            got = st.regs[r][j][ins.reg]
-            if log is not None:
-                log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
-            if st.fx is not None:
-                st.fx.outs[r] |= 1 << ins.value
-            if got != ins.expect:
-                return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
-                                 f"the exact sum is {ins.expect}")
+        elif op in (ADDC, COMBINE, OUT):
+            return self._register_step(st, r, j, ins, log)
         return None
 
     def _settle(self, st: State, r: int, j: int, log: list[str] | None, advance: bool = True,
