@@ -1,11 +1,11 @@
 // AllReduce of max(|x|) over ranks, written with sollat's device API (docs/custom-collectives.md).
 // The host (examples/maxabs_allreduce.py, sollat.custom.Collective) sets SOLLAT_T, SOLLAT_PROTO,
-// SOLLAT_MAX_RANKS, SOLLAT_SLOTS and SOLLAT_BUFFERS, and launches <name>_pg / <name>_vr.
+// SOLLAT_MAX_RANKS, SOLLAT_SLOTS and SOLLAT_BUFFERS, and launches the entry point <name>.
 #include <sollat/collective.h>
 
 using namespace sollat;
 
-constexpr int kBuffers = SOLLAT_BUFFERS;  // the _vr entry point's epoch stride: Collective(buffers=1)
+constexpr int kBuffers = SOLLAT_BUFFERS;  // the entry point's epoch stride per launch rank: Collective(buffers=1)
 
 // The user's operator, on the accumulation type (fp32 for 16-bit types). recvReduce starts from
 // rank 0's value and applies it for ranks 1..R-1, so |.| is taken inside. NaN propagates.

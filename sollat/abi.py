@@ -26,7 +26,14 @@ HEADER_PATH = Path(__file__).parent / "csrc" / "include" / "sollat" / "abi.h"
 REGENERATE = "python -m sollat.abi > sollat/csrc/include/sollat/abi.h"
 
 # ---- geometry limits --------------------------------------------------------------------------
-MAX_RANKS = 8  # world size and the CommState scratch array (C++ kMaxWorld)
+MAX_RANKS = 72  # world size and the CommState scratch array (C++ kMaxWorld): an NVL72 domain
+# Peers an LLBuffer keeps in registers and polls at once (C++ kPeerWindow): kernels built for at
+# most this many ranks unroll every peer loop; wider ones walk the peers in windows of this many,
+# in rank order, with the peers' scratch bases read from CommState (ll_buffer.h, "Wide groups").
+PEER_WINDOW = 8
+# The rank counts kernels are built for (SOLLAT_MAX_RANKS): a world of R ranks runs the smallest
+# that holds it (algorithms.max_ranks_template).
+RANK_CAPS: tuple[int, ...] = (2, 4, PEER_WINDOW, MAX_RANKS)
 MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
 MAX_SLOTS = 4  # lines per thread per iteration (C++ kMaxSlotsPerThread)
 LINE_BYTES = 16  # one vector store
@@ -132,12 +139,14 @@ class Field:
     doc: str = ""
 
 
+# The scalars first: with them, the first 128-byte line (the one the prologue prefetches) holds
+# the scratch bases of ranks 0..12.
 COMM_STATE: tuple[Field, ...] = (
-    Field("scratch", "u64", MAX_RANKS, "base of each rank's symmetric scratch, as mapped in this process"),
     Field("err_host", "u64", doc="host-mapped fault flag (u32), or 0"),
     Field("timeout_ns", "u64", doc="bound of every spin"),
     Field("absent_rank", "int", doc="test hook: this rank's blocks return at once (-1: none)"),
     Field("mismatch_rank", "int", doc="test hook: this rank flips a bit of its call signature (-1: none)"),
+    Field("scratch", "u64", MAX_RANKS, "base of each rank's symmetric scratch, as mapped in this process"),
 )
 STATE_FORMAT = "<" + "".join(f"{f.count if f.count > 1 else ''}{ctype(f.ctype).fmt}" for f in COMM_STATE)
 STATE_BYTES = struct.calcsize(STATE_FORMAT)
@@ -159,10 +168,16 @@ def pack_state(values: Mapping[str, Any]) -> bytes:
 class Param:
     name: str
     ctype: str
-    vr_name: str = ""  # its name in the _vr entry point, where that differs
 
 
-# After the tensor pointers, both entry points take these (host: kernel_tail, keyed by name).
+# Every collective kernel has one entry point (SOLLAT_DEFINE_ENTRY_POINTS, collective.h) for both
+# communicators. Its first parameter is the rank table: the call's tensor pointers, list by list
+# (POINTER_LISTS), each list one pointer per launch rank: SOLLAT_TABLE_RANKS of them (1 on real
+# ranks, where the launch is this rank; the kernel's rank cap on virtual ranks, rank = rank_base +
+# blockIdx.y, the unused tail zero). The table travels as a __grid_constant__ parameter, so a block
+# reads its rank's pointers with one indexed constant load. The tail follows (host:
+# kernel_tail, keyed by name): `rec0` is launch rank 0's fault record, launch rank y's lies
+# `rank_stride` bytes further (virtual ranks' scratches are back to back).
 TAIL_PARAMS: tuple[Param, ...] = (
     Param("n", "u64"),
     Param("st", "const CommState*"),
@@ -170,50 +185,42 @@ TAIL_PARAMS: tuple[Param, ...] = (
     Param("lines_per_src", "int"),
     Param("epochs", "u32*"),
     Param("sig", "u32"),
-    Param("rank", "int", vr_name="rank_base"),
+    Param("rank_base", "int"),
     Param("nranks", "int"),
-    Param("rec", "u32*", vr_name="rec0"),
+    Param("rec0", "u32*"),
     Param("rank_stride", "u64"),
 )
-PG_PARAMS: tuple[Param, ...] = (Param("in", "const void*"), Param("out", "void*")) + TAIL_PARAMS
-VR_PARAMS: tuple[Param, ...] = (
-    tuple(Param(f"i{r}", "const void*") for r in range(MAX_RANKS))
-    + tuple(Param(f"o{r}", "void*") for r in range(MAX_RANKS))
-    + tuple(Param(p.vr_name or p.name, p.ctype) for p in TAIL_PARAMS)
-)
-
-
-# Fused AllReduce + residual add + RMSNorm (kernels/allreduce_rmsnorm.cu): x (in), y (out), the
-# residual, the updated residual and the weight; after the common tail, the row length and eps
-# (its float32 bits: every parameter is packed as an integer, driver_launch.py).
-RMSNORM_TAIL_PARAMS: tuple[Param, ...] = TAIL_PARAMS + (Param("hidden", "u64"), Param("eps_bits", "u32"))
 _RMSNORM_PTRS: tuple[tuple[str, str], ...] = (("in", "const void*"), ("out", "void*"), ("res", "const void*"),
                                               ("res_out", "void*"), ("weight", "const void*"))
-_RMSNORM_VR_PREFIX = {"in": "i", "out": "o", "res": "r", "res_out": "q", "weight": "w"}
-RMSNORM_PG_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_PTRS) + RMSNORM_TAIL_PARAMS
-RMSNORM_VR_PARAMS: tuple[Param, ...] = (
-    tuple(Param(f"{_RMSNORM_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_PTRS for r in range(MAX_RANKS))
-    + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
-)
-# Its FP8 variant (module define SOLLAT_RMSNORM_FP8=1, entry points <RMSNORM_FP8_ENTRY>_pg / _vr):
-# two more pointers per rank, the e4m3 copy of y and the float32 per-tensor scale it divides by.
+_RMSNORM_FP8_PTRS = _RMSNORM_PTRS + (("fp8_out", "void*"), ("fp8_scale", "const float*"))
+# The rank table's lists, by entry-point family: (name, C type of each pointer) in table order.
+POINTER_LISTS: dict[str, tuple[tuple[str, str], ...]] = {
+    "collective": (("in", "const void*"), ("out", "void*")),
+    # Fused AllReduce + residual add + RMSNorm (kernels/allreduce_rmsnorm.cu): x (in), y (out), the
+    # residual, the updated residual and the weight; its FP8 variant (module define
+    # SOLLAT_RMSNORM_FP8=1) adds the e4m3 copy of y and the float32 per-tensor scale it divides by.
+    "rmsnorm": _RMSNORM_PTRS,
+    "rmsnorm_fp8": _RMSNORM_FP8_PTRS,
+}
+# The fused RMSNorm's tail: the common one, then the row length and eps (its float32 bits: every
+# parameter is packed as an integer, driver_launch.py).
+RMSNORM_TAIL_PARAMS: tuple[Param, ...] = TAIL_PARAMS + (Param("hidden", "u64"), Param("eps_bits", "u32"))
 RMSNORM_FP8_ENTRY = "ar_rmsnorm_fp8"
 
 
+def table_size(family: str, table_ranks: int) -> int:
+    """Pointers in the rank table of an entry point of ``family`` (a POINTER_LISTS key) built for
+    ``table_ranks`` launch ranks."""
+    return len(POINTER_LISTS[family]) * table_ranks
+
+
 def rmsnorm_entry(kernel: str, fp8: bool) -> str:
-    """The entry-point prefix of a fused RMSNorm kernel (a KERNELS name: ``ar_rmsnorm`` or its
-    two-shot ``ar_rmsnorm_twoshot``), with the FP8 copy ``<kernel>_fp8``; same parameters for both."""
+    """The entry point of a fused RMSNorm kernel (a KERNELS name: ``ar_rmsnorm`` or its two-shot
+    ``ar_rmsnorm_twoshot``), with the FP8 copy ``<kernel>_fp8``; same tail for both."""
     return f"{kernel}_fp8" if fp8 else kernel
 
 
 assert rmsnorm_entry("ar_rmsnorm", True) == RMSNORM_FP8_ENTRY
-_RMSNORM_FP8_PTRS = _RMSNORM_PTRS + (("fp8_out", "void*"), ("fp8_scale", "const float*"))
-_RMSNORM_FP8_VR_PREFIX = {**_RMSNORM_VR_PREFIX, "fp8_out": "f", "fp8_scale": "s"}
-RMSNORM_FP8_PG_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + RMSNORM_TAIL_PARAMS
-RMSNORM_FP8_VR_PARAMS: tuple[Param, ...] = (
-    tuple(Param(f"{_RMSNORM_FP8_VR_PREFIX[n]}{r}", t) for n, t in _RMSNORM_FP8_PTRS for r in range(MAX_RANKS))
-    + tuple(Param(p.vr_name or p.name, p.ctype) for p in RMSNORM_TAIL_PARAMS)
-)
 # Residual add + RMSNorm on one GPU (kernels/add_rmsnorm.cu): the epilogue of all_reduce_rmsnorm's
 # "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
 # peers. fp8_out / fp8_scale are 0 without the FP8 copy. One block of at most
@@ -274,7 +281,7 @@ def _typedefs() -> list[str]:
 
 
 def _constants() -> list[str]:
-    ints = (("kMaxWorld", MAX_RANKS), ("kMaxThreads", MAX_THREADS), ("kMaxSlotsPerThread", MAX_SLOTS),
+    ints = (("kMaxWorld", MAX_RANKS), ("kPeerWindow", PEER_WINDOW), ("kMaxThreads", MAX_THREADS), ("kMaxSlotsPerThread", MAX_SLOTS),
             ("kLineBytes", LINE_BYTES), ("kWarpSize", WARP), ("kPayloadBytesLL", PAYLOAD_BYTES["ll"]),
             ("kPayloadBytesSentinel", PAYLOAD_BYTES["sentinel"]), ("kControlBytes", CONTROL_BYTES),
             ("kFaultRecordOffset", FAULT_RECORD_OFFSET), ("kFaultWords", FAULT_WORDS))
@@ -345,7 +352,7 @@ def _state_lines() -> list[str]:
 
 def _cxx_param(p: Param) -> str:
     """``type name`` as written outside namespace sollat (the entry points are extern "C")."""
-    t = re.sub(r"\b(CommState|u64|u32|u16)\b", r"sollat::\1", p.ctype)
+    t = re.sub(r"\b(CommState|RankTable|kLists\w*|u64|u32|u16)\b", r"sollat::\1", p.ctype)
     return f"{t} {p.name}"
 
 
@@ -354,6 +361,27 @@ def _params_macro(name: str, params: Sequence[Param]) -> list[str]:
     chunks = [", ".join(_cxx_param(p) for p in params[i:i + per_line]) for i in range(0, len(params), per_line)]
     body = ", \\\n    ".join(chunks)
     return [f"#define {name} \\\n    {body}"]
+
+
+def _list_enumerator(family: str, name: str) -> str:
+    """The C++ name of a rank-table list's index (``kListIn``, ``kListFp8Scale``)."""
+    return "kList" + "".join(part.capitalize() for part in name.split("_"))
+
+
+def _lists_lines() -> list[str]:
+    out = []
+    for family, lists in POINTER_LISTS.items():
+        tag = "".join(part.capitalize() for part in family.split("_"))
+        items = [(f"kLists{tag}", len(lists))]
+        if family == "rmsnorm_fp8":  # the superset: every list's index once
+            items += [(_list_enumerator(family, n), i) for i, (n, _) in enumerate(lists)]
+        out.append(f"enum RankTable{tag} : int {{ " + ", ".join(f"{k} = {v}" for k, v in items) + " };")
+    return ["namespace sollat {", *out, "}  // namespace sollat"]
+
+
+def _table_param(family: str) -> Param:
+    tag = "".join(part.capitalize() for part in family.split("_"))
+    return Param("ptrs", f"const __grid_constant__ RankTable<kLists{tag}>")
 
 
 def header_text() -> str:
@@ -384,13 +412,12 @@ def header_text() -> str:
         "",
         "}  // namespace sollat",
         "",
-        "// Entry-point parameters (host: abi.kernel_tail packs the tail in this order).",
-        *_params_macro("SOLLAT_PG_PARAMS", PG_PARAMS),
-        *_params_macro("SOLLAT_VR_PARAMS", VR_PARAMS),
-        *_params_macro("SOLLAT_RMSNORM_PG_PARAMS", RMSNORM_PG_PARAMS),
-        *_params_macro("SOLLAT_RMSNORM_VR_PARAMS", RMSNORM_VR_PARAMS),
-        *_params_macro("SOLLAT_RMSNORM_FP8_PG_PARAMS", RMSNORM_FP8_PG_PARAMS),
-        *_params_macro("SOLLAT_RMSNORM_FP8_VR_PARAMS", RMSNORM_FP8_VR_PARAMS),
+        "// Entry-point parameters: the rank table (collective.h RankTable, POINTER_LISTS), then the tail",
+        "// (host: abi.kernel_tail packs it in this order).",
+        *_lists_lines(),
+        *_params_macro("SOLLAT_PARAMS", (_table_param("collective"),) + TAIL_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_PARAMS", (_table_param("rmsnorm"),) + RMSNORM_TAIL_PARAMS),
+        *_params_macro("SOLLAT_RMSNORM_FP8_PARAMS", (_table_param("rmsnorm_fp8"),) + RMSNORM_TAIL_PARAMS),
         *_params_macro("SOLLAT_ADD_RMSNORM_PARAMS", ADD_RMSNORM_PARAMS),
         "",
         "#endif  // SOLLAT_ABI_H_",

@@ -23,15 +23,17 @@ _FLOATS = frozenset(DTYPES)
 class Algorithm:
     name: str
     kernel_file: str
-    kernel: str  # entry point prefix: <kernel>_pg / <kernel>_vr, a key of abi.KERNELS
+    kernel: str  # entry point (both communicators: collective.h), a key of abi.KERNELS
     proto: str  # "ll" | "sentinel" (LL128's all-gather is LL) | "bulk" (bulk_buffer.h: one flag per block area)
     max_blocks: int  # default blocks per rank (virtual ranks); a communicator may size its scratch for more
     deterministic: bool
     two_shot: bool
     dtypes: frozenset[torch.dtype] = _FLOATS
     ops: frozenset[str] = frozenset(OPS)
-    # (max ranks template, slots) instantiations that compile without register spills
-    slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1))
+    # (rank cap, slots) instantiations that compile without register spills; the rank caps are
+    # abi.RANK_CAPS, and the widest one listed is the most ranks the algorithm runs on (WIDE: the
+    # windowed peer loops of ll_buffer.h, up to abi.MAX_RANKS)
+    slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (abi.MAX_RANKS, 1))
     # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
     # A hardware property its correctness on real ranks rests on, beyond what the PTX memory model
@@ -71,8 +73,19 @@ class Algorithm:
             return layout.WARP * layout.ceil_div(count, self.unit_user_bytes // dt.size)
         return layout.ceil_div(count, self.elems_per_line(dt))
 
+    @property
+    def max_world(self) -> int:
+        """The most ranks it runs on: its widest instantiation."""
+        return max(r for r, _ in self.slot_choices)
+
     def max_slots(self, max_ranks: int) -> int:
         return max(s for r, s in self.slot_choices if r == max_ranks)
+
+    def check_world(self, world_size: int, opname: str = "all_reduce") -> None:
+        """Raise if this algorithm has no kernel for ``world_size`` ranks."""
+        if world_size > self.max_world:
+            raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on at most {self.max_world} ranks, this "
+                                   f"communicator has {world_size}")
 
     def scratch_bytes(self, nranks: int, max_blocks: int | None = None) -> int:
         return self.buffers * layout.region_bytes(nranks, max_blocks or self.max_blocks)
@@ -96,10 +109,10 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 16, True, False,
                   doc="one-shot push, sentinel protocol (16 B payload, receiver resets, a signature word per block)"),
         Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 16, True, True,
-                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
+                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="two-shot (reduce-scatter + all-gather), LL protocol in both phases"),
         Algorithm("twoshot_sentinel", "allreduce_twoshot.cu", "twoshot", "sentinel", 16, True, True,
-                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1)),
+                  slot_choices=((2, 1), (2, 2), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="two-shot (reduce-scatter + all-gather), sentinel protocol in both phases"),
         Algorithm("ll128", "allreduce_ll128.cu", "ll128", "ll", 16, False, True,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
@@ -159,13 +172,13 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("rmsnorm_oneshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm", "sentinel", RMSNORM_MAX_BLOCKS,
                   True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  slot_choices=((2, 1), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, one-shot sentinel, a cluster of blocks per token row"),
         # Sentinel only: an LL two-shot is not sound (RMSNORM_TWOSHOT_ENV's comment).
         Algorithm("rmsnorm_twoshot_sentinel", "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot", "sentinel",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  slot_choices=((2, 1), (4, 1), (8, 1)),
+                  slot_choices=((2, 1), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
                       "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
     )
@@ -246,24 +259,27 @@ class Region:
 
 
 def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = (),
-            gather_scatter: bool = False) -> tuple[Region, ...]:
+            gather_scatter: bool = False, fused_blocks: int | None = None) -> tuple[Region, ...]:
     """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
     (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks; the experimental
     two-shot only with RMSNORM_TWOSHOT_ENV), with ``gather_scatter``
     the built-in AllGather/ReduceScatter regions (one per protocol, at most GATHER_SCATTER_BLOCKS
-    blocks), then the user-written collectives registered at construction (``max_blocks``)."""
+    blocks), then the user-written collectives registered at construction (``max_blocks``).
+    ``fused_blocks`` caps the fused RMSNorm regions' blocks (virtual ranks: what R ranks can run at
+    once on one GPU, layout.virtual_block_cap)."""
     shared: dict[str, Region] = {}
     for a in GATHER_SCATTER_ALGORITHMS.values() if gather_scatter else ():
         shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
-            + tuple(Region(n, a, a.max_blocks) for n, a in RMSNORM_ALGORITHMS.items()
+            + tuple(Region(n, a, min(a.max_blocks, fused_blocks or a.max_blocks)) for n, a in RMSNORM_ALGORITHMS.items()
                     if n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled())
             + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
 
 def max_ranks_template(nranks: int) -> int:
-    for r in (2, 4, 8):
+    """The rank cap (SOLLAT_MAX_RANKS) a world of ``nranks`` runs: the smallest of abi.RANK_CAPS that holds it."""
+    for r in abi.RANK_CAPS:
         if nranks <= r:
             return r
     raise UnsupportedError(f"sollat supports at most {layout.MAX_RANKS} ranks, got {nranks}")
@@ -285,13 +301,15 @@ def collective_name(alg: Algorithm) -> str:
 
 def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: int, test_hooks: bool,
                    real_ranks: bool, fp8: bool = False) -> dict[str, str]:
-    """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (the ``_pg`` entry of a
-    Communicator), else virtual ranks sharing one GPU (``_vr``). ``fp8``: the fused RMSNorm's
+    """NVRTC defines of one instantiation. ``real_ranks``: one rank per GPU (a Communicator: a rank
+    table of one launch rank), else virtual ranks sharing one GPU (a table of ``max_ranks``). ``fp8``: the fused RMSNorm's
     variant that also writes an e4m3 copy of y (entry points abi.rmsnorm_entry)."""
     d = {
         "SOLLAT_T": dt.cxx,
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
+        # Launch ranks in the rank table (collective.h RankTable): this rank, or every virtual rank.
+        "SOLLAT_TABLE_RANKS": "1" if real_ranks else str(max_ranks),
         # Fences that order a store to the own scratch before a peer may write it again: the peer
         # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
         "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",
@@ -303,7 +321,7 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
     if op:  # a user-written collective takes none (op ""): its kernel brings its own operator
         d["SOLLAT_OP"] = {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op]
     if isinstance(alg, CustomAlgorithm):
-        d["SOLLAT_BUFFERS"] = str(alg.buffers)  # the kernel's kBuffers (the _vr entry's epoch stride)
+        d["SOLLAT_BUFFERS"] = str(alg.buffers)  # the kernel's kBuffers (the epoch stride per launch rank)
     if alg.unit_user_bytes:
         # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).

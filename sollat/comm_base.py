@@ -32,7 +32,7 @@ class _Plan:
     kernel: Any
     config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
-    bound: driver_launch.BoundLaunch | None  # the same launch prepacked for one driver call (None: through cuda.core)
+    bound: driver_launch.BoundLaunch  # the launch prepacked for one driver call
 
 
 
@@ -48,7 +48,7 @@ class _CommBase(LaunchFitting, DeviceState):
     def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
                timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
                customs: Sequence[Algorithm] = (), gather_scatter: bool = False,
-               batch_invariant: bool = False) -> None:
+               batch_invariant: bool = False, fused_blocks: int | None = None) -> None:
         self.world_size = world_size  # validated by the constructors (validate.check_world_size)
         self._batch_invariant = batch_invariant  # validated by the constructors (validate.batch_invariant)
         self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
@@ -72,7 +72,11 @@ class _CommBase(LaunchFitting, DeviceState):
         self._choices: dict[tuple[Any, ...], str] = {}
         self._table: select.Table | None = None
         self._dev_index: int = device.index
-        self._pad = (0,) * (abi.MAX_RANKS - world_size)
+        # The rank table's launch ranks (abi.py POINTER_LISTS): this rank alone, or every virtual
+        # rank up to the kernels' rank cap; a virtual call pads each list with zeros to it.
+        self._rank_cap = algorithms.max_ranks_template(world_size)
+        self._table_ranks = 1 if self._entry == "pg" else self._rank_cap
+        self._pad = (0,) * (self._table_ranks - launch_ranks)
         self._cluster_ranks = False  # set by VirtualCommunicator
         self._occupancy: dict[tuple[Any, ...], int] = {}
         launch.ensure_device(device.index)
@@ -84,7 +88,7 @@ class _CommBase(LaunchFitting, DeviceState):
         # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
         self._customs = {a.name: a for a in customs}
         self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
-        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter)
+        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter, fused_blocks)
         self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
         self._rmsnorm_twoshot = any(reg.name in algorithms.RMSNORM_EXPERIMENTAL for reg in self._regions)
         self._region_off: dict[str, int] = {}
@@ -218,7 +222,8 @@ class _CommBase(LaunchFitting, DeviceState):
         region = alg.region or name  # its scratch region and epochs (shared by some built-ins)
         what = getattr(alg, "opname", "all_reduce")
         alg.check(dt.torch_dtype, op)
-        rmax = algorithms.max_ranks_template(self.world_size)
+        alg.check_world(self.world_size, what)
+        rmax = self._rank_cap
         lines = alg.lines_per_rank(n, dt, self.world_size)
         kernel_file = self._kernel_files.get(name, alg.kernel_file)
 
@@ -232,10 +237,10 @@ class _CommBase(LaunchFitting, DeviceState):
         tail = abi.kernel_tail({
             "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[region],
             "lines_per_src": layout.lines_per_src(self._region_blocks[region]), "epochs": self._epochs[region].data_ptr(),
-            "sig": sig, "rank": self._rank_arg(), "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride})
-        params = abi.VR_PARAMS if self._entry == "vr" else abi.PG_PARAMS
-        n_ptrs = len(params) - len(abi.TAIL_PARAMS)  # inputs, outputs
-        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+            "sig": sig, "rank_base": self._rank_arg(), "nranks": self.world_size, "rec0": rec0,
+            "rank_stride": rank_stride})
+        n_ptrs = abi.table_size("collective", self._table_ranks)
+        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs)
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan
@@ -266,8 +271,8 @@ class _CommBase(LaunchFitting, DeviceState):
         return name
 
     def _rmsnorm_plan(self, name: str, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
-        """``fp8``: the variant that also writes the e4m3 copy (its own module and entry points, two
-        more pointers per rank: abi.RMSNORM_FP8_PG_PARAMS / RMSNORM_FP8_VR_PARAMS)."""
+        """``fp8``: the variant that also writes the e4m3 copy (its own module and entry point, two
+        more pointer lists in the rank table: abi.POINTER_LISTS["rmsnorm_fp8"])."""
         key = ("rmsnorm", name, dt.short, rows, hidden, eps_bits, fp8, self._test_hooks,
                tuple(sorted(self._defines.items())))
         plan = self._plans.get(key)
@@ -275,25 +280,23 @@ class _CommBase(LaunchFitting, DeviceState):
             return plan
         alg = algorithms.RMSNORM_ALGORITHMS[name]
         alg.check(dt.torch_dtype, "sum", rmsnorm.OPNAME)
-        rmax = algorithms.max_ranks_template(self.world_size)
+        alg.check_world(self.world_size, rmsnorm.OPNAME)
+        rmax = self._rank_cap
+
         def build_for(max_blocks: int) -> tuple[rmsnorm.RowGeometry, Any]:  # fewer blocks: more rows per block
             geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks)
             return geo, self._kernel(alg, alg.kernel_file, dt, "sum", rmax, geo.slots, fp8)
 
-        geo, kernel, config = self._fitting_launch(rmsnorm.OPNAME, build_for, alg.max_blocks)
+        geo, kernel, config = self._fitting_launch(rmsnorm.OPNAME, build_for, self._region_blocks[name])
         rec0, rank_stride = self._record_args()
         tail = abi.kernel_tail({
             "n": rows * hidden, "st": self._state.data_ptr(), "region_off": self._region_off[name],
             "lines_per_src": layout.lines_per_src(self._region_blocks[name]), "epochs": self._epochs[name].data_ptr(),
-            "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits, fp8), "rank": self._rank_arg(),
-            "nranks": self.world_size, "rec": rec0, "rank_stride": rank_stride, "hidden": hidden,
+            "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits, fp8), "rank_base": self._rank_arg(),
+            "nranks": self.world_size, "rec0": rec0, "rank_stride": rank_stride, "hidden": hidden,
             "eps_bits": eps_bits}, abi.RMSNORM_TAIL_PARAMS)
-        if fp8:
-            params = abi.RMSNORM_FP8_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_FP8_PG_PARAMS
-        else:
-            params = abi.RMSNORM_VR_PARAMS if self._entry == "vr" else abi.RMSNORM_PG_PARAMS
-        n_ptrs = len(params) - len(abi.RMSNORM_TAIL_PARAMS)
-        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs) if driver_launch.enabled() else None
+        n_ptrs = abi.table_size("rmsnorm_fp8" if fp8 else "rmsnorm", self._table_ranks)
+        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs)
         plan = _Plan(alg, kernel, config, tail, bound)
         self._plans[key] = plan
         return plan
@@ -301,7 +304,7 @@ class _CommBase(LaunchFitting, DeviceState):
     def _rmsnorm_epilogue_plan(self, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
         """The unfused algorithm's epilogue (``alg`` None); its AllReduce plans its own call."""
         kernel, config, tail = epilogue.launch_parts(dt, rows, hidden, eps_bits)
-        bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.N_PTRS) if driver_launch.enabled() else None
+        bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.N_PTRS)
         return _Plan(None, kernel, config, tail, bound)
 
     def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,
@@ -328,7 +331,7 @@ class _CommBase(LaunchFitting, DeviceState):
         defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg",
                                             fp8=fp8)
         defines.update(self._defines)
-        entry = f"{abi.rmsnorm_entry(alg.kernel, fp8)}_{self._entry}"  # rmsnorm_entry(k, False) is k
+        entry = abi.rmsnorm_entry(alg.kernel, fp8)  # rmsnorm_entry(k, False) is k
         source = getattr(alg, "source", "")
         if source:
             return build.get_source_kernel(source, alg.kernel, entry, defines=defines)
@@ -338,10 +341,7 @@ class _CommBase(LaunchFitting, DeviceState):
         stream = launch.stream_handle(self._dev_index)
         if stream != self._last_stream:
             self._order_streams(stream)
-        if plan.bound is not None:
-            plan.bound(stream, ptr_args)
-        else:
-            launch.launch(plan.kernel, plan.config, ptr_args + plan.tail, device=self.device)
+        plan.bound(stream, ptr_args)
 
     def _order_streams(self, stream: int) -> None:
         """Calls of one communicator share its epochs and scratch, so they must run in the order

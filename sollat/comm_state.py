@@ -144,11 +144,13 @@ class DeviceState:
 
 
 def scratch_bytes_per_rank(world_size: int, names: Sequence[str], max_blocks: int,
-                           customs: Sequence[Algorithm] = (), gather_scatter: bool = False) -> int:
+                           customs: Sequence[Algorithm] = (), gather_scatter: bool = False,
+                           fused_blocks: int | None = None) -> int:
     """Control block plus one region per algorithm, the fused RMSNorm ones, the built-in
     AllGather/ReduceScatter ones and the user-written collectives included (the offsets _setup assigns)."""
     return layout.CONTROL_BYTES + sum(r.alg.scratch_bytes(world_size, r.blocks)
-                                      for r in regions(tuple(names), max_blocks, tuple(customs), gather_scatter))
+                                      for r in regions(tuple(names), max_blocks, tuple(customs), gather_scatter,
+                                                                fused_blocks))
 
 
 def _record_view(scratch: torch.Tensor) -> torch.Tensor:

@@ -107,7 +107,6 @@ class Communicator(GatherScatterCalls, CustomCalls):
         timeout_value = timeout(timeout_s)
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
-        names = algorithm_names(algorithms)
         customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
         gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
         blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
@@ -120,6 +119,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
         check_world_size(ws, "Communicator")
+        names = algorithm_names(algorithms, ws, "Communicator")
         self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs, gs), dtype=torch.uint8,
                                    device=dev)
         self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
@@ -255,7 +255,7 @@ class Communicator(GatherScatterCalls, CustomCalls):
         y = torch.empty_like(tensor) if out is None else out
         px, py = tensor.data_ptr(), y.data_ptr()
         plan = self._calls.get((n, tensor.dtype, op, algo, deterministic, px == py and self._symm.zero_copy(tensor, y)))
-        if plan.__class__ is not _Plan or plan.bound is None:  # type: ignore[union-attr]
+        if plan.__class__ is not _Plan:
             return self._all_reduce_impl(tensor, op, algo, y, deterministic)
         stream = launch.stream_handle(self._dev_index)
         if stream != self._last_stream:

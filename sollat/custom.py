@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from . import algorithms, build, layout
+from . import abi, algorithms, build, layout
 from .algorithms import CustomAlgorithm
 from .dtypes import DTYPES
 from .errors import UnsupportedError
@@ -100,7 +100,7 @@ class Collective:
             name=f"custom:{name}", kernel_file=f"<{name}>", kernel=name, proto=proto,
             max_blocks=layout.MAX_BLOCKS_VIRTUAL, deterministic=bool(deterministic), two_shot=bool(two_shot),
             dtypes=frozenset(dts), ops=frozenset({""}),
-            slot_choices=tuple((r, max_slots) for r in (2, 4, 8)),
+            slot_choices=tuple((r, max_slots) for r in abi.RANK_CAPS[:-1]) + ((abi.MAX_RANKS, 1),),
             doc=doc, source=source, n_buffers=buffers, gathers=output == "gather")
 
     @property

@@ -7,17 +7,19 @@ arguments; only the tensor pointers and the stream change. :class:`BoundLaunch` 
 packs the configuration and the trailing arguments once, and a launch writes the pointers into
 the argument slots and makes one foreign call.
 
-The driver copies the argument values when the launch is enqueued (or captured into a graph), so
-the slots may be rewritten by the next call at once. Two threads must not launch the same bound
-kernel at the same time (like an NCCL communicator, a sollat communicator is not thread-safe).
-When ``libcuda`` cannot be loaded, or ``SOLLAT_LAUNCHER=cuda.core``, the launch goes through
-``cuda.core.launch`` instead; the two paths launch the same kernel with the same arguments.
+The pointers are either leading 8-byte parameters (the one-GPU epilogue) or one rank-table
+parameter (every collective's entry point, abi.py POINTER_LISTS: a ``__grid_constant__`` struct of
+8-byte words); either way they are the first words of the slots. The driver copies the argument
+values when the launch is enqueued (or captured into a graph), so the slots may be rewritten by
+the next call at once. Two threads must not launch the same bound kernel at the same time (like an
+NCCL communicator, a sollat communicator is not thread-safe). It is sollat's only launch path:
+``cuda.core.launch`` cannot pass a struct parameter (measured 2-4 us more host time per call
+before, docs/benchmarks.md, eager overhead).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,51 +63,49 @@ def _libcuda() -> Any:
     return _lib or None
 
 
-def enabled() -> bool:
-    """Whether launches go straight to the driver (``SOLLAT_LAUNCHER`` = ``driver``, the default)."""
-    choice = os.environ.get("SOLLAT_LAUNCHER", "driver")
-    if choice not in ("driver", "cuda.core"):
-        raise SollatError(f"SOLLAT_LAUNCHER must be 'driver' or 'cuda.core', got {choice!r}")
-    return choice == "driver" and _libcuda() is not None
-
-
 def _dims3(v: Any) -> tuple[int, int, int]:
     t = (v,) if isinstance(v, int) else tuple(v)
     return (*t, 1, 1, 1)[:3]  # type: ignore[return-value]
 
 
-def _param_sizes(kernel: Any, count: int) -> list[int]:
-    """Byte size of each kernel parameter, from the kernel's own metadata."""
+def _param_layout(kernel: Any, n_ptrs: int, n_tail: int) -> tuple[bool, list[int]]:
+    """(the pointers are one table parameter, the byte size of each tail parameter), from the
+    kernel's own metadata: either n_ptrs leading 8-byte parameters or one of 8 * n_ptrs bytes."""
     sizes = []
     for p in kernel.arguments_info:
         size = getattr(p, "size", None)
         sizes.append(int(size if size is not None else p[1]))
-    if len(sizes) != count:
-        raise SollatError(f"sollat: kernel takes {len(sizes)} parameters but the call packs {count}")
-    bad = [s for s in sizes if s not in (4, 8)]
+    table = len(sizes) == 1 + n_tail and n_ptrs > 1 and sizes[0] == 8 * n_ptrs
+    if not table and len(sizes) != n_ptrs + n_tail:
+        raise SollatError(f"sollat: kernel takes {len(sizes)} parameters but the call packs {n_ptrs + n_tail}")
+    tail = sizes[len(sizes) - n_tail:]
+    bad = [s for s in (tail if table else sizes) if s not in (4, 8)]
     if bad:
         raise SollatError(f"sollat: the prepacked launcher handles 4- and 8-byte parameters only, got sizes {bad}")
-    return sizes
+    return table, tail
 
 
 class BoundLaunch:
     """``kernel`` with its LaunchConfig and trailing arguments, bound for one driver call per launch.
 
     ``BoundLaunch(kernel, config, tail, n_ptrs)(stream_handle, ptrs)`` launches ``kernel(*ptrs,
-    *tail)``; ``ptrs`` are the ``n_ptrs`` leading pointer arguments. ``launch_fn`` replaces the
-    driver entry point (tests inspect the packed structures with it).
+    *tail)``; ``ptrs`` are the ``n_ptrs`` pointers (leading parameters, or the rank table).
+    ``launch_fn`` replaces the driver entry point (tests inspect the packed structures with it).
     """
 
     def __init__(self, kernel: Any, config: Any, tail: Sequence[Any], n_ptrs: int, *,
                  launch_fn: Callable[..., int] | None = None) -> None:
         count = n_ptrs + len(tail)
-        sizes = _param_sizes(kernel, count)
-        # One 8-byte slot per parameter; a 4-byte parameter reads the slot's low half (little endian).
+        table, sizes = _param_layout(kernel, n_ptrs, len(tail))
+        # One 8-byte slot per pointer and tail parameter; a 4-byte parameter reads the slot's low
+        # half (little endian); a table parameter is its n_ptrs slots, read from the first.
         self._slots = (ctypes.c_uint64 * count)()
         for i, v in enumerate(tail):
-            self._slots[n_ptrs + i] = int(v) & ((1 << (8 * sizes[n_ptrs + i])) - 1)
+            self._slots[n_ptrs + i] = int(v) & ((1 << (8 * sizes[i])) - 1)
         base = ctypes.addressof(self._slots)
-        self._params = (ctypes.c_void_p * count)(*[base + 8 * i for i in range(count)])
+        starts = [0] if table else list(range(n_ptrs))
+        starts += range(n_ptrs, count)
+        self._params = (ctypes.c_void_p * len(starts))(*[base + 8 * i for i in starts])
         self._pack_ptrs = struct.Struct(f"<{n_ptrs}Q").pack_into
         cluster = getattr(config, "cluster", None)
         grid, block = _dims3(config.grid), _dims3(config.block)
@@ -132,7 +132,12 @@ class BoundLaunch:
         self._stream = 0  # the stream in self._cfg (0: the legacy default stream, as ctypes.Structure starts)
         self._cfg_ref = ctypes.byref(self._cfg)
         self._func = ctypes.c_void_p(int(kernel.handle))
-        self._call = launch_fn if launch_fn is not None else _libcuda().cuLaunchKernelEx
+        if launch_fn is None:
+            lib = _libcuda()
+            if lib is None:
+                raise SollatError("sollat: libcuda.so.1 (the CUDA driver) cannot be loaded; sollat launches through it")
+            launch_fn = lib.cuLaunchKernelEx
+        self._call = launch_fn
 
     def __call__(self, stream: int, ptrs: Sequence[int]) -> None:
         self._pack_ptrs(self._slots, 0, *ptrs)

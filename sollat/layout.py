@@ -54,6 +54,14 @@ REAL_RANK_BLOCKS_BUDGET = 256
 def default_max_blocks_real(world_size: int) -> int:
     return max(16, min(MAX_BLOCKS_LIMIT, REAL_RANK_BLOCKS_BUDGET // world_size))
 
+
+def virtual_block_cap(world_size: int, num_sms: int) -> int:
+    """The most blocks per rank a VirtualCommunicator sizes any region for: every block of every
+    rank must be resident at once, and sollat's kernels fit at most two 512-thread blocks per SM, so
+    more could never launch (the occupancy check cuts further where fewer fit). 16 or more at
+    R <= 8 on an H200 (132 SMs), 3 at R = 72: scratch then grows with R, not R x blocks."""
+    return max(1, 2 * num_sms // world_size)
+
 # Every rank's scratch starts with a control block; the algorithms' regions follow it, each at a
 # multiple of CONTROL_BYTES (LL128 needs 512-byte aligned warp-units). The control block holds
 # the rank's fault record (csrc/include/sollat/fault.h): FAULT_WORDS u32 words at

@@ -83,11 +83,8 @@ def bare_launch(comm: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, alg
     plan = comm._call_plan(inputs[0].numel(), _dtype_of(inputs[0]), op, algo, False)
     ptrs = (*[t.data_ptr() for t in inputs], *comm._pad, *[o.data_ptr() for o in outputs], *comm._pad)
     dev_index = comm.device.index or 0
-    if plan.bound is not None:
-        bound = plan.bound
-        return lambda: bound(launch.stream_handle(dev_index), ptrs)
-    args = ptrs + plan.tail
-    return lambda: launch.launch(plan.kernel, plan.config, args, device=comm.device)
+    bound = plan.bound
+    return lambda: bound(launch.stream_handle(dev_index), ptrs)
 
 
 def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:

@@ -35,14 +35,19 @@ def check_world_size(world_size: object, who: str) -> None:
         raise UnsupportedError(f"{who}: world_size must be 2..{layout.MAX_RANKS}, got {world_size}")
 
 
-def algorithm_names(names: Sequence[str] | None) -> tuple[str, ...]:
+def algorithm_names(names: Sequence[str] | None, world_size: int = 2, who: str = "Communicator") -> tuple[str, ...]:
+    """The AllReduce algorithms a communicator of ``world_size`` ranks enables: ``names`` (each
+    must run at that size), or by default every algorithm that does (Algorithm.max_world: LL128
+    and the bulk two-shot stop at abi.PEER_WINDOW ranks)."""
     if isinstance(names, str):
         raise UnsupportedError(f"algorithms must be a list of names, got the string {names!r}")
-    out = tuple(names) if names is not None else tuple(ALGORITHMS)
+    if names is None:
+        return tuple(n for n, a in ALGORITHMS.items() if a.max_world >= world_size)
+    out = tuple(names)
     if not out:
         raise UnsupportedError(f"algorithms must name at least one of {', '.join(ALGORITHMS)}")
     for a in out:
-        get_alg(a)
+        get_alg(a).check_world(world_size, who)
     return out
 
 

@@ -59,14 +59,17 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
         customs = self._register_collectives(checked_collectives(collectives, "VirtualCommunicator"))
         gs = checked_flag(gather_scatter, "gather_scatter", "VirtualCommunicator")
         timeout_value = timeout(timeout_s)
-        names = algorithm_names(algorithms)
-        blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=layout.MAX_BLOCKS_VIRTUAL)
+        names = algorithm_names(algorithms, world_size, "VirtualCommunicator")
+        blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=0)  # 0: the default, set below
         dev = cuda_device(device, "VirtualCommunicator")
-        per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs, gs)
+        cap = layout.virtual_block_cap(world_size, torch.cuda.get_device_properties(dev).multi_processor_count)
+        blocks = blocks or min(layout.MAX_BLOCKS_VIRTUAL, cap)
+        per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs, gs, cap)
         self._scratch = torch.empty(world_size * per_rank, dtype=torch.uint8, device=dev)
         base = self._scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
-        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs, gs, invariant)
+        self._setup(world_size, dev, ptrs, world_size, timeout_value, debug, names, blocks, customs, gs, invariant,
+                    fused_blocks=cap)
         if cluster_ranks is None:
             cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
         self._cluster_ranks = bool(cluster_ranks)
@@ -279,10 +282,10 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls):
             return result
         pad = self._pad
         ptrs: list[int] = []
-        for k in (0, 3, 1, 4, 2):  # x, out, residual, residual_out, weight (abi.RMSNORM_VR_PARAMS)
+        for k in (0, 3, 1, 4, 2):  # x, out, residual, residual_out, weight (abi.POINTER_LISTS["rmsnorm"])
             ptrs.extend(c[k].data_ptr() for c in checked)
             ptrs.extend(pad)
-        for k in (1, 0) if fp8 is not None else ():  # then the copies, then the scales (RMSNORM_FP8_VR_PARAMS)
+        for k in (1, 0) if fp8 is not None else ():  # then the copies, then the scales (POINTER_LISTS["rmsnorm_fp8"])
             ptrs.extend(pair[k].data_ptr() for pair in fp8)
             ptrs.extend(pad)
         self._launch(plan, tuple(ptrs))

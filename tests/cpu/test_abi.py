@@ -41,17 +41,19 @@ def test_contract_literals_live_only_in_abi_h() -> None:
 
 
 def test_state_block_is_the_one_the_kernels_read() -> None:
-    assert abi.STATE_FORMAT == "<8QQQii" and abi.STATE_BYTES == 88  # the layout the GPU suite last ran
-    raw = abi.pack_state({"scratch": list(range(1, 9)), "err_host": 9, "timeout_ns": 10, "absent_rank": -1,
+    # the scalars first (the prefetched first line holds them and ranks 0..12's bases), then 72 bases
+    assert abi.STATE_FORMAT == "<QQii72Q" and abi.STATE_BYTES == 600
+    raw = abi.pack_state({"scratch": list(range(1, 73)), "err_host": 90, "timeout_ns": 91, "absent_rank": -1,
                           "mismatch_rank": 3})
-    assert struct.unpack("<8QQQii", raw) == (*range(1, 11), -1, 3)
+    assert struct.unpack("<QQii72Q", raw) == (90, 91, -1, 3, *range(1, 73))
+    assert "static_assert(sizeof(CommState) == 600" in abi.header_text()
     with pytest.raises(KeyError):
-        abi.pack_state({"scratch": [0] * 8})
+        abi.pack_state({"scratch": [0] * 72})
 
 
 def test_kernel_tail_is_packed_in_declared_order() -> None:
     values = {"n": 96, "st": 0x7000_0000_1000, "region_off": 4096, "lines_per_src": 64, "epochs": 0x7000_0000_2000,
-              "sig": 0xDEADBEEF, "rank": -1, "nranks": 8, "rec": 0x7000_0000_3000, "rank_stride": 1 << 20}
+              "sig": 0xDEADBEEF, "rank_base": -1, "nranks": 8, "rec0": 0x7000_0000_3000, "rank_stride": 1 << 20}
     tail = abi.kernel_tail(values)
     assert [p.name for p in abi.TAIL_PARAMS] == list(values)
     assert [int(v) for v in tail] == list(values.values())
@@ -60,29 +62,30 @@ def test_kernel_tail_is_packed_in_declared_order() -> None:
         abi.kernel_tail({k: v for k, v in values.items() if k != "sig"})
 
 
-def test_entry_points_take_pointers_then_the_tail() -> None:
-    assert len(abi.PG_PARAMS) == 2 + len(abi.TAIL_PARAMS)
-    assert len(abi.VR_PARAMS) == 2 * abi.MAX_RANKS + len(abi.TAIL_PARAMS)
-    assert [p.name for p in abi.VR_PARAMS][-len(abi.TAIL_PARAMS):] == [
+def test_entry_points_take_the_rank_table_then_the_tail() -> None:
+    assert [p.name for p in abi.TAIL_PARAMS] == [
         "n", "st", "region_off", "lines_per_src", "epochs", "sig", "rank_base", "nranks", "rec0", "rank_stride"]
+    text = abi.header_text()
+    assert "#define SOLLAT_PARAMS \\\n    const __grid_constant__ sollat::RankTable<sollat::kListsCollective> ptrs, " \
+           "sollat::u64 n," in text
+    assert "enum RankTableCollective : int { kListsCollective = 2 };" in text
+    # one table size rule for every family: lists x launch ranks (1 on real ranks, the cap on virtual)
+    assert abi.table_size("collective", 1) == 2 and abi.table_size("collective", 72) == 144
+    assert abi.table_size("rmsnorm_fp8", 8) == 56
 
 
 def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
-    """The FP8 variant adds two pointers per rank (the e4m3 copy, then its float32 scale) before the
-    same tail as the plain kernel; the header declares both parameter lists and the e4m3 facts."""
-    plain = [p.name for p in abi.RMSNORM_PG_PARAMS]
-    fp8 = [p.name for p in abi.RMSNORM_FP8_PG_PARAMS]
-    n_tail = len(abi.RMSNORM_TAIL_PARAMS)
-    assert fp8[:5] == plain[:5] and fp8[5:7] == ["fp8_out", "fp8_scale"] and fp8[7:] == plain[5:]
-    assert abi.RMSNORM_FP8_PG_PARAMS[6].ctype == "const float*"
-    vr = [p.name for p in abi.RMSNORM_FP8_VR_PARAMS]
-    assert len(vr) == 7 * abi.MAX_RANKS + n_tail and vr[:-n_tail][5 * abi.MAX_RANKS:] == (
-        [f"f{r}" for r in range(abi.MAX_RANKS)] + [f"s{r}" for r in range(abi.MAX_RANKS)])
-    assert vr[-n_tail:] == [p.name for p in abi.RMSNORM_VR_PARAMS][-n_tail:]
-    assert len({p.name for p in abi.RMSNORM_FP8_VR_PARAMS}) == len(vr)  # no name twice (q is residual_out)
+    """The FP8 variant adds two pointer lists (the e4m3 copy, then its float32 scale) after the
+    plain kernel's five and takes the same tail; the header declares the list indices and the e4m3 facts."""
+    plain = [n for n, _ in abi.POINTER_LISTS["rmsnorm"]]
+    fp8 = [n for n, _ in abi.POINTER_LISTS["rmsnorm_fp8"]]
+    assert fp8[:5] == plain and fp8[5:] == ["fp8_out", "fp8_scale"]
+    assert abi.POINTER_LISTS["rmsnorm_fp8"][6][1] == "const float*"
+    assert abi.POINTER_LISTS["collective"] == abi.POINTER_LISTS["rmsnorm"][:2]  # in, out: kListIn, kListOut everywhere
+    assert abi.RMSNORM_TAIL_PARAMS[:len(abi.TAIL_PARAMS)] == abi.TAIL_PARAMS
     text = abi.header_text()
-    assert "#define SOLLAT_RMSNORM_FP8_PG_PARAMS" in text and "#define SOLLAT_RMSNORM_FP8_VR_PARAMS" in text
-    assert "const float* fp8_scale" in text
+    assert "#define SOLLAT_RMSNORM_FP8_PARAMS" in text and "RankTable<sollat::kListsRmsnormFp8> ptrs" in text
+    assert "kListFp8Out = 5, kListFp8Scale = 6" in text
     assert f"kFp8E4M3Max = {abi.FP8_E4M3_MAX}, kFp8E4M3NaN = {abi.FP8_E4M3_NAN}" in text
     assert (abi.FP8_E4M3_MAX, abi.FP8_E4M3_NAN) == (448, 0x7F)
     import torch
@@ -98,13 +101,13 @@ def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
         assert all(a.kernel_file == "allreduce_rmsnorm.cu" for a in algorithms.RMSNORM_ALGORITHMS.values())
         for fp8 in (False, True):
             tag = "FP8_" if fp8 else ""
-            for kind in ("pg", "vr"):
-                assert f"#define SOLLAT_RMSNORM_{tag}ENTRY_{kind.upper()} {abi.rmsnorm_entry(kernel, fp8)}_{kind}\n" in src
-                assert f"SOLLAT_RMSNORM_{tag}ENTRY_{kind.upper()}(SOLLAT_RMSNORM_{tag}{kind.upper()}_PARAMS)" in src
+            assert f"#define SOLLAT_RMSNORM_{tag}ENTRY {abi.rmsnorm_entry(kernel, fp8)}\n" in src
+            assert f"SOLLAT_RMSNORM_{tag}ENTRY(SOLLAT_RMSNORM_{tag}PARAMS)" in src
 
 
 def test_host_modules_derive_from_the_contract() -> None:
-    assert (layout.MAX_RANKS, layout.MAX_THREADS, layout.MAX_SLOTS, layout.LINE_BYTES, layout.WARP) == (8, 512, 4, 16, 32)
+    assert (layout.MAX_RANKS, layout.MAX_THREADS, layout.MAX_SLOTS, layout.LINE_BYTES, layout.WARP) == (72, 512, 4, 16, 32)
+    assert abi.RANK_CAPS == (2, 4, abi.PEER_WINDOW, abi.MAX_RANKS) and abi.PEER_WINDOW == 8
     assert layout.PAYLOAD_BYTES == abi.PAYLOAD_BYTES == {"ll": 8, "sentinel": 16, "bulk": 16}
     assert (layout.CONTROL_BYTES, layout.FAULT_RECORD_OFFSET, layout.FAULT_WORDS) == (512, 0, 9)
     assert abi.FAULT_RECORD_WORDS[-1] == "collective" and 4 * layout.FAULT_WORDS <= layout.CONTROL_BYTES
@@ -147,8 +150,7 @@ def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:
     for alg in algorithms.RMSNORM_ALGORITHMS.values():
         text = build.kernel_source(alg.kernel_file)
         assert f"constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? {two} : {one};" in text, alg.kernel_file
-        for kind in ("pg", "vr"):
-            assert f"ENTRY_{kind.upper()} {alg.kernel}_{kind}\n" in text, alg.kernel_file
+        assert f"#define SOLLAT_RMSNORM_ENTRY {alg.kernel}\n" in text, alg.kernel_file
         defined.add(alg.kernel)
     assert defined == set(abi.KERNELS)
     for alg in ALGORITHMS.values():

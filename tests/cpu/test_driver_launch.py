@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sollat import driver_launch
 from sollat.driver_launch import BoundLaunch
 from sollat.errors import SollatError
 
@@ -107,12 +106,27 @@ def test_launch_failure_raises_with_the_driver_code() -> None:
         bound(0, [1])
 
 
-def test_launcher_switch(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SOLLAT_LAUNCHER", "cuda.core")
-    assert not driver_launch.enabled()
-    monkeypatch.setenv("SOLLAT_LAUNCHER", "fast")
-    with pytest.raises(SollatError, match="SOLLAT_LAUNCHER must be"):
-        driver_launch.enabled()
+def test_rank_table_is_one_parameter() -> None:
+    """A collective's entry point takes its pointers as one rank-table parameter (8 bytes per
+    pointer): the driver gets one pointer to the table's first word, then one per tail parameter."""
+    n_ptrs = 2 * 4  # in, out x 4 launch ranks
+    sizes = [8 * n_ptrs, 8, 4]
+    seen: list[list[int]] = []
+
+    def fn(cfg_ref: Any, func: Any, params: Any, extra: Any) -> int:
+        table = [ctypes.c_uint64.from_address(params[0] + 8 * i).value for i in range(n_ptrs)]
+        seen.append(table + [ctypes.c_uint64.from_address(params[1]).value,
+                             ctypes.c_uint32.from_address(params[2]).value])
+        return 0
+
+    bound = BoundLaunch(_FakeKernel(sizes), _Config(grid=(1, 4), block=128), (np.uint64(77), np.int32(-2)), n_ptrs,
+                        launch_fn=fn)
+    ptrs = list(range(100, 100 + n_ptrs))
+    bound(0, ptrs)
+    assert seen == [ptrs + [77, 0xFFFFFFFE]]
+    # a table of another size than the call's pointers is no table: the counts then disagree
+    with pytest.raises(SollatError, match="takes 3 parameters but the call packs 7"):
+        BoundLaunch(_FakeKernel([8 * 4, 8, 4]), _Config(grid=1, block=32), (1, 2), 5, launch_fn=fn)
 
 
 def test_rmsnorm_epilogue_packs_its_pointers_and_tail() -> None:

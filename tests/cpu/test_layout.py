@@ -68,7 +68,7 @@ def test_signature_lines_follow_every_data_slot_and_keep_parts_aligned(max_block
     assert len(set(sig)) == len(sig), "two blocks share a signature line"
     assert min(sig) > last_data and max(sig) == lps - 1
     assert lps - layout.signature_lines(max_blocks) <= min(sig)  # inside the part's signature tail
-    assert layout.SIGNATURE_LINES_PER_BLOCK * layout.LINE_BYTES == 4 * layout.MAX_RANKS  # a u32 word per source
+    assert layout.SIGNATURE_LINES_PER_BLOCK * layout.LINE_BYTES == 32  # one 32-byte sector per block: one writer each
     assert (lps * layout.LINE_BYTES) % 512 == 0  # every (parity, source) part stays 512-byte aligned (LL128)
 
 

@@ -6,7 +6,7 @@
 // line-channel per pass; messages larger than one pass iterate inside the kernel.
 //
 // Module defines (sollat/algorithms.py): SOLLAT_T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS;
-// no SOLLAT_OP. Kernels: allgather_pg and allgather_vr (collective.h). `out` holds nranks * n
+// no SOLLAT_OP. Kernel: allgather (collective.h). `out` holds nranks * n
 // elements; rank r's data lands at element r * n (any alignment: each row is checked).
 #include "sollat/collective.h"
 

@@ -19,8 +19,7 @@
 // In place (out == in) is safe: a round's output positions are read (RS send, reduce) before
 // they are written, by the same block, with a barrier between.
 //
-// Module defines as in allreduce_twoshot.cu (SOLLAT_PROTO is not used). Kernels: twoshot_bulk_pg
-// and twoshot_bulk_vr.
+// Module defines as in allreduce_twoshot.cu (SOLLAT_PROTO is not used). Kernel: twoshot_bulk.
 #include "sollat/bulk_buffer.h"
 #include "sollat/collective.h"
 
@@ -56,7 +55,7 @@ __device__ __forceinline__ void twoshot_bulk(const CallArgs& a, const T* in, T* 
   const int R = a.nranks, me = a.rank, b = blockIdx.x;
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
-  const u64 chunk_lines = (ceil_div_ranks(a.n, R) + kElems - 1) / kElems;
+  const u64 chunk_lines = (ceil_div_ranks<kMaxRanks>(a.n, R) + kElems - 1) / kElems;
   const u64 chunk_elems = chunk_lines * kElems;
   const u64 G = gridDim.x;
   // As few rounds as the areas allow, and the chunk spread evenly over them (no near-empty last round).

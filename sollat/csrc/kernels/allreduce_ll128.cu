@@ -23,12 +23,12 @@
 // Buffer 1: a regular LLBuffer<ProtoLL, R, 2> region.
 // Both regions are 2 * nranks * lines_per_src * 16 bytes; lines_per_src >= max_blocks * 2048.
 //
-// Launch: blockDim.x a multiple of 32 (<= 512); any grid. All co-resident for _vr (as two-shot).
+// Launch: blockDim.x a multiple of 32 (<= 512); any grid. All co-resident on virtual ranks (as two-shot).
 // In-place safe: a warp reads its R input units before writing exactly those positions.
 //
 // Module defines: SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_OP (OpSum only),
 // SOLLAT_PROTO (ProtoLL), SOLLAT_MAX_RANKS, SOLLAT_SLOTS (1, unused), SOLLAT_LL128_SPLIT (0/1).
-// Kernels: ll128_pg and ll128_vr.
+// Kernel: ll128.
 #include "sollat/collective.h"
 #include "sollat/ll128.h"
 
@@ -86,7 +86,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
 
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
-  const u64 units = (ceil_div_ranks(a.n, R) + UE - 1) / UE;  // warp-units per chunk
+  const u64 units = (ceil_div_ranks<kMaxRanks>(a.n, R) + UE - 1) / UE;  // warp-units per chunk
   const u64 chunk_elems = units * UE;
   const int warps_per_block = blockDim.x >> 5;
   const u64 nwarps = (u64)gridDim.x * warps_per_block;

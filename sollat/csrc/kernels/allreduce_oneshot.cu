@@ -9,7 +9,7 @@
 // Module defines (sollat/algorithms.py sets them): SOLLAT_T (element type), SOLLAT_OP (OpSum,
 // OpMax, OpMin), SOLLAT_PROTO (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8: loops over
 // peers are unrolled to this) and SOLLAT_SLOTS (1, 2, 4 lines per thread per iteration).
-// Kernels: oneshot_pg and oneshot_vr (collective.h).
+// Kernel: oneshot (collective.h).
 #include "sollat/collective.h"
 
 using namespace sollat;

@@ -85,10 +85,9 @@
 // Module defines (sollat/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
 // (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4), SOLLAT_RMSNORM_FP8
 // (0 or absent, 1), SOLLAT_RMSNORM_TWOSHOT (0 or absent, 1); SOLLAT_OP is OpSum and not used.
-// Kernels: ar_rmsnorm_pg and ar_rmsnorm_vr (parameters: abi.h SOLLAT_RMSNORM_PG_PARAMS /
-// SOLLAT_RMSNORM_VR_PARAMS), with SOLLAT_RMSNORM_FP8 instead ar_rmsnorm_fp8_pg and ar_rmsnorm_fp8_vr
-// (SOLLAT_RMSNORM_FP8_PG_PARAMS / _VR_PARAMS); the two-shot's are named ar_rmsnorm_twoshot_pg /
-// _vr and ar_rmsnorm_twoshot_fp8_pg / _vr (abi.rmsnorm_entry), with the same parameters.
+// Kernels: ar_rmsnorm (parameters: abi.h SOLLAT_RMSNORM_PARAMS), with SOLLAT_RMSNORM_FP8 instead
+// ar_rmsnorm_fp8 (SOLLAT_RMSNORM_FP8_PARAMS); the two-shot's are named ar_rmsnorm_twoshot and
+// ar_rmsnorm_twoshot_fp8 (abi.rmsnorm_entry), with the same parameters.
 #include "sollat/collective.h"
 #include "sollat/rmsnorm_math.h"
 
@@ -461,24 +460,18 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
 }
 
 // Entry points, as SOLLAT_DEFINE_ENTRY_POINTS (collective.h) defines them for the AllReduce, with
-// three more tensors per rank (five with the FP8 copy and its scale) and the row length and eps
-// after the common tail. The FP8 module has only the FP8 entries, the plain module only the plain;
-// both run one body (the macros below), the FP8 one with the Fp8Out argument appended.
-#define SOLLAT_RMSNORM_PG_BODY(...)                                                                           \
-  if (!sollat::prologue(st, rank, in, out, res, weight, epochs, rec)) return;                                 \
-  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
-  sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),          \
-                     rank, nranks, rec, prior};                                                               \
-  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
-
-#define SOLLAT_RMSNORM_VR_BODY(...)                                                                           \
-  const int y = blockIdx.y;                                                                                   \
+// three more tensors per rank in the rank table (five with the FP8 copy and its scale) and the
+// row length and eps after the common tail. The FP8 module has only the FP8 entry, the plain
+// module only the plain; both run one body (the macro below), the FP8 one with the Fp8Out
+// argument appended.
+#define SOLLAT_RMSNORM_BODY(...)                                                                              \
+  const int y = sollat::launch_rank();                                                                        \
   const int rank = rank_base + y;                                                                             \
-  const void* in = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7);                    \
-  void* out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7);                         \
-  const void* res = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, r0, r1, r2, r3, r4, r5, r6, r7);                   \
-  void* res_out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, q0, q1, q2, q3, q4, q5, q6, q7);                     \
-  const void* weight = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, w0, w1, w2, w3, w4, w5, w6, w7);                \
+  const void* in = (const void*)ptrs.at(sollat::kListIn, y);                                                  \
+  void* out = (void*)ptrs.at(sollat::kListOut, y);                                                            \
+  const void* res = (const void*)ptrs.at(sollat::kListRes, y);                                                \
+  void* res_out = (void*)ptrs.at(sollat::kListResOut, y);                                                     \
+  const void* weight = (const void*)ptrs.at(sollat::kListWeight, y);                                          \
   sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;                 \
   sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                              \
   if (!sollat::prologue(st, rank, in, out, res, weight, rank_epochs, rec)) return;                            \
@@ -487,38 +480,24 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
                      rank, nranks, rec, prior};                                                               \
   ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
 
-// Entry-point names by variant (abi.rmsnorm_entry): ar_rmsnorm[_twoshot][_fp8]_{pg,vr}.
+// Entry-point names by variant (abi.rmsnorm_entry): ar_rmsnorm[_twoshot][_fp8].
 #if SOLLAT_RMSNORM_TWOSHOT
-#define SOLLAT_RMSNORM_ENTRY_PG ar_rmsnorm_twoshot_pg
-#define SOLLAT_RMSNORM_ENTRY_VR ar_rmsnorm_twoshot_vr
-#define SOLLAT_RMSNORM_FP8_ENTRY_PG ar_rmsnorm_twoshot_fp8_pg
-#define SOLLAT_RMSNORM_FP8_ENTRY_VR ar_rmsnorm_twoshot_fp8_vr
+#define SOLLAT_RMSNORM_ENTRY ar_rmsnorm_twoshot
+#define SOLLAT_RMSNORM_FP8_ENTRY ar_rmsnorm_twoshot_fp8
 #else
-#define SOLLAT_RMSNORM_ENTRY_PG ar_rmsnorm_pg
-#define SOLLAT_RMSNORM_ENTRY_VR ar_rmsnorm_vr
-#define SOLLAT_RMSNORM_FP8_ENTRY_PG ar_rmsnorm_fp8_pg
-#define SOLLAT_RMSNORM_FP8_ENTRY_VR ar_rmsnorm_fp8_vr
+#define SOLLAT_RMSNORM_ENTRY ar_rmsnorm
+#define SOLLAT_RMSNORM_FP8_ENTRY ar_rmsnorm_fp8
 #endif
 
 #if SOLLAT_RMSNORM_FP8
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-SOLLAT_RMSNORM_FP8_ENTRY_PG(SOLLAT_RMSNORM_FP8_PG_PARAMS) {
-  SOLLAT_RMSNORM_PG_BODY(, Fp8Out{(unsigned char*)fp8_out, fp8_scale})
-}
-
-extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-SOLLAT_RMSNORM_FP8_ENTRY_VR(SOLLAT_RMSNORM_FP8_VR_PARAMS) {
-  SOLLAT_RMSNORM_VR_BODY(, Fp8Out{(unsigned char*)sollat::pick_rank<SOLLAT_MAX_RANKS>(y, f0, f1, f2, f3, f4, f5, f6, f7),
-                                  sollat::pick_rank<SOLLAT_MAX_RANKS>(y, s0, s1, s2, s3, s4, s5, s6, s7)})
+SOLLAT_RMSNORM_FP8_ENTRY(SOLLAT_RMSNORM_FP8_PARAMS) {
+  SOLLAT_RMSNORM_BODY(, Fp8Out{(unsigned char*)ptrs.at(sollat::kListFp8Out, y),
+                               (const float*)ptrs.at(sollat::kListFp8Scale, y)})
 }
 #else
 extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-SOLLAT_RMSNORM_ENTRY_PG(SOLLAT_RMSNORM_PG_PARAMS) {
-  SOLLAT_RMSNORM_PG_BODY()
-}
-
-extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
-SOLLAT_RMSNORM_ENTRY_VR(SOLLAT_RMSNORM_VR_PARAMS) {
-  SOLLAT_RMSNORM_VR_BODY()
+SOLLAT_RMSNORM_ENTRY(SOLLAT_RMSNORM_PARAMS) {
+  SOLLAT_RMSNORM_BODY()
 }
 #endif

@@ -15,7 +15,7 @@
 // buffers and before this pass's sends of both. A thread reads all R input lines before it writes
 // any output, and writes exactly those positions, so in-place calls are safe.
 //
-// Module defines as in allreduce_oneshot.cu. Kernels: twoshot_pg and twoshot_vr.
+// Module defines as in allreduce_oneshot.cu. Kernel: twoshot.
 #include "sollat/collective.h"
 
 using namespace sollat;
@@ -33,7 +33,7 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
   // Chunk length in lines (sollat/algorithms.py: lines_per_rank for two-shot).
-  const u64 chunk_lines = (ceil_div_ranks(a.n, R) + kElems - 1) / kElems;
+  const u64 chunk_lines = (ceil_div_ranks<kMaxRanks>(a.n, R) + kElems - 1) / kElems;
   const u64 chunk_elems = chunk_lines * kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
 
@@ -94,8 +94,8 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     // Reduce-scatter: push line j of chunk c to its owner c; keep the own chunk's line. Batch 0
     // is already loaded (before the descriptors, or by the previous iteration's prefetch).
     P mine[kSlots];
-#pragma unroll
-    for (int c0 = 0; c0 < kMaxRanks; c0 += kBatch) {
+#pragma unroll  // fully up to kPeerWindow ranks; a wide group loops (the trip count is R)
+    for (int c0 = 0; c0 < (Buf::kWide ? R : kMaxRanks); c0 += kBatch) {
       if (c0 >= R) continue;
       if (c0 > 0) load_batch(c0, active, line, v);
 #pragma unroll

@@ -8,7 +8,7 @@
 // per rank (R-1)*m (sentinel) or 2(R-1)*m (LL). One epoch per pass, as the one-shot AllReduce.
 //
 // Module defines (sollat/algorithms.py): SOLLAT_T, SOLLAT_OP (OpSum, OpMax, OpMin),
-// SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS. Kernels: reduce_scatter_pg and reduce_scatter_vr
+// SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS. Kernel: reduce_scatter
 // (collective.h). `out` holds m = n / nranks elements.
 #include "sollat/collective.h"
 
@@ -21,7 +21,7 @@ __device__ __forceinline__ void reduce_scatter(const CallArgs& a, const T* in, T
   typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
-  const u64 m = ceil_div_ranks(a.n, a.nranks);  // exact: the host passes n divisible by nranks
+  const u64 m = ceil_div_ranks<kMaxRanks>(a.n, a.nranks);  // exact: the host passes n divisible by nranks
   const u64 lines = (m + P::kElems - 1) / P::kElems, step = (u64)gridDim.x * blockDim.x * kSlots;
   const bool oa = is_aligned(out, sizeof(P));
   auto line = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
@@ -42,8 +42,8 @@ __device__ __forceinline__ void reduce_scatter(const CallArgs& a, const T* in, T
     for (int i = 0; i < kSlots; ++i)
       if (line(base, i) < lines) {
         const u64 e0 = line(base, i) * P::kElems;
-#pragma unroll
-        for (int j = 0; j < kMaxRanks; ++j) {
+#pragma unroll  // fully up to kPeerWindow ranks; a wide group loops (the trip count is R)
+        for (int j = 0; j < (Buf::kWide ? a.nranks : kMaxRanks); ++j) {
           if (j >= a.nranks) continue;
           const T* chunk = in + (u64)j * m;  // rank j's chunk (each chunk's alignment checked)
           const P v = load_pack<T, sizeof(P)>(chunk, e0, m, is_aligned(chunk, sizeof(P)));

@@ -12,7 +12,8 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-constexpr int kMaxWorld = 8;
+constexpr int kMaxWorld = 72;
+constexpr int kPeerWindow = 8;
 constexpr int kMaxThreads = 512;
 constexpr int kMaxSlotsPerThread = 4;
 constexpr int kLineBytes = 16;
@@ -53,73 +54,37 @@ constexpr u64 kCanonicalNaNF64 = 0x7FF8000000000000ull;
 
 // Written once by the host (communicator.py, abi.pack_state), read by every kernel.
 struct CommState {
-  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process
   u64 err_host;  // host-mapped fault flag (u32), or 0
   u64 timeout_ns;  // bound of every spin
   int absent_rank;  // test hook: this rank's blocks return at once (-1: none)
   int mismatch_rank;  // test hook: this rank flips a bit of its call signature (-1: none)
+  u64 scratch[kMaxWorld];  // base of each rank's symmetric scratch, as mapped in this process
 };
-static_assert(sizeof(CommState) == 88, "CommState: sollat/abi.py STATE_FORMAT");
+static_assert(sizeof(CommState) == 600, "CommState: sollat/abi.py STATE_FORMAT");
 
 }  // namespace sollat
 
-// Entry-point parameters (host: abi.kernel_tail packs the tail in this order).
-#define SOLLAT_PG_PARAMS \
-    const void* in, void* out, sollat::u64 n, const sollat::CommState* st, \
-    sollat::u64 region_off, int lines_per_src, sollat::u32* epochs, sollat::u32 sig, \
-    int rank, int nranks, sollat::u32* rec, sollat::u64 rank_stride
-#define SOLLAT_VR_PARAMS \
-    const void* i0, const void* i1, const void* i2, const void* i3, \
-    const void* i4, const void* i5, const void* i6, const void* i7, \
-    void* o0, void* o1, void* o2, void* o3, \
-    void* o4, void* o5, void* o6, void* o7, \
-    sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
-    sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
-    sollat::u32* rec0, sollat::u64 rank_stride
-#define SOLLAT_RMSNORM_PG_PARAMS \
-    const void* in, void* out, const void* res, void* res_out, \
-    const void* weight, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, \
-    int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank, \
-    int nranks, sollat::u32* rec, sollat::u64 rank_stride, sollat::u64 hidden, \
+// Entry-point parameters: the rank table (collective.h RankTable, POINTER_LISTS), then the tail
+// (host: abi.kernel_tail packs it in this order).
+namespace sollat {
+enum RankTableCollective : int { kListsCollective = 2 };
+enum RankTableRmsnorm : int { kListsRmsnorm = 5 };
+enum RankTableRmsnormFp8 : int { kListsRmsnormFp8 = 7, kListIn = 0, kListOut = 1, kListRes = 2, kListResOut = 3, kListWeight = 4, kListFp8Out = 5, kListFp8Scale = 6 };
+}  // namespace sollat
+#define SOLLAT_PARAMS \
+    const __grid_constant__ sollat::RankTable<sollat::kListsCollective> ptrs, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, \
+    int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, \
+    int nranks, sollat::u32* rec0, sollat::u64 rank_stride
+#define SOLLAT_RMSNORM_PARAMS \
+    const __grid_constant__ sollat::RankTable<sollat::kListsRmsnorm> ptrs, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, \
+    int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, \
+    int nranks, sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, \
     sollat::u32 eps_bits
-#define SOLLAT_RMSNORM_VR_PARAMS \
-    const void* i0, const void* i1, const void* i2, const void* i3, \
-    const void* i4, const void* i5, const void* i6, const void* i7, \
-    void* o0, void* o1, void* o2, void* o3, \
-    void* o4, void* o5, void* o6, void* o7, \
-    const void* r0, const void* r1, const void* r2, const void* r3, \
-    const void* r4, const void* r5, const void* r6, const void* r7, \
-    void* q0, void* q1, void* q2, void* q3, \
-    void* q4, void* q5, void* q6, void* q7, \
-    const void* w0, const void* w1, const void* w2, const void* w3, \
-    const void* w4, const void* w5, const void* w6, const void* w7, \
-    sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
-    sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
-    sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
-#define SOLLAT_RMSNORM_FP8_PG_PARAMS \
-    const void* in, void* out, const void* res, void* res_out, \
-    const void* weight, void* fp8_out, const float* fp8_scale, sollat::u64 n, \
-    const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, sollat::u32* epochs, \
-    sollat::u32 sig, int rank, int nranks, sollat::u32* rec, \
-    sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
-#define SOLLAT_RMSNORM_FP8_VR_PARAMS \
-    const void* i0, const void* i1, const void* i2, const void* i3, \
-    const void* i4, const void* i5, const void* i6, const void* i7, \
-    void* o0, void* o1, void* o2, void* o3, \
-    void* o4, void* o5, void* o6, void* o7, \
-    const void* r0, const void* r1, const void* r2, const void* r3, \
-    const void* r4, const void* r5, const void* r6, const void* r7, \
-    void* q0, void* q1, void* q2, void* q3, \
-    void* q4, void* q5, void* q6, void* q7, \
-    const void* w0, const void* w1, const void* w2, const void* w3, \
-    const void* w4, const void* w5, const void* w6, const void* w7, \
-    void* f0, void* f1, void* f2, void* f3, \
-    void* f4, void* f5, void* f6, void* f7, \
-    const float* s0, const float* s1, const float* s2, const float* s3, \
-    const float* s4, const float* s5, const float* s6, const float* s7, \
-    sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, int lines_per_src, \
-    sollat::u32* epochs, sollat::u32 sig, int rank_base, int nranks, \
-    sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, sollat::u32 eps_bits
+#define SOLLAT_RMSNORM_FP8_PARAMS \
+    const __grid_constant__ sollat::RankTable<sollat::kListsRmsnormFp8> ptrs, sollat::u64 n, const sollat::CommState* st, sollat::u64 region_off, \
+    int lines_per_src, sollat::u32* epochs, sollat::u32 sig, int rank_base, \
+    int nranks, sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, \
+    sollat::u32 eps_bits
 #define SOLLAT_ADD_RMSNORM_PARAMS \
     const void* in, void* out, const void* res, void* res_out, \
     const void* weight, void* fp8_out, const float* fp8_scale, sollat::u64 rows, \

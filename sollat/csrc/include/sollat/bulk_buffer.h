@@ -109,7 +109,10 @@ class BulkBuffer {
 
  private:
   __device__ __forceinline__ Line* area(int owner, int src, u32 seq) const {
-    return d_.base[owner] + line_base((int)(seq & 1u), src, d_.nranks, d_.lines_per_src) + area0_;
+    Line* base;
+    if constexpr (BufferDesc<kMaxRanks>::kWide) base = wide_base(d_, owner);
+    else base = d_.base[owner];
+    return base + line_base((int)(seq & 1u), src, d_.nranks, d_.lines_per_src) + area0_;
   }
   __device__ __forceinline__ u64* flag(int owner, int src, u32 seq) const {
     return (u64*)(area(owner, src, seq) + kBulkDataLines);

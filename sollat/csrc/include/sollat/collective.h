@@ -1,11 +1,12 @@
 // sollat/collective.h - what every collective kernel shares: the communicator state, the kernel
 // prologue (PDL, fault sink, buffer descriptors), and loading/storing user data as packs.
 //
-// Two entry points exist per kernel (see SOLLAT_DEFINE_ENTRY_POINTS):
-//   *_pg  one rank per process (torch.distributed): grid.y == 1, rank from the argument.
-//   *_vr  virtual ranks: R ranks in one launch, rank = rank_base + blockIdx.y, one input and one
-//         output pointer per rank. Every block must be co-resident (the host checks occupancy),
-//         because block b of rank r waits for block b of every other rank.
+// One entry point per kernel serves both communicators (SOLLAT_DEFINE_ENTRY_POINTS): launch rank
+// y = blockIdx.y is rank rank_base + y and finds its tensors in the rank table (RankTable below).
+// A Communicator (one rank per process, torch.distributed) builds with SOLLAT_TABLE_RANKS=1 and
+// launches grid.y == 1 (y is then the constant 0); a VirtualCommunicator (R ranks in one launch)
+// builds with SOLLAT_TABLE_RANKS = the kernel's rank cap. Every block must be co-resident (the host
+// checks occupancy), because block b of rank r waits for block b of every other rank.
 #ifndef SOLLAT_COLLECTIVE_H_
 #define SOLLAT_COLLECTIVE_H_
 
@@ -15,7 +16,22 @@
 
 namespace sollat {
 
-static_assert(kMaxWorld == 8, "ceil_div_ranks and pick_rank below are written for at most 8 ranks");
+#ifndef SOLLAT_TABLE_RANKS
+#define SOLLAT_TABLE_RANKS 1
+#endif
+constexpr int kTableRanks = SOLLAT_TABLE_RANKS;
+static_assert(kTableRanks >= 1 && kTableRanks <= kMaxWorld, "SOLLAT_TABLE_RANKS: 1..kMaxWorld");
+
+// The call's tensor pointers (abi.py POINTER_LISTS): list l of launch rank y at p[l * kTableRanks
+// + y]. A __grid_constant__ kernel parameter: read in place from the constant bank, so a run-time
+// y costs one indexed load (no copy to local memory, no select chain over the ranks).
+template <int kLists>
+struct RankTable {
+  u64 p[kLists * kTableRanks];
+  __device__ __forceinline__ u64 at(int list, int y) const { return p[list * kTableRanks + y]; }
+};
+// The launch rank of this block: blockIdx.y, or the constant 0 in a one-rank build.
+__device__ __forceinline__ int launch_rank() { return kTableRanks == 1 ? 0 : (int)blockIdx.y; }
 
 struct CallArgs {
   const CommState* st;
@@ -66,12 +82,19 @@ __device__ __forceinline__ Pack<T, Bytes> nan_pack() {
 
 // Descriptor of buffer number `which` (regions are laid back to back, each `region_bytes` long,
 // starting at region_off; epochs likewise, lines_per_src counters per buffer).
+// Up to kPeerWindow ranks the bases are loaded here, into registers; a wide group keeps CommState's
+// table and the offset instead (BufferDesc, ll_buffer__types.h).
 template <int kMaxRanks>
 __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, int which, u64 region_bytes) {
   BufferDesc<kMaxRanks> d;
+  const u64 off = a.region_off + (u64)which * region_bytes;
+  if constexpr (BufferDesc<kMaxRanks>::kWide) {
+    d.scratch = a.st->scratch;
+    d.off = off;
+  } else {
 #pragma unroll
-  for (int q = 0; q < kMaxRanks; ++q)
-    d.base[q] = (Line*)(a.st->scratch[q] + a.region_off + (u64)which * region_bytes);
+    for (int q = 0; q < kMaxRanks; ++q) d.base[q] = (Line*)(a.st->scratch[q] + off);
+  }
   d.epochs = a.epochs + (u64)which * (u64)a.lines_per_src;
   d.rank = a.rank;
   d.nranks = a.nranks;
@@ -111,9 +134,15 @@ __device__ __forceinline__ void store_pack(T* p, u64 e0, u64 n, bool aligned, co
   }
 }
 
-// ceil(n / r) for r = 1..kMaxWorld. Each case divides by a constant (multiply and shift): a
-// division by a run-time 64-bit value is a called subroutine, which costs time and registers.
+// ceil(n / r) for r = 1..kMaxRanks. Up to 8 ranks each case divides by a constant (multiply and
+// shift): a division by a run-time 64-bit value is a called subroutine, which costs time and
+// registers. Wider groups divide at run time, in 32 bits where n fits.
+template <int kMaxRanks>
 __device__ __forceinline__ u64 ceil_div_ranks(u64 n, int r) {
+  if constexpr (kMaxRanks > 8) {
+    if (n < 0xFFFFFFFFull - (u64)r) return (u64)(((u32)n + (u32)r - 1u) / (u32)r);
+    return (n + (u64)r - 1) / (u64)r;
+  }
   switch (r) {
     case 1: return n;
     case 2: return (n + 1) / 2;
@@ -128,23 +157,6 @@ __device__ __forceinline__ u64 ceil_div_ranks(u64 n, int r) {
 
 __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
   return ((unsigned long long)p & (unsigned long long)(bytes - 1)) == 0;
-}
-
-// Argument k of eight (k = blockIdx.y < kMaxRanks for virtual ranks) as a select tree on the bits
-// of k, only as deep as kMaxRanks needs (one select for 2 ranks, three for 8). No branches, no
-// indexed access (which would copy the parameters to local memory), and no long chain of
-// predicated parameter loads into one register (each waits for the previous: a chain of seven
-// measured about 0.15 us at the start of every virtual-rank kernel).
-template <int kMaxRanks, typename P>
-__device__ __forceinline__ P pick_rank(int k, P a0, P a1, P a2, P a3, P a4, P a5, P a6, P a7) {
-  static_assert(kMaxRanks == 2 || kMaxRanks == 4 || kMaxRanks == 8, "2, 4 or 8 ranks");
-  const bool b0 = k & 1, b1 = k & 2, b2 = k & 4;
-  const P p01 = b0 ? a1 : a0;
-  if (kMaxRanks == 2) return p01;
-  const P p23 = b0 ? a3 : a2, p03 = b1 ? p23 : p01;
-  if (kMaxRanks == 4) return p03;
-  const P p45 = b0 ? a5 : a4, p67 = b0 ? a7 : a6, p47 = b1 ? p67 : p45;
-  return b2 ? p47 : p03;
 }
 
 // Kernel prologue shared by every entry point, in this order:
@@ -186,25 +198,18 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 
 }  // namespace sollat
 
-// Defines <name>_pg and <name>_vr entry points around BODY(const CallArgs&, const T* in, T* out).
-// `rec` is the fault record of launch rank 0 (this rank's, for _pg); launch rank y's is
-// `rank_stride` bytes further (virtual ranks' scratches are laid back to back). Its code is loaded
-// right after the wait, so the load travels together with the input and descriptor loads (relaxed:
-// a nonzero code only makes the kernel refuse; no detail word is read). The parameter lists
-// are sollat/abi.py's PG_PARAMS and VR_PARAMS (abi.h), which the host packs in the same order.
+// Defines the entry point `name` around BODY(const CallArgs&, const T* in, T* out): launch rank
+// y's rank, tensors, epoch counters and fault record (launch rank 0's is `rec0`, launch rank y's
+// `rank_stride` bytes further: virtual ranks' scratches are laid back to back). The record's code
+// is loaded right after the wait, so the load travels together with the input and descriptor loads
+// (relaxed: a nonzero code only makes the kernel refuse; no detail word is read). The parameter
+// list is sollat/abi.py's (abi.h SOLLAT_PARAMS), which the host packs in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
-  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_pg(SOLLAT_PG_PARAMS) {       \
-    if (!sollat::prologue(st, rank, in, out, epochs, rec)) return;                                         \
-    const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
-    sollat::CallArgs a{st, n, region_off, epochs, lines_per_src, sollat::call_signature(st, sig, rank),   \
-                       rank, nranks, rec, prior};                                                          \
-    BODY(a, (const T*)in, (T*)out);                                                                        \
-  }                                                                                                        \
-  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name##_vr(SOLLAT_VR_PARAMS) {       \
-    const int y = blockIdx.y;                                                                              \
+  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name(SOLLAT_PARAMS) {               \
+    const int y = sollat::launch_rank();                                                                   \
     const int rank = rank_base + y;                                                                        \
-    const void* in = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, i0, i1, i2, i3, i4, i5, i6, i7);               \
-    void* out = sollat::pick_rank<SOLLAT_MAX_RANKS>(y, o0, o1, o2, o3, o4, o5, o6, o7);                    \
+    const void* in = (const void*)ptrs.at(sollat::kListIn, y);                                             \
+    void* out = (void*)ptrs.at(sollat::kListOut, y);                                                       \
     sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;            \
     sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                         \
     if (!sollat::prologue(st, rank, in, out, rank_epochs, rec)) return;                                    \

@@ -60,6 +60,16 @@
 // channel 0 one 8-byte store and one 8-byte load per poll round, whatever the world size (one
 // per peer made the 8-rank sentinel one-shot 1.18-1.38x slower at 4-128 B: docs/benchmarks.md).
 //
+// Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
+// base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
+// (a peer's base is one cached load) and a receive from every peer (recvReduce, recvEach) walks
+// the peers in windows of kPeerWindow, in rank order: each window's loads are in flight together
+// and complete before the next window is polled; recvReduce folds each window into the running
+// rank-order result, so the bits are those of the unwindowed sum. bcast stores to every peer
+// back to back, as before. Signature words: Every mode polls each window's words with its lines,
+// Ring mode rank - 1's word with the window that holds rank - 1. Orders are unchanged: a window
+// is a pollAll of its own, and the fence rules above hold for every receive of the buffer.
+//
 // Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
 //   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
 //                protocol's order (Order::Volatile, Scope::Sys); channel 0 of a sentinel buffer also
@@ -95,6 +105,9 @@ template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers = SigPeers:
 class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
  public:
   static constexpr int kPayload = Proto::kPayloadBytes;
+  // A wide group (more ranks than kPeerWindow): peers walked in windows of kWin (see "Wide groups").
+  static constexpr bool kWide = BufferDesc<kMaxRanks>::kWide;
+  static constexpr int kWin = kWide ? kPeerWindow : kMaxRanks;
   static constexpr bool kSig = Proto::kSignatureLine;
   template <typename T> using PackT = Pack<T, kPayload>;
   template <typename T> using AccT = AccPack<T, kPayload>;
@@ -120,7 +133,7 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ bool recvReduce(int n, const PackT<T> (&own)[kSlots], AccT<T> (&out)[kSlots]);
 
   // Receives lines 0..n-1 from every peer (all loads in flight together) into got[peer][line];
-  // got[own rank] is left untouched. Returns false on fault.
+  // got[own rank] is left untouched. Returns false on fault. Not in a wide group (use recvEach).
   template <typename T>
   __device__ bool recvGather(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
   // Like recvGather, but hands each received line to fn(peer, i, pack) instead of storing it
@@ -157,14 +170,15 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ SignatureWord::Word loadSignature(int src) const;
   __device__ u32 epochOf(int i) const;
   __device__ FaultAt lineAt(int peer, int i) const;
-  __device__ FaultAt firstMissing(unsigned pending, unsigned sigPending) const;
+  __device__ FaultAt firstMissing(unsigned pending, unsigned sigPending, int w0) const;
   __device__ void mismatch(int peer, int i) const;
   __device__ void beforeSend();
   template <typename T> __device__ bool recvLines(int peer, int first, int last, PackT<T> (&v)[kSlots]);
-  template <typename T> __device__ bool pollAll(int n, Line (&lines)[kMaxRanks][kSlots]);
-  __device__ void issuePolls(unsigned pending, Line (&lines)[kMaxRanks][kSlots]) const;
+  __device__ int windowsEnd() const;
+  template <typename T> __device__ bool pollAll(int n, Line (&lines)[kWin][kSlots], int w0);
+  __device__ void issuePolls(unsigned pending, Line (&lines)[kWin][kSlots], int w0) const;
   template <typename T>
-  __device__ void checkPolls(unsigned& pending, const Line (&lines)[kMaxRanks][kSlots], int& bad) const;
+  __device__ void checkPolls(unsigned& pending, const Line (&lines)[kWin][kSlots], int& bad, int w0) const;
 };
 
 }  // namespace sollat

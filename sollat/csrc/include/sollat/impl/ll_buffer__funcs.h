@@ -4,9 +4,11 @@
 
 namespace sollat {
 
-// Selects base[k] for a run-time k without dynamic indexing (which would spill to local memory).
+// Rank k's region for a run-time k: a select over the held bases (an indexed access would put
+// them in local memory), or in a wide group the table's entry (wide_base).
 template <int kMaxRanks>
 __device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int k) {
+  if constexpr (BufferDesc<kMaxRanks>::kWide) return wide_base(d, k);
   Line* b = d.base[0];
 #pragma unroll
   for (int q = 1; q < kMaxRanks; ++q)
@@ -104,15 +106,17 @@ __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>
   return FaultAt{peer, this->slot0 + i * kSlotStride, epochOf(i)};
 }
 
-// The first line still missing of a pollAll: data (peer order, then line order) before signature words.
+// The first line still missing of a pollAll of the window from w0: data (peer order, then line
+// order) before signature words.
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::firstMissing(unsigned pending,
-                                                                                    unsigned sigPending) const {
+                                                                                    unsigned sigPending,
+                                                                                    int w0) const {
   if (pending) {
     const int b = __ffs(pending) - 1;
-    return lineAt(b / kSlots, b % kSlots);
+    return lineAt(w0 + b / kSlots, b % kSlots);
   }
-  return lineAt(__ffs(sigPending) - 1, kSigIndex);
+  return lineAt(w0 + __ffs(sigPending) - 1, kSigIndex);
 }
 
 // Records a call mismatch on line `i` from `peer` (kSigIndex: its signature word). The signature
@@ -176,12 +180,21 @@ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::bcast(int i, const PackT<T>& v) {
   const bool sig = kSig && i == 0 && sigChannel();
   if (sig && kSigPeers == SigPeers::Ring)
     sendSignature(select_base(this->d, this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1));
+  if constexpr (kWide) {  // every peer's base from the table, in rank order (stores do not wait)
+    for (int p = 0; p < this->d.nranks; ++p)
+      if (p != this->d.rank) {
+        Line* const b = wide_base(this->d, p);
+        if (sig && kSigPeers == SigPeers::Every) sendSignature(b);
+        Proto::store(b + off, l);
+      }
+  } else {
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p)
-    if (p < this->d.nranks && p != this->d.rank) {
-      if (sig && kSigPeers == SigPeers::Every) sendSignature(this->d.base[p]);
-      Proto::store(this->d.base[p] + off, l);
-    }
+    for (int p = 0; p < kMaxRanks; ++p)
+      if (p < this->d.nranks && p != this->d.rank) {
+        if (sig && kSigPeers == SigPeers::Every) sendSignature(this->d.base[p]);
+        Proto::store(this->d.base[p] + off, l);
+      }
+  }
   this->used |= 1u << i;
   return Proto::template payload<T>(l);
 }
@@ -264,23 +277,23 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
 // Issues a poll load for every pending (peer, line) of `lines`.
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::issuePolls(unsigned pending,
-                                                                              Line (&lines)[kMaxRanks][kSlots]) const {
+                                                                              Line (&lines)[kWin][kSlots], int w0) const {
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p)
+  for (int p = 0; p < kWin; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
-      if (pending & (1u << (p * kSlots + i))) lines[p][i] = Proto::load(ownLine(p, i));
+      if (pending & (1u << (p * kSlots + i))) lines[p][i] = Proto::load(ownLine(w0 + p, i));
 }
 
-// Checks every pending line of `lines`: clears the bits of complete ones and resets those lines
-// (sentinel). A line of another call sets `bad` (p * kSlots + i), once.
+// Checks every pending line of `lines` (peers w0 + p): clears the bits of complete ones and resets
+// those lines (sentinel). A line of another call sets `bad` (p * kSlots + i), once.
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::checkPolls(unsigned& pending,
-                                                                              const Line (&lines)[kMaxRanks][kSlots],
-                                                                              int& bad) const {
+                                                                              const Line (&lines)[kWin][kSlots],
+                                                                              int& bad, int w0) const {
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p)
+  for (int p = 0; p < kWin; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       const unsigned bit = 1u << (p * kSlots + i);
@@ -291,25 +304,27 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::c
         // Sentinel: clear the line as soon as it is read (same thread, same address: the store
         // is ordered after the load that saw the data), so the resets of early arrivals overlap
         // the wait for later ones instead of all trailing the last arrival.
-        Proto::reset(ownLine(p, i));
+        Proto::reset(ownLine(w0 + p, i));
       } else if (r < 0 && bad < 0) {
         bad = p * kSlots + i;
       }
     }
 }
 
-// Polls lines 0..n-1 of every peer until all are complete (lines[own rank] untouched); each
-// sentinel line is reset as soon as it is read (checkPolls). Thread 0 of a sentinel buffer
-// polls the peers' signature words in the same loop (its first line-0 receive of the kernel from
-// each). Only the polled lines are kept; payloads are extracted by the caller.
+// Polls lines 0..n-1 of the peers w0 .. w0 + kWin - 1 (every peer: w0 = 0 when not wide) until all
+// are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
+// (checkPolls). Thread 0 of a sentinel buffer polls the window's signature words in the same
+// loop (Ring: rank - 1's, in the window that holds it). Only the polled lines are kept; payloads
+// are extracted by the caller. Every bit and `bad` index is relative to w0.
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::pollAll(int n, Line (&lines)[kMaxRanks][kSlots]) {
-  static_assert(kMaxRanks * kSlots <= 32, "pending mask is 32 bits");
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::pollAll(int n, Line (&lines)[kWin][kSlots],
+                                                                             int w0) {
+  static_assert(kWin * kSlots <= 32, "pending mask is 32 bits");
   unsigned pending = 0, sigPending = 0;
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p) {
-    if (p >= this->d.nranks || p == this->d.rank) continue;
+  for (int p = 0; p < kWin; ++p) {
+    if (w0 + p >= this->d.nranks || w0 + p == this->d.rank) continue;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
       if (i < n) pending |= 1u << (p * kSlots + i);
@@ -317,7 +332,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::p
   }
   constexpr bool kRing = kSigPeers == SigPeers::Ring;
   const int prev = ringPrev();
-  if (kSig && kRing && n > 0) sigPending = 1u << prev;
+  if (kSig && kRing && n > 0 && (!kWide || (prev >= w0 && prev < w0 + kWin))) sigPending = 1u << (prev - w0);
   if (!sigChannel()) sigPending = 0;
 
   // Every outstanding load is in flight before any is checked. (A second poll set issued half a
@@ -326,33 +341,33 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::p
   int bad = -1;  // a line of another call: p * kSlots + i, or kSigBad + p (signature word)
   Spin spin(*this->fault);
   while (pending | sigPending) {
-    issuePolls(pending, lines);
+    issuePolls(pending, lines, w0);
     // The signature words with the data polls, checked after them (Ring: one word, rank - 1's).
-    SignatureWord::Word sw[kRing ? 1 : kMaxRanks];
+    SignatureWord::Word sw[kRing ? 1 : kWin];
     if (kSig && kRing && sigPending) sw[0] = loadSignature(prev);
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
-      if (kSig && !kRing && (sigPending & (1u << p))) sw[p] = loadSignature(p);
-    checkPolls<T>(pending, lines, bad);
+    for (int p = 0; p < kWin; ++p)
+      if (kSig && !kRing && (sigPending & (1u << p))) sw[p] = loadSignature(w0 + p);
+    checkPolls<T>(pending, lines, bad, w0);
     if (kSig && kRing && sigPending) {
       const int r = SignatureWord::check(sw[0], this->d.sig, this->epoch[0]);
       if (r > 0) sigPending = 0;
-      if (r < 0 && bad < 0) bad = kSigBad + prev;
+      if (r < 0 && bad < 0) bad = kSigBad + prev - w0;
     }
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p)
+    for (int p = 0; p < kWin; ++p)
       if (kSig && !kRing && (sigPending & (1u << p))) {
         const int r = SignatureWord::check(sw[p], this->d.sig, this->epoch[0]);
         if (r > 0) sigPending &= ~(1u << p);
         if (r < 0 && bad < 0) bad = kSigBad + p;
       }
     if (bad >= 0) break;
-    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending); }))
+    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending, w0); }))
       return false;
   }
   if (bad >= 0) {
-    if (bad >= kSigBad) mismatch(bad - kSigBad, kSigIndex);
-    else mismatch(bad / kSlots, bad % kSlots);
+    if (bad >= kSigBad) mismatch(w0 + bad - kSigBad, kSigIndex);
+    else mismatch(w0 + bad / kSlots, bad % kSlots);
     return false;
   }
   if (n > 0) this->received = true;  // the next send fences (checkPolls also reset every sentinel line it accepted)
@@ -362,16 +377,26 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::p
   return true;
 }
 
+// The windows of a receive from every peer: one (w0 = 0, every peer) unless the group is wide,
+// then kWin peers at a time in rank order (each window's loads in flight together).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::windowsEnd() const {
+  return kWide ? this->d.nranks : 1;
+}
+
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T, class Fn>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvEach(int n, Fn&& fn) {
-  Line lines[kMaxRanks][kSlots];
-  if (!pollAll<T>(n, lines)) return false;
+  for (int w0 = 0; w0 < windowsEnd(); w0 += kWin) {
+    Line lines[kWin][kSlots];
+    if (!pollAll<T>(n, lines, w0)) return false;
 #pragma unroll
-  for (int p = 0; p < kMaxRanks; ++p)
+    for (int p = 0; p < kWin; ++p)
 #pragma unroll
-    for (int i = 0; i < kSlots; ++i)
-      if (p < this->d.nranks && p != this->d.rank && i < n) fn(p, i, Proto::template payload<T>(lines[p][i]));
+      for (int i = 0; i < kSlots; ++i)
+        if (w0 + p < this->d.nranks && w0 + p != this->d.rank && i < n)
+          fn(w0 + p, i, Proto::template payload<T>(lines[p][i]));
+  }
   return true;
 }
 
@@ -379,6 +404,7 @@ template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvGather(int n,
                                                                                 PackT<T> (&got)[kMaxRanks][kSlots]) {
+  static_assert(!kWide, "recvGather holds every peer's lines: in a wide group use recvEach");
   return recvEach<T>(n, [&](int p, int i, const PackT<T>& v) { got[p][i] = v; });
 }
 
@@ -386,24 +412,28 @@ template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T, class Op>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvReduce(int n, const PackT<T> (&own)[kSlots],
                                                                                 AccT<T> (&out)[kSlots]) {
-  Line lines[kMaxRanks][kSlots];
-  if (!pollAll<T>(n, lines)) return false;
-  // Reduce in rank order 0..nranks-1, with the own values in place of the own rank's line.
-  // The own/peer choice is made per element (a select on values): choosing a whole pack by a
-  // run-time rank makes the compiler index the array dynamically, i.e. put it in local memory.
+  for (int w0 = 0; w0 < windowsEnd(); w0 += kWin) {
+    Line lines[kWin][kSlots];
+    if (!pollAll<T>(n, lines, w0)) return false;
+    // Reduce in rank order 0..nranks-1 (window by window), with the own values in place of the
+    // own rank's line. The own/peer choice is made per element (a select on values): choosing a
+    // whole pack by a run-time rank makes the compiler index the array dynamically, i.e. put it
+    // in local memory.
 #pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    if (i >= n) continue;
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= n) continue;
 #pragma unroll
-    for (int p = 0; p < kMaxRanks; ++p) {
-      if (p >= this->d.nranks) continue;
-      const bool mine = (p == this->d.rank);
-      const PackT<T> theirs = Proto::template payload<T>(lines[p][i]);
-      PackT<T> x;
+      for (int p = 0; p < kWin; ++p) {
+        const int q = w0 + p;
+        if (q >= this->d.nranks) continue;
+        const bool mine = (q == this->d.rank);
+        const PackT<T> theirs = Proto::template payload<T>(lines[p][i]);
+        PackT<T> x;
 #pragma unroll
-      for (int e = 0; e < PackT<T>::kElems; ++e) x.v[e] = mine ? own[i].v[e] : theirs.v[e];
-      if (p == 0) pack_to_acc(x, out[i]);
-      else acc_reduce<Op>(out[i], x);
+        for (int e = 0; e < PackT<T>::kElems; ++e) x.v[e] = mine ? own[i].v[e] : theirs.v[e];
+        if (q == 0) pack_to_acc(x, out[i]);
+        else acc_reduce<Op>(out[i], x);
+      }
     }
   }
   return true;

@@ -10,16 +10,29 @@ namespace sollat {
 constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride (layout.h slot_index)
 constexpr int kSlotsPerBlock = kMaxSlotsPerThread * kMaxThreads;  // slot indices of one block (layout.h)
 
-// Where one buffer lives, for one launch-rank.
+// Where one buffer lives, for one launch-rank. Up to kPeerWindow ranks every rank's region base is
+// held (in registers: loops over peers are unrolled, base[k] is selected, never indexed). A wide
+// group (more ranks) holds CommState's table of scratch bases and the region's offset instead;
+// a peer's base is then one cached load (wideBase), and peers are walked in windows (ll_buffer.h).
 template <int kMaxRanks>
 struct BufferDesc {
-  Line* base[kMaxRanks];  // this buffer's region in each rank's scratch
+  static constexpr bool kWide = kMaxRanks > kPeerWindow;
+  Line* base[kWide ? 1 : kMaxRanks];  // this buffer's region in each rank's scratch (not wide)
+  const u64* scratch;     // wide: every rank's scratch base (CommState::scratch)
+  u64 off;                // wide: this buffer's offset in every scratch
   u32* epochs;            // this rank's epoch counters for this buffer, one per slot index
   int rank;               // own rank
   int nranks;             // ranks taking part (<= kMaxRanks)
   int lines_per_src;      // slot indices per (parity, source): data slots, then the signature lines (layout.h)
   u32 sig;                // call signature (odd), carried in LL flags and signature words
 };
+
+// Rank k's region of a wide group: CommState is written once by the host before any kernel, so
+// the read-only (non-coherent) path may cache it.
+template <int kMaxRanks>
+__device__ __forceinline__ Line* wide_base(const BufferDesc<kMaxRanks>& d, int k) {
+  return (Line*)(__ldg(d.scratch + k) + d.off);
+}
 
 template <int kMaxRanks, int kSlots>
 struct LLBufferBase {
