@@ -15,6 +15,7 @@ from . import launch
 from .errors import UnsupportedError
 
 CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)
+CLUSTER_MAX_RANKS = 8  # and of at most this many ranks: the portable thread-block cluster size
 
 
 class LaunchFitting:
@@ -63,8 +64,9 @@ class LaunchFitting:
         """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
         block b of every rank forms one thread-block cluster, which the hardware starts together
         on one GPC. Measured faster at small sizes and slower at 16 blocks per rank (1 MiB) for
-        R >= 4 (docs/benchmarks.md, run 12; the cause of the slowdown was not measured)."""
-        return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS
+        R >= 4 (docs/benchmarks.md, run 12; the cause of the slowdown was not measured). A cluster
+        holds at most CLUSTER_MAX_RANKS blocks (the portable size), so wider groups launch as a grid."""
+        return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS and self._launch_ranks <= CLUSTER_MAX_RANKS
 
     def _launch_config(self, blocks: int, threads: int, row_blocks: int = 1) -> Any:
         """Grid (blocks, launch ranks) with PDL on; a rank cluster where ``_clustered``; with
