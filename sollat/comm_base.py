@@ -285,6 +285,8 @@ class _CommBase(LaunchFitting, DeviceState):
 
         def build_for(max_blocks: int) -> tuple[rmsnorm.RowGeometry, Any]:  # fewer blocks: more rows per block
             geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks)
+            if geo.row_blocks > max_blocks:  # not one cluster of that width fits: narrower ones (same bits)
+                geo = rmsnorm.row_geometry(alg, dt, rows, hidden, self.world_size, max_blocks, widest_blocks=max_blocks)
             return geo, self._kernel(alg, alg.kernel_file, dt, "sum", rmax, geo.slots, fp8)
 
         geo, kernel, config = self._fitting_launch(rmsnorm.OPNAME, build_for, self._region_blocks[name])

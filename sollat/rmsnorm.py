@@ -99,21 +99,24 @@ class RowGeometry:
 
 
 def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: int,
-                 max_blocks: int | None = None) -> RowGeometry:
+                 max_blocks: int | None = None, widest_blocks: int | None = None) -> RowGeometry:
     """Blocks per row: the fewest (a power of two) that leave each at most ROW_LINES_PER_BLOCK
     lines, but no more than abi.RMSNORM_MAX_ROW_BLOCKS and no more than leave every row its own
     cluster within the algorithm's blocks: rows that wait for each other cost a round trip each,
     more lines per block do not. Then, for one block's share, the fewest slots that hold it in one
     pass of at most abi.RMSNORM_MAX_THREADS threads, else the algorithm's most slots and several
     passes. As many row clusters as rows, up to ``max_blocks`` blocks in all (default the
-    algorithm's; a VirtualCommunicator passes fewer when not all fit at once), at least one."""
+    algorithm's; a VirtualCommunicator passes fewer when not all fit at once), at least one.
+    ``widest_blocks`` (default the algorithm's blocks) bounds the cluster width instead: a wide
+    group of virtual ranks whose clusters cannot all be resident passes fewer (same bits:
+    rmsnorm_math.h)."""
     limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
     # From the algorithm's blocks, not `limit`: a virtual communicator that cannot fit them all
     # launches fewer clusters (more rows each), not narrower ones (the bits would be the same
     # either way: the tree's order does not depend on the cut).
-    widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, alg.max_blocks // max(1, rows)))
+    widest = min(abi.RMSNORM_MAX_ROW_BLOCKS, max(1, (widest_blocks or alg.max_blocks) // max(1, rows)))
     row_blocks = 1
     while 2 * row_blocks <= widest and layout.ceil_div(row_lines, row_blocks) > ROW_LINES_PER_BLOCK:
         row_blocks *= 2

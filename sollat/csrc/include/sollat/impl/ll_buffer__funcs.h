@@ -181,6 +181,7 @@ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::bcast(int i, const PackT<T>& v) {
   if (sig && kSigPeers == SigPeers::Ring)
     sendSignature(select_base(this->d, this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1));
   if constexpr (kWide) {  // every peer's base from the table, in rank order (stores do not wait)
+#pragma unroll 4  // four peers' table loads in flight together
     for (int p = 0; p < this->d.nranks; ++p)
       if (p != this->d.rank) {
         Line* const b = wide_base(this->d, p);
