@@ -4,7 +4,8 @@ One command per measurement; each works with virtual ranks on one GPU in a singl
 unchanged, under ``torchrun --nproc-per-node N`` (one GPU per process). Results land in a
 timestamped folder under ``--out`` (default ``results/``), or exactly in ``--into DIR``.
 ``python -m sollat.bench`` is the same command line as ``python -m sollat`` (one list of verbs:
-``sollat.cli.VERBS``). See docs/measurement.md for the method and for how to reproduce every figure.
+``sollat.cli_args.VERBS``); the dispatcher ``sollat.cli`` imports this module, never the reverse.
+See docs/measurement.md for the method and for how to reproduce every figure.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import cli as top
-from ..cli import nonneg_int, positive_float, positive_int
+from .. import cli_args as top
+from ..cli_args import nonneg_int, positive_float, positive_int
 from ..layout import MAX_RANKS
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, parse_int_list, parse_sizes
 
@@ -536,10 +537,11 @@ def relaunch_under_torchrun(argv: list[str], n: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``main(["bench", "--quick"])``; returns the exit status."""
+    """Entry point of the measurement verbs: ``main(["bench", "--quick"])``; returns the exit status.
+
+    The dispatcher (``sollat.cli.main``, also ``python -m sollat.bench``) hands these verbs here;
+    anything else (another verb, ``--help``) gets this parser's answer."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in SUBCOMMANDS:  # the other verbs, --help, errors: one command line
-        return top.main(argv)
     a = build_parser().parse_args(argv)
     if a.cmd == "plot":
         return cmd_plot(a)
