@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from .backends import AllReduceBackend
+from .backend_base import AllReduceBackend
 from .fused import FusedRMSNormBackend
 
 GIB = 1 << 30
