@@ -221,16 +221,9 @@ class Solver:
 
     def timed_chunk(self) -> float:
         """Run one chunk; milliseconds per iteration (CUDA events on a GPU, wall clock on the CPU)."""
-        if self.problem.device.type != "cuda":
-            c0 = time.perf_counter()
-            self.run_chunk()
-            return (time.perf_counter() - c0) * 1e3 / self.chunk
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        self.run_chunk()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / self.chunk
+        from sollat.bench.timing import event_times_ms
+
+        return event_times_ms(self.run_chunk, 1, self.problem.device)[0] / self.chunk
 
     def solve(self, tol: float, max_iters: int, progress: ProgressFn | None = None) -> Solve:
         """Iterate until every ``|r|/|r0| < tol`` or ``max_iters``; ``progress(iterations, max |r|/|r0|)``

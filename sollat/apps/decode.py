@@ -18,7 +18,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -293,20 +293,9 @@ class DecodeSession:
 
 def time_steps(session: DecodeSession, n: int) -> list[float]:
     """Milliseconds of each of ``n`` back-to-back steps (CUDA events on GPU, wall clock on CPU)."""
-    if session.model.device.type != "cuda":
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            session.step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    events[0].record()
-    for i in range(n):
-        session.step()
-        events[i + 1].record()
-    torch.cuda.synchronize(session.model.device)
-    return [events[i].elapsed_time(events[i + 1]) for i in range(n)]
+    from sollat.bench.timing import event_times_ms
+
+    return event_times_ms(session.step, n, session.model.device)
 
 
 def time_allreduces(backend: AllReduceBackend, calls: Sequence[CallRecord], *, device: torch.device,
@@ -318,32 +307,16 @@ def time_allreduces(backend: AllReduceBackend, calls: Sequence[CallRecord], *, d
         for replay_one in replays:
             replay_one()
 
+    from sollat.bench.timing import event_times_ms, time_calls
+
     if device.type != "cuda":
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph: torch.cuda.CUDAGraph | None = None
-    if use_graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-    replay: Callable[[], None] = graph.replay if graph is not None else run
-    replay()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
-    events[0].record()
-    for i in range(repeats):
-        replay()
-        events[i + 1].record()
-    torch.cuda.synchronize(device)
-    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(repeats))
+        return statistics.median(event_times_ms(run, repeats, device))
+
+    # one eager run, the step's AllReduces as one graph (or eagerly), one warm run, then `repeats`
+    # timed back to back: microseconds per run, the median in milliseconds
+    timing = time_calls(lambda _i: run(), calls=1, replays=repeats, warmup=1, eager=1, device=device,
+                        graph=use_graph)
+    return timing.stats.median / 1e3
 
 
 # --------------------------------------------------------------------------------------------------
