@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for every kernel (diagnostic)")
     p.add_argument("--kernel-file", action="append", default=[],
-                   help="ALGO=FILE: build ALGO from another file of csrc/kernels (diagnostic, e.g. "
+                   help="ALGO=FILE: build ALGO from another file of csrc/kernels or csrc/probes (diagnostic, e.g. "
                         "oneshot_ll=diag_oneshot_breakdown.cu with --define SOLLAT_BREAKDOWN=K)")
     p.add_argument("--virtual", type=int, default=0, help="world size on one GPU instead of torchrun")
     p.add_argument("--tag", default="")
