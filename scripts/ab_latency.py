@@ -17,25 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 import torch
 import torch.distributed as dist
 
 import sollat
-
-
-def _time_graph(g: torch.cuda.CUDAGraph, calls: int, replays: int, barrier: object) -> float:
-    times = []
-    for _ in range(replays):
-        barrier()  # type: ignore[operator]
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(times)
+from sollat.bench.timing import time_calls
 
 
 def main() -> None:
@@ -45,7 +32,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for every kernel (diagnostic)")
     p.add_argument("--kernel-file", action="append", default=[],
-                   help="ALGO=FILE: build ALGO from another file of csrc/kernels (diagnostic, e.g. "
+                   help="ALGO=FILE: build ALGO from another file of csrc/kernels or csrc/probes (diagnostic, e.g. "
                         "oneshot_ll=diag_oneshot_breakdown.cu with --define SOLLAT_BREAKDOWN=K)")
     p.add_argument("--virtual", type=int, default=0, help="world size on one GPU instead of torchrun")
     p.add_argument("--tag", default="")
@@ -89,17 +76,9 @@ def main() -> None:
 
             y = call()
             ok = bool((y.view(torch.uint8) == ref.view(torch.uint8)).all()) if dtype != torch.float64 else True
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    call()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(a.calls):
-                    call()
-            us = _time_graph(g, a.calls, a.replays, barrier)
+            # 3 eager calls, then each of the replays after a barrier, alone on the GPU
+            us = time_calls(lambda _i, call=call: call(), calls=a.calls, replays=a.replays, warmup=0, eager=3,
+                            sync=barrier, barrier_each=True).stats.median
             t = torch.tensor([us], device="cuda")
             if not a.virtual:
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -1,6 +1,6 @@
 """Where the one-shot's time goes at small sizes (development tool; kernels built with
 SOLLAT_BREAKDOWN give wrong results on purpose and are never used by the library: they come from
-csrc/kernels/diag_oneshot_breakdown.cu, selected through sollat.testing.set_defines).
+csrc/probes/diag_oneshot_breakdown.cu, selected through sollat.testing.set_defines).
 
 Rows: full kernel; send without waiting; no communication (copy); prologue only; the empty-kernel
 floor with and without PDL; for LL also "+resets": LL clearing every consumed line the way the

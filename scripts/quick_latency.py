@@ -5,33 +5,20 @@ The full measurement suite is ``python -m sollat bench``; this script only print
 
 from __future__ import annotations
 
-import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 
 import sollat
 from sollat import build, launch
+from sollat.bench.timing import time_calls
 
 
-def time_graph(fn, calls: int = 100, reps: int = 30) -> float:
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / calls)
-    return statistics.median(ts)
+def time_graph(fn: Callable[[], object], calls: int = 100, reps: int = 30) -> float:
+    """Median µs per call: one eager call, ``calls`` calls in a graph, one warm replay, then each
+    of ``reps`` replays alone on the GPU (``sollat.bench.timing.time_calls``)."""
+    return time_calls(lambda _i: fn(), calls=calls, replays=reps, warmup=1, eager=1, barrier_each=True).stats.median
 
 
 def main() -> int:

@@ -1,6 +1,8 @@
 """Run-time compilation of sollat's CUDA C++ with NVRTC (through ``cuda.core``), cached on disk.
 
-Every kernel source lives in ``csrc/kernels/*.cu`` and includes headers from ``csrc/include``.
+Every production kernel source lives in ``csrc/kernels/*.cu``, the diagnostic and probe kernels (the
+bench's SoL and barrier probes, the one-shot latency breakdown) in ``csrc/probes/*.cu``; both include
+headers from ``csrc/include`` and are found by file name (:func:`kernel_source`).
 Kernels are ``extern "C"`` with explicit names (see the ``SOLLAT_*_KERNEL`` macros), so a cached
 cubin needs no symbol mapping.
 
@@ -32,6 +34,7 @@ from typing import Any
 CSRC = Path(__file__).parent / "csrc"
 INCLUDE_DIR = CSRC / "include"
 KERNEL_DIR = CSRC / "kernels"
+PROBE_DIR = CSRC / "probes"
 DEFAULT_ARCH = "sm_90"
 _KEY_VERSION = "sollat-cubin-key-2"
 _MAGIC = b"SOLLAT-CUBIN-1 "  # file = magic, sha256 hex of the cubin, newline, cubin
@@ -269,11 +272,15 @@ def compile_cubin(source: str, *, name: str, arch: str = DEFAULT_ARCH,
 
 
 def kernel_source(filename: str) -> str:
-    return (KERNEL_DIR / filename).read_text()
+    """The source of ``filename``, a file of ``csrc/kernels`` or else of ``csrc/probes``."""
+    path = KERNEL_DIR / filename
+    if not path.exists() and (PROBE_DIR / filename).exists():
+        path = PROBE_DIR / filename
+    return path.read_text()
 
 
 def load_module(filename: str, *, arch: str | None = None, defines: Mapping[str, str] | None = None) -> Any:
-    """Compile (or fetch) ``csrc/kernels/<filename>`` and load it as a ``cuda.core`` ObjectCode."""
+    """Compile (or fetch) ``filename`` (``kernel_source``) and load it as a ``cuda.core`` ObjectCode."""
     from cuda.core import ObjectCode
 
     arch = arch or device_arch()
@@ -289,7 +296,7 @@ def load_module(filename: str, *, arch: str | None = None, defines: Mapping[str,
 
 
 def get_kernel(filename: str, kernel_name: str, *, defines: Mapping[str, str] | None = None) -> Any:
-    """Kernel ``kernel_name`` from ``csrc/kernels/<filename>`` on the current device's arch."""
+    """Kernel ``kernel_name`` from ``filename`` (``kernel_source``) on the current device's arch."""
     return load_module(filename, defines=defines).get_kernel(kernel_name)
 
 
@@ -326,4 +333,10 @@ def get_source_kernel(source: str, name: str, kernel_name: str, *, defines: Mapp
 
 
 def kernel_files() -> Iterable[str]:
+    """The production kernel files (``csrc/kernels``)."""
     return sorted(p.name for p in KERNEL_DIR.glob("*.cu"))
+
+
+def probe_files() -> Iterable[str]:
+    """The diagnostic and probe kernel files (``csrc/probes``)."""
+    return sorted(p.name for p in PROBE_DIR.glob("*.cu"))

@@ -1,8 +1,9 @@
-"""``python -m sollat VERB``: the one command line of sollat; :data:`VERBS` is its one list of verbs.
+"""``python -m sollat VERB``: the one command line of sollat, the dispatcher of its verbs.
 
-``python -m sollat.bench VERB`` is the same command line. Argument helpers for every verb live
-here too: :class:`Parser` (a bad argument is one line on stderr and exit status 2) and the
-argument types :func:`positive_int`, :func:`positive_float` and :func:`nonneg_int`.
+``python -m sollat.bench VERB`` is the same command line. The list of verbs (:data:`VERBS`) and
+the argument helpers every verb uses (:class:`Parser`, :func:`positive_int`, ...) live in
+:mod:`sollat.cli_args` and are importable from here too. This module imports each verb's module
+when that verb runs; no verb imports this module.
 """
 
 from __future__ import annotations
@@ -10,24 +11,20 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import NoReturn, TypeVar
 
-PROG = "python -m sollat"
+from .cli_args import (
+    BENCH_VERBS,
+    PROG,
+    VERBS,
+    Parser,
+    int_range,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
-#: Every verb, in the order the help lists them, with its one-line description.
-VERBS: dict[str, str] = {
-    "bench": "AllReduce latency sweep against the peers (the main job; without a GPU it says so "
-             "and runs the model demo)",
-    "sol": "speed-of-light probe: L2 round trip, remote store, SoL (GPU)",
-    "barrier": "all-to-all flag barrier latency vs rank count (GPU)",
-    "plot": "re-draw the figures of a result folder: plot DIR (no GPU needed)",
-    "tune": "measure every algorithm here and write the selection table (GPU)",
-    "model": "protocol model and interleaving checker (CPU only; the default is a short demo)",
-    "precompile": "compile every kernel instantiation into the disk cache",
-    "info": "versions, GPU and arch, kernel cache",
-}
-BENCH_VERBS = ("bench", "sol", "barrier", "plot")
-N = TypeVar("N", int, float)
+__all__ = ["BENCH_VERBS", "PROG", "VERBS", "Parser", "int_range", "main", "nonneg_int", "nvrtc_line",
+           "positive_float", "positive_int", "usage"]
 
 
 def usage() -> str:
@@ -37,35 +34,6 @@ def usage() -> str:
             f"verbs:\n{rows}\n\n"
             "applications (own modules): python -m sollat.apps.decode, python -m sollat.apps.cg "
             "(see docs/apps.md)\n")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse, but a bad argument is one line on stderr (no usage block) and exit status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _checked(kind: Callable[[str], N], test: Callable[[N], bool], what: str) -> Callable[[str], N]:
-    def parse(text: str) -> N:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not test(value):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-    return parse
-
-
-positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
-nonneg_int = _checked(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _checked(float, lambda v: v > 0 and v != float("inf"), "a positive number")
-
-
-def int_range(lo: int, hi: int) -> Callable[[str], int]:
-    """Argument type: an integer in ``lo..hi``."""
-    return _checked(int, lambda v: lo <= v <= hi, f"an integer in {lo}..{hi}")
 
 
 def _arch(text: str) -> str:

@@ -50,7 +50,7 @@ DIAG_ONESHOT_BREAKDOWN = "diag_oneshot_breakdown.cu"
 def set_defines(comm: Any, defines: dict[str, str], *, kernel_files: Mapping[str, str] | None = None) -> None:
     """Extra NVRTC defines for every kernel ``comm`` builds from now on (diagnostic builds, such
     as ``SOLLAT_FENCE_SYS=0`` to measure what the system-scope fences cost). ``kernel_files``
-    (algorithm -> file of csrc/kernels, e.g. ``{"oneshot_ll": DIAG_ONESHOT_BREAKDOWN}``) builds
+    (algorithm -> file of csrc/kernels or csrc/probes, e.g. ``{"oneshot_ll": DIAG_ONESHOT_BREAKDOWN}``) builds
     those algorithms from a diagnostic kernel with the same entry points instead. Results of such
     builds may be wrong on purpose; call it on every rank. ``set_defines(comm, {})`` undoes it."""
     comm._extra_defines = defines

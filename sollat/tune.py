@@ -143,7 +143,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .cli import PROG, Parser, int_range
+    from .cli_args import PROG, Parser, int_range
     from .layout import MAX_RANKS
 
     p = Parser(prog=f"{PROG} tune", description=__doc__)
@@ -158,7 +158,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _nothing_measured(why: str) -> int:
-    from .cli import PROG
+    from .cli_args import PROG
 
     print(f"{PROG} tune: error: nothing could be measured: {why}", file=sys.stderr)
     return 1

@@ -7,55 +7,41 @@ Under torchrun every process is one TP rank on its own GPU. With ``--virtual-tp 
 this process on one device (correctness, not speed: R ranks share one GPU's SMs and memory
 bandwidth). Each backend in ``--backends`` decodes from the same state, so their logits and greedy
 tokens are compared; see docs/apps.md for the method and what each number means.
+
+This module runs and reports; the command line is ``decode_args.py``, the steps, their timing and
+the comparison of logits ``decode_session.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from .backends import (
-    SOLLAT_KINDS,
-    AllReduceBackend,
-    BackendSpec,
-    CallRecord,
-    make_backend,
-    parse_backend_list,
-    resolve_placement,
-    setup_device,
-    teardown,
+from .backends import CallRecord, make_backend, setup_device, teardown
+from .decode_args import (
+    DTYPES,
+    LOGIT_TOL,
+    DecodeArgs,
+    build_parser,
+    parse_args,
+    peak_memory,
+    too_big_message,
 )
-from .llama import (
-    GIB,
-    PRESETS,
-    LlamaConfig,
-    MemoryEstimate,
-    TPDecoder,
-    available_memory,
-    estimate_memory,
-    full_logits,
-    largest_fitting,
-    max_context,
-    preset,
-)
+from .decode_session import DecodeSession, LogitComparison, compare_logits, time_allreduces, time_steps
+from .llama import GIB, TPDecoder, full_logits, preset
+from .llama_memory import available_memory, max_context
 
-DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-# Largest |logit difference| accepted between two backends, or between sharded and unsharded runs.
-# Logits have a standard deviation of about 1 and the top ones lie in [4, 8), where a bf16 ulp is
-# 2**-5: measured sharded-vs-unsharded differences at 1-4 layers were one ulp (0.031), and the
-# tolerance allows four. Deeper models drift further; pass --logit-tol for them.
-LOGIT_TOL: dict[torch.dtype, float] = {torch.bfloat16: 0.125, torch.float16: 0.02, torch.float32: 1e-3}
+__all__ = ["DTYPES", "LOGIT_TOL", "BackendResult", "DecodeArgs", "DecodeSession", "LogitComparison",
+           "build_parser", "compare_logits", "cost_per_million_tokens", "main", "parse_args", "peak_memory",
+           "run", "time_allreduces", "time_steps", "too_big_message"]
 
 
 def cost_per_million_tokens(price_per_gpu_hour: float, n_gpus: int, tokens_per_s: float) -> float:
@@ -64,323 +50,6 @@ def cost_per_million_tokens(price_per_gpu_hour: float, n_gpus: int, tokens_per_s
         raise ValueError(f"cost: need price >= 0, n_gpus >= 1, tokens/s > 0 "
                          f"(got {price_per_gpu_hour}, {n_gpus}, {tokens_per_s})")
     return price_per_gpu_hour * n_gpus / (tokens_per_s * 3600.0) * 1e6
-
-
-# --------------------------------------------------------------------------------------------------
-# Arguments
-
-
-@dataclass
-class DecodeArgs:
-    model: str
-    layers: int
-    batch: int
-    context: int
-    steps: int
-    warmup: int
-    check_steps: int
-    backends: list[BackendSpec]
-    distributed: bool  # under torchrun: one TP rank per process
-    tp: int
-    device: str
-    dtype: torch.dtype
-    price: float | None
-    logit_tol: float
-    check_unsharded: bool
-    graph: bool
-    seed: int
-    json_path: str | None
-
-    @property
-    def max_len(self) -> int:
-        """KV-cache positions: the prefilled context plus every step any phase decodes."""
-        return self.context + max(self.check_steps, self.warmup + self.steps, 2)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m sollat.apps.decode",
-        description="Tensor-parallel Llama decode (random weights) with NCCL or sollat AllReduce.")
-    p.add_argument("--model", default="llama3.1-70b", choices=sorted(PRESETS), help="model shape preset")
-    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the preset's, 80)")
-    p.add_argument("--batch", type=int, default=8, help="sequences decoded together")
-    p.add_argument("--context", type=int, default=32768, help="prefilled KV-cache tokens per sequence")
-    p.add_argument("--steps", type=int, default=128, help="timed decode steps")
-    p.add_argument("--warmup", type=int, default=8, help="untimed steps before timing")
-    p.add_argument("--check-steps", type=int, default=4,
-                   help="teacher-forced steps whose logits are compared between backends")
-    p.add_argument("--backends", default=None,
-                   help="comma-separated: nccl, sollat, sollat:<algorithm>, sollat_fused (AllReduce + "
-                        "residual add + RMSNorm fused), sollat_fused:<algorithm>, reference (virtual "
-                        "ranks); the first is the baseline (default: nccl,sollat,sollat_fused; cpu on a CPU device)")
-    p.add_argument("--virtual-tp", type=int, default=None, metavar="R",
-                   help="run all R tensor-parallel ranks in this process on one device")
-    p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
-    p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
-                   help="model dtype (default: bf16 on GPU, fp32 on CPU)")
-    p.add_argument("--price", type=float, default=None, metavar="USD",
-                   help="$ per GPU-hour, for the cost per million output tokens")
-    p.add_argument("--logit-tol", type=float, default=None,
-                   help="largest accepted |logit difference| (default by dtype, see docs/apps.md)")
-    p.add_argument("--check-unsharded", action="store_true",
-                   help="also build the unsharded (TP 1) model on this device and compare against it")
-    p.add_argument("--no-graph", action="store_true", help="run steps eagerly instead of as a CUDA graph")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, cache and prompts")
-    p.add_argument("--json", dest="json_path", default=None, help="also write the results here (rank 0)")
-    return p
-
-
-def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> DecodeArgs:
-    """Parse and check the command line; errors exit with status 2 and a message, as argparse does."""
-    parser = build_parser()
-    a = parser.parse_args(argv)
-    env = os.environ if env is None else env
-    for name in ("batch", "context", "steps"):
-        if getattr(a, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    for name in ("warmup", "check_steps"):
-        if getattr(a, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
-    if a.layers is not None and a.layers < 1:
-        parser.error("--layers must be >= 1")
-    if a.price is not None and a.price < 0:
-        parser.error("--price must be >= 0")
-    if a.logit_tol is not None and a.logit_tol < 0:
-        parser.error("--logit-tol must be >= 0")
-    distributed, tp, device = resolve_placement(
-        parser, env, virtual=a.virtual_tp, virtual_flag="--virtual-tp", device=a.device,
-        check_whole=a.check_unsharded, check_flag="--check-unsharded")
-    try:
-        cfg = preset(a.model, a.layers)
-        cfg.check(tp)
-    except ValueError as e:
-        parser.error(str(e))
-    on_gpu = torch.device(device).type == "cuda"
-    default_backends = "nccl,sollat,sollat_fused" if on_gpu else "cpu"
-    try:
-        backends = parse_backend_list(a.backends or default_backends)
-    except ValueError as e:
-        parser.error(str(e))
-    for spec in backends:
-        if spec.kind == "noop":
-            parser.error("backend noop is only used internally, to time a step without AllReduce")
-        if spec.kind in SOLLAT_KINDS and not on_gpu:
-            parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
-        if distributed and spec.kind in ("reference", "cpu"):
-            parser.error(f"backend {spec.label} runs only with --virtual-tp "
-                         "(under torchrun use nccl, sollat or sollat_fused)")
-    dtype = DTYPES[a.dtype] if a.dtype else (torch.bfloat16 if on_gpu else torch.float32)
-    return DecodeArgs(model=a.model, layers=cfg.n_layers, batch=a.batch, context=a.context, steps=a.steps,
-                      warmup=a.warmup, check_steps=a.check_steps, backends=backends, distributed=distributed,
-                      tp=tp, device=device, dtype=dtype, price=a.price,
-                      logit_tol=LOGIT_TOL[dtype] if a.logit_tol is None else a.logit_tol,
-                      check_unsharded=a.check_unsharded, graph=on_gpu and not a.no_graph, seed=a.seed,
-                      json_path=a.json_path)
-
-
-# --------------------------------------------------------------------------------------------------
-# Memory
-
-
-def peak_memory(cfg: LlamaConfig, args: DecodeArgs, n_local: int) -> tuple[MemoryEstimate, int]:
-    """The sharded model's estimate, and the peak bytes of the run (the unsharded reference, built
-    and freed first with ``--check-unsharded``, may need more)."""
-    est = estimate_memory(cfg, tp=args.tp, n_local=n_local, batch=args.batch, max_len=args.max_len,
-                          dtype=args.dtype)
-    if not args.check_unsharded:
-        return est, est.total
-    whole = estimate_memory(cfg, tp=1, n_local=1, batch=args.batch, max_len=args.max_len, dtype=args.dtype)
-    return est, max(est.total, whole.total)
-
-
-def too_big_message(cfg: LlamaConfig, args: DecodeArgs, n_local: int, *, device: torch.device, need: int,
-                    free: int) -> str:
-    """One line saying what does not fit and which options to pass so that it does."""
-    def fits(cfg_: LlamaConfig, args_: DecodeArgs) -> bool:
-        return peak_memory(cfg_, args_, n_local)[1] <= free
-
-    layers = largest_fitting(lambda n: fits(replace(cfg, n_layers=n), replace(args, layers=n)), cfg.n_layers)
-    context = largest_fitting(lambda c: fits(cfg, replace(args, context=c)), args.context)
-    batch = largest_fitting(lambda b: fits(cfg, replace(args, batch=b)), args.batch)
-    tiny = preset("tiny")
-    ways = [f"--layers {layers}" if layers else "", f"--context {context}" if context else "",
-            f"--batch {batch}" if batch else "",
-            "--model tiny" if args.model != "tiny" and fits(tiny, replace(args, model="tiny")) else "",
-            "no --check-unsharded" if args.check_unsharded and fits(cfg, replace(args, check_unsharded=False))
-            else "", "more GPUs (--nproc-per-node)" if args.distributed else ""]
-    alone = ", ".join(w for w in ways if w)
-    return (f"decode: needs about {need / GIB:.1f} GiB on {device} but {free / GIB:.1f} GiB are free; pass "
-            + (f"one of: {alone}, or " if alone else "")
-            + "smaller --layers, --context and --batch together")
-
-
-# --------------------------------------------------------------------------------------------------
-# Running steps
-
-
-class DecodeSession:
-    """Decode steps of ``model`` through ``backend``, eagerly or as replays of one CUDA graph.
-
-    The step reads ``tokens`` and ``pos``, and writes the greedy tokens back into ``tokens``, the
-    next position into ``pos`` and the tokens into ``history``, so replays decode on their own with
-    no host work. ``calls`` lists the AllReduces one step makes.
-    """
-
-    def __init__(self, model: TPDecoder, backend: AllReduceBackend, *, start_tokens: torch.Tensor,
-                 use_graph: bool, warmup: int = 2) -> None:
-        dev = model.device
-        self.model = model
-        self.backend = backend
-        self.capacity = model.max_len - model.context
-        self.start_tokens = start_tokens.to(dev)
-        self.tokens = self.start_tokens.clone()
-        self.pos = torch.tensor([model.context], dtype=torch.long, device=dev)
-        self.count = torch.zeros(1, dtype=torch.long, device=dev)
-        self.history = torch.zeros(self.capacity, model.batch, dtype=torch.long, device=dev)
-        self.steps = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
-        if use_graph:
-            # Warm up off the default stream (cuBLAS handles, NCCL communicators, sollat kernels), then capture.
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                for _ in range(max(1, min(warmup, self.capacity))):
-                    self._body()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            self.reset()
-            self.graph = torch.cuda.CUDAGraph()
-            with backend.tracing() as calls, torch.cuda.graph(self.graph):
-                self._logits = self._body()
-        else:
-            with backend.tracing() as calls:
-                self._logits = self._body()
-        self.calls: list[CallRecord] = calls
-        self.reset()
-
-    def _body(self) -> list[torch.Tensor]:
-        out = self.model.step(self.tokens, self.pos, self.backend)
-        self.tokens.copy_(out.next_tokens)
-        self.history.index_copy_(0, self.count, out.next_tokens.unsqueeze(0))
-        self.pos.add_(1)
-        self.count.add_(1)
-        return out.logits
-
-    def reset(self) -> None:
-        """Back to the first decode position with the start tokens (the prefilled cache is kept)."""
-        self.tokens.copy_(self.start_tokens)
-        self.pos.fill_(self.model.context)
-        self.count.zero_()
-        self.steps = 0
-
-    def step(self, force_tokens: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """One decode step (from ``force_tokens`` if given); returns the logit shards, valid until the next step."""
-        if self.steps >= self.capacity:
-            raise RuntimeError(f"decode: the KV cache holds {self.capacity} decode steps; call reset()")
-        if force_tokens is not None:
-            self.tokens.copy_(force_tokens)
-        if self.graph is not None:
-            self.graph.replay()
-            logits = self._logits
-        else:
-            logits = self._body()
-        self.steps += 1
-        return logits
-
-    def generated(self) -> torch.Tensor:
-        """``[steps, batch]`` greedy tokens since the last reset."""
-        return self.history[:self.steps]
-
-
-def time_steps(session: DecodeSession, n: int) -> list[float]:
-    """Milliseconds of each of ``n`` back-to-back steps (CUDA events on GPU, wall clock on CPU)."""
-    if session.model.device.type != "cuda":
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            session.step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
-    events[0].record()
-    for i in range(n):
-        session.step()
-        events[i + 1].record()
-    torch.cuda.synchronize(session.model.device)
-    return [events[i].elapsed_time(events[i + 1]) for i in range(n)]
-
-
-def time_allreduces(backend: AllReduceBackend, calls: Sequence[CallRecord], *, device: torch.device,
-                    use_graph: bool, repeats: int = 20) -> float:
-    """Median milliseconds of one step's AllReduces alone, back to back (``calls`` from a traced step)."""
-    replays = [backend.replay_call(c, device) for c in calls]  # fused calls with their add + RMSNorm
-
-    def run() -> None:
-        for replay_one in replays:
-            replay_one()
-
-    if device.type != "cuda":
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        run()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph: torch.cuda.CUDAGraph | None = None
-    if use_graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-    replay: Callable[[], None] = graph.replay if graph is not None else run
-    replay()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
-    events[0].record()
-    for i in range(repeats):
-        replay()
-        events[i + 1].record()
-    torch.cuda.synchronize(device)
-    return statistics.median(events[i].elapsed_time(events[i + 1]) for i in range(repeats))
-
-
-# --------------------------------------------------------------------------------------------------
-# Comparing logits
-
-
-@dataclass
-class LogitComparison:
-    max_abs_diff: float
-    bitwise: bool
-    tokens_compared: int  # (step, sequence) pairs whose baseline top-two margin exceeds 2 * tol
-    tokens_equal: int
-    sampler_exact: bool  # the in-graph greedy sampler picked argmax(logits) at every step
-
-    @property
-    def ok(self) -> bool:
-        return self.tokens_equal == self.tokens_compared
-
-
-def compare_logits(base: Sequence[torch.Tensor], other: Sequence[torch.Tensor], tol: float,
-                   other_tokens: Sequence[torch.Tensor] | None = None) -> LogitComparison:
-    """Compare per-step ``[batch, vocab]`` logits against a baseline.
-
-    Greedy tokens are compared where the baseline's top-two margin exceeds ``2 * tol``: two logits
-    each off by at most ``tol`` cannot swap order there.
-    """
-    max_diff, bitwise, compared, equal, sampler = 0.0, True, 0, 0, True
-    for i, (a, b) in enumerate(zip(base, other, strict=True)):
-        max_diff = max(max_diff, (a - b).abs().max().item())
-        bitwise = bitwise and torch.equal(a, b)
-        top2 = a.topk(2, dim=-1).values
-        decided = (top2[:, 0] - top2[:, 1]) > 2 * tol
-        compared += int(decided.sum())
-        equal += int((decided & (a.argmax(-1) == b.argmax(-1))).sum())
-        if other_tokens is not None:
-            sampler = sampler and torch.equal(other_tokens[i].cpu(), b.argmax(-1))
-    return LogitComparison(max_diff, bitwise, compared, equal, sampler)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .backends import AllReduceBackend, CallRecord, _SollatMixin
+from .backend_base import AllReduceBackend, CallRecord, _SollatMixin
 
 KIND = "sollat_fused"
 FUSED_OP = "sum+rmsnorm"  # CallRecord.op of a fused call (all_reduce's ops are OPS)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .backends import AllReduceBackend
+from .backend_base import AllReduceBackend
 from .llama import block_seed, seeded_randn
 
 

@@ -1,7 +1,7 @@
-"""``python -m sollat.bench {bench,sol,barrier,plot} ...``."""
+"""``python -m sollat.bench VERB ...``: the same command line as ``python -m sollat``."""
 
 import sys
 
-from .cli import main
+from ..cli import main
 
 sys.exit(main())

@@ -8,12 +8,16 @@
    each replay, all on one stream without host synchronisation in between.
 4. Per replay: elapsed / calls = microseconds per call. Report median, p10, p90, min, max.
 
+:func:`time_calls` is the one implementation; the apps (``sollat.apps.decode``) and the scripts
+time with it too.
+
 In a torchrun job every rank does the same after a host barrier; rank 0 keeps, per replay,
 the slowest rank's time (the collective is done when the last rank is done).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,39 +55,89 @@ class GraphTiming:
 
 
 def time_calls(call: Callable[[int], None], *, calls: int, replays: int, warmup: int = 2, eager: int = 2,
-               sync: Callable[[], None] | None = None, device: Any = None) -> GraphTiming:
+               sync: Callable[[], None] | None = None, device: Any = None, graph: bool = True,
+               barrier_each: bool = False) -> GraphTiming:
     """Time ``call(i)`` (i = 0..calls-1) by CUDA-graph replay; see the module docstring.
+
+    The one timing helper of sollat (the bench, ``tune``, the apps and the scripts): ``eager``
+    calls, ``calls`` calls captured in one graph, ``warmup`` untimed replays, then ``replays``
+    timed ones; ``GraphTiming.stats.median`` is the figure every caller reports.
 
     ``sync`` is called (after a device synchronisation) right before the timed replays, so that
     all ranks of a torchrun job start together; it is a host barrier there and None otherwise.
+    ``barrier_each``: instead, before every timed replay call ``sync`` (a device synchronisation
+    when it is None) and wait for the replay to end, so each replay starts with the ranks aligned
+    and an idle GPU. ``graph=False`` runs the ``calls`` calls eagerly wherever a replay would run
+    (timing an eager path the same way).
     """
     import torch
 
     for i in range(eager):
         call(i)
     torch.cuda.synchronize(device)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    captured: Any = None
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            for i in range(calls):
+                call(i)
+
+    def run_eagerly() -> None:
         for i in range(calls):
             call(i)
+
+    run: Callable[[], None] = captured.replay if captured is not None else run_eagerly
+
+    def align() -> None:
+        if sync is not None:
+            sync()
+        else:
+            torch.cuda.synchronize(device)
+
     try:
         for _ in range(warmup):
-            graph.replay()
+            run()
         torch.cuda.synchronize(device)
-        if sync is not None:
+        if sync is not None and not barrier_each:
             sync()
         stream = torch.cuda.current_stream(device)
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
         for s, e in zip(starts, ends, strict=True):
+            if barrier_each:
+                align()
             s.record(stream)
-            graph.replay()
+            run()
             e.record(stream)
+            if barrier_each:
+                e.synchronize()
         torch.cuda.synchronize(device)
         per_call = [s.elapsed_time(e) * 1000.0 / calls for s, e in zip(starts, ends, strict=True)]
     finally:
-        del graph
+        del run, captured
     return GraphTiming(per_call, calls, replays)
+
+
+def event_times_ms(fn: Callable[[], object], n: int, device: Any) -> list[float]:
+    """Milliseconds of each of ``n`` back-to-back ``fn()`` calls: CUDA events between the calls on a
+    CUDA ``device`` (no host synchronisation until the last one), the wall clock elsewhere. For work
+    that is timed as it runs (an app's decode steps, a solver's chunks) rather than replayed."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    events[0].record()
+    for i in range(n):
+        fn()
+        events[i + 1].record()
+    torch.cuda.synchronize(device)
+    return [events[i].elapsed_time(events[i + 1]) for i in range(n)]
 
 
 def slowest_rank(value: float) -> float:

@@ -47,9 +47,9 @@ def _group(group_name: str) -> Any:
 
 
 def _adapter(group: Any) -> core.GroupAdapter | None:
-    from . import vllm as shim
+    from .vllm_adapter import adapter
 
-    return shim.adapter(group)
+    return adapter(group)
 
 
 def _unfused(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float,

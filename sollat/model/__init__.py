@@ -17,6 +17,7 @@ from __future__ import annotations
 from .config import Config, Fault, Mutation
 from .explore import Report, exhaustive, random_runs
 from .machine import Machine, Violation
+from .ptx import PtxMachine  # Machine(cfg) finds it for memory="ptx"
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, Planted, SweepResult, soak, sweep
 from .trace import Counterexample
 
@@ -31,6 +32,7 @@ __all__ = [
     "Machine",
     "Mutation",
     "Planted",
+    "PtxMachine",
     "Report",
     "SweepResult",
     "Violation",

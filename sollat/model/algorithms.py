@@ -1,5 +1,8 @@
 """Algorithms as straight-line thread programs of memory operations, mirroring the kernels.
 
+(The instructions and the thread builder are in ``program.py``; what every algorithm's generator
+shares, lines, signature words and the thread loop, in ``generator.py``.)
+
 Each modelled thread (one per (rank, call, block, thread) of the call's geometry) runs a fixed
 list of instructions; the only control flow of the device kernels that depends on timing is the
 poll loop, which the machine models as a *blocking* instruction (enabled once the line holds what
@@ -29,153 +32,40 @@ local instructions     ``RESET``/``ZERO`` (issue a store to own scratch that may
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
-
-from sollat.layout import Geometry
+from dataclasses import dataclass
 
 from . import protocols, rules
 from .config import Config, Mutation
-from .scratch import LineInfo, Scratch
+from .generator import ProgramGenerator
+from .program import (
+    ADD,
+    ADDC,
+    COMBINE,
+    COUNTER_LANE,
+    END,
+    FENCE,
+    ISSUE_ADD,
+    OP_NAMES,
+    OUT,
+    POLL,
+    POLL128,
+    RESET,
+    SEND,
+    SHARED_OPS,
+    ZERO,
+    Builder,
+    EpochKey,
+    Epochs,
+    Instr,
+    ThreadProgram,
+    input_value,
+    split_line,
+)
+from .scratch import Scratch
 
-SEND, POLL, ADD, POLL128 = 0, 1, 2, 3
-RESET, ZERO, FENCE, OUT, ADDC, COMBINE, ISSUE_ADD, END = 10, 11, 12, 13, 14, 15, 16, 17
-SHARED_OPS = frozenset({SEND, POLL, ADD, POLL128})
-OP_NAMES = {SEND: "SEND", POLL: "POLL", ADD: "ADD128", POLL128: "POLL128", RESET: "RESET", ZERO: "ZERO",
-            FENCE: "FENCE", OUT: "OUT", ADDC: "ADDC", COMBINE: "COMBINE", ISSUE_ADD: "ISSUE_ADD", END: "END"}
-COUNTER_LANE = -1  # ISSUE_ADD of the split-mode counter (element 0 of lane 0 only)
-
-
-class Instr(NamedTuple):
-    op: int
-    where: str  # "r1 call2 b0.t1 it0 slot0"
-    line: int = -1  # dense scratch line
-    value: Any = None  # constant payload (SEND/ADD/ISSUE_ADD/ADDC); OUT: the output line
-    reg: int = -1  # register read (SEND of a reduced value) or written (POLL/ADDC/OUT/COMBINE)
-    flag: Any = None  # LL flag written / waited for; None: sentinel
-    tag: Any = None  # ghost identity of the data: (call, message line, epoch)
-    lane: int = -1  # ISSUE_ADD: the lane (COUNTER_LANE: the split-mode counter)
-    peer: int = -1  # SEND: destination rank; POLL: source rank
-    expect: Any = None  # OUT: the exact sum; POLL128: the counter value (nranks)
-    srcs: tuple[int, ...] = ()  # COMBINE: snapshot registers
-
-
-EpochKey = tuple[str, int]  # (buffer, line-channel)
-Epochs = dict[EpochKey, int]
-
-
-@dataclass
-class ThreadProgram:
-    label: str  # "r1 call2 b0.t1"
-    code: list[Instr] = field(default_factory=list)
-    nregs: int = 0
-    #: ``advanceEpoch``: (number of instructions before it, channel, new epoch); ``commit`` stores them
-    advances: list[tuple[int, EpochKey, int]] = field(default_factory=list)
-
-
-def split_line(cfg: Config, kind: str) -> bool:
-    """PTX mode: whether a line of ``kind`` is modelled as its two 8-byte parts (``Config.tear``).
-    An LL128 line is added whole (``Config.ll128_line_atomic``) or lane by lane; a signature word is
-    one aligned 8-byte access, single-copy atomic."""
-    if not cfg.ptx or kind in ("ll128", "sig"):
-        return False
-    if cfg.tear == "all":
-        return True
-    return kind == "ll" and cfg.has(Mutation.SINGLE_FLAG_LINE)
-
-
-def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
-    """Deterministic, call-dependent inputs: a stale or lost contribution changes the sum."""
-    return 1 + ((rank + 1) * 7919 + (call + 1) * 104729 + (line + 1) * 1299709 + elem * 15485863) % 997
-
-
-class _Builder:
-    """Appends instructions for one thread.
-
-    Fences (``LLBuffer::beforeSend``, ``releaseReceivesWith``): ``received[buffer]`` is set when a
-    receive of that buffer completes; the next send of the buffer issues ``fence<peer_scope()>``
-    (``fence.acq_rel.sys`` on real ranks, ``.gpu`` on virtual ones) first: PTX orders a poll's load
-    before a later store to another line, and a reset before a later send, by nothing but a fence
-    (no order from the poll loop's control dependency). ``dirty`` is the rule before session 10
-    (``resetPending``: a fence only after sentinel resets), which ``Mutation.NO_REUSE_FENCE``
-    restores.
-    """
-
-    def __init__(self, cfg: Config, label: str) -> None:
-        self.cfg = cfg
-        self.prog = ThreadProgram(label)
-        self.dirty: dict[str, bool] = {}
-        self.received: dict[str, bool] = {}
-        self.scope = rules.fence_scope(cfg)
-        self.where = label
-        self.it = 0
-        #: Signature words (sentinel buffers, channel 0's thread of a block): the block, and
-        #: (``SIGNATURE_ONCE``) per buffer the peers this thread has sent its word to / polled
-        #: theirs from in this call.
-        self.sig_block: int | None = None
-        self.sig_sent: dict[str, set[int]] = {}
-        self.sig_polled: dict[str, set[int]] = {}
-
-    def at(self, it: int, slot: int) -> None:
-        self.it = it
-        self.where = f"{self.prog.label} it{it} slot{slot}"
-
-    def reg(self) -> int:
-        self.prog.nregs += 1
-        return self.prog.nregs - 1
-
-    def emit(self, op: int, **kw: Any) -> None:
-        self.prog.code.append(Instr(op, self.where, **kw))
-
-    def fence(self) -> None:
-        """``fence<peer_scope()>()`` (``GPU_FENCE``: ``.gpu``): acq_rel; ``value`` is its scope."""
-        self.emit(FENCE, value=self.scope)
-
-    def _owes(self, buffer: str) -> bool:
-        if self.cfg.has(Mutation.RESET_AFTER_SEND):
-            return False
-        if self.cfg.has(Mutation.NO_REUSE_FENCE):
-            return self.dirty.get(buffer, False)
-        return self.received.get(buffer, False)
-
-    def before_send(self, buffer: str) -> None:
-        """``LLBuffer::beforeSend``: a receive (and its resets) since this buffer's last fence is
-        fenced before its next send."""
-        if self._owes(buffer):
-            self.fence()
-        self.dirty[buffer] = self.received[buffer] = False
-
-    def release(self, *buffers: str) -> None:
-        """``releaseReceives`` / ``releaseReceivesWith``: one fence for every buffer that owes one
-        (two-shot: at the top of every pass; LL128: before the adds of every iteration). Not in the
-        code before session 10 (``NO_REUSE_FENCE``)."""
-        if self.cfg.has(Mutation.NO_REUSE_FENCE):
-            return
-        if any(self._owes(b) for b in buffers):
-            self.fence()
-        for b in buffers:
-            self.dirty[b] = self.received[b] = False
-
-    def received_from(self, buffer: str) -> None:
-        self.received[buffer] = True
-
-    def reset(self, buffer: str, line: int) -> None:
-        """``ProtoSentinel::reset`` of a consumed line (``pollAll``); ``dirty`` is the rule before
-        session 10 (``resetPending``), which ``Mutation.NO_REUSE_FENCE`` fences by."""
-        if self.cfg.has(Mutation.SKIP_SENTINEL_RESET):
-            return
-        self.emit(RESET, line=line)
-        self.dirty[buffer] = True
-
-    def advance(self, epochs: Epochs, key: EpochKey) -> None:
-        """``advanceEpoch`` of one channel (the value reaches memory only at ``commit``)."""
-        epochs[key] = epochs.get(key, 0) + 1
-        self.prog.advances.append((len(self.prog.code), key, epochs[key]))
-
-    def end(self) -> ThreadProgram:
-        self.emit(END)
-        return self.prog
+__all__ = ["ADD", "ADDC", "Builder", "COMBINE", "COUNTER_LANE", "END", "EpochKey", "Epochs", "FENCE",
+           "ISSUE_ADD", "Instr", "OP_NAMES", "OUT", "POLL", "POLL128", "Programs", "RESET", "SEND",
+           "SHARED_OPS", "ThreadProgram", "ZERO", "build", "input_value", "split_line"]
 
 
 @dataclass
@@ -200,162 +90,20 @@ class Programs:
         return threads
 
 
-class _Gen:
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.scratch = Scratch(ll128_lanes=cfg.ll128_lanes, ll128_elems=cfg.ll128_lines, ll_rest=rules.ll_rest(cfg),
-                               split=lambda kind: split_line(cfg, kind))
-        self.kind = cfg.proto
+class _Gen(ProgramGenerator):
+    """The thread programs of each algorithm, statement by statement after its kernel."""
 
     def make(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
         """Threads of call ``k`` (``n`` lines) on rank ``r``; advances ``epochs`` as the call would."""
         return {"oneshot": self.oneshot, "twoshot": self.twoshot, "ll128": self.ll128,
                 "rmsnorm_twoshot": self.rowshot}[self.cfg.algorithm](r, k, n, epochs)
-
-    def sig(self, r: int, k: int, n: int) -> int:
-        """The call signature; the mismatch test hook flips bit 1 (``call_signature``)."""
-        return rules.signature(self.cfg, n) ^ (2 if self.cfg.fault_at("mismatch", r, k) else 0)
-
-    def both_parities(self) -> None:
-        """Registers the other parity of every line, so that a call run from epochs that differ
-        from the healthy ones (fault path) finds every line it can touch."""
-        for info in list(self.scratch.infos):
-            if info.part > 0:
-                continue
-            if info.kind == "ll128":
-                self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
-            elif info.kind == "sig":
-                self.sig_line(info.rank, info.buffer, info.parity + 1, info.src, info.slot)
-            else:
-                self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.kind)
-
-    def line(self, rank: int, buffer: str, epoch: int, src: int, slot: int, kind: str | None = None) -> int:
-        """``LLBuffer::peerLine`` / ``ownLine``: (parity, src, slot) in ``rank``'s region of ``buffer``."""
-        par = rules.parity(self.cfg, epoch)
-        addr = rules.line_address(self.cfg, par, src, slot)
-        return self.scratch.line(LineInfo(rank, buffer, kind or self.kind, par, src, slot, 0, addr))
-
-    # ---- signature words (sentinel buffers: ll_buffer.h, "Signature words") -----------------------
-    def sig_thread(self, B: _Builder, b: int, t: int) -> None:
-        """The thread of block ``b`` whose channel 0 is (b, slot 0, thread 0) carries the block's
-        signature words: model thread 0 (its bundle's first real thread is thread 0)."""
-        if self.cfg.signature_words and t == 0:
-            B.sig_block = b
-
-    def sig_ring(self) -> bool:
-        """``SigPeers::Ring``: the word goes to rank + 1 only (and is polled from rank - 1). The
-        device's built-in all-to-all kernels; the fused two-shot sends one with every line-0 send
-        (``Mutation.RING_IN_FUSED_TWOSHOT`` gives it the ring too)."""
-        if self.cfg.sig_peers != "ring":
-            return False
-        return self.cfg.algorithm != "rmsnorm_twoshot" or self.cfg.has(Mutation.RING_IN_FUSED_TWOSHOT)
-
-    def sig_line(self, rank: int, buffer: str, epoch: int, src: int, block: int) -> int:
-        """The signature word of ``block`` from ``src`` in ``rank``'s region of ``buffer``, parity
-        ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
-        par = rules.parity(self.cfg, epoch)
-        addr = rules.signature_address(self.cfg, par, src, block)
-        return self.scratch.line(LineInfo(rank, buffer, "sig", par, src, block, 0, addr))
-
-    def sig_send(self, B: _Builder, r: int, k: int, sig: int, buffer: str, p: int,
-                 epochs: dict[tuple[str, int], int]) -> None:
-        """With each line-0 send (or bcast) of ``buffer`` to ``p``, channel 0's thread stores the
-        block's signature word ``sig << 32 | epoch`` (channel 0's epoch) into p's region, at the
-        (parity, source r) part: one aligned 8-byte volatile store. ``SIGNATURE_ONCE``: with the
-        call's first line-0 send to ``p`` only."""
-        b = B.sig_block
-        if b is None or (self.sig_ring() and p != (r + 1) % self.cfg.nranks):
-            return
-        if self.cfg.has(Mutation.SIGNATURE_ONCE):
-            if p in B.sig_sent.setdefault(buffer, set()):
-                return
-            B.sig_sent[buffer].add(p)
-        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
-        B.emit(SEND, line=self.sig_line(p, buffer, e, r, b), value=0, flag=rules.sig_word(self.cfg, sig, e),
-               tag=(k, -1 - b, e), peer=p)
-
-    def sig_items(self, B: _Builder, r: int, k: int, sig: int, buffer: str, peers: list[int],
-                  epochs: dict[tuple[str, int], int]) -> None:
-        """With each line-0 receive of ``buffer`` from a peer in ``peers``, channel 0's thread polls
-        that peer's signature word in the same wait (one 8-byte volatile load per poll). The word is
-        never cleared: it only ever holds epochs e, e-2, ... of its parity (written with the line-0
-        data of the same channel, pass and parity), so its reuse rests on that line's credit and
-        fence. ``SIGNATURE_ONCE``: with the call's first line-0 receive from the peer only."""
-        b = B.sig_block
-        if b is None:
-            return
-        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
-        for p in peers:
-            if self.sig_ring() and p != (r - 1) % self.cfg.nranks:
-                continue
-            if self.cfg.has(Mutation.SIGNATURE_ONCE):
-                if p in B.sig_polled.setdefault(buffer, set()):
-                    continue
-                B.sig_polled[buffer].add(p)
-            B.emit(POLL, line=self.sig_line(r, buffer, e, p, b), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
-                   tag=(k, -1 - b, e), peer=p)
-
-    def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
-        par = rules.parity(self.cfg, epoch)
-        addr = rules.acc_line_address(self.cfg, par, slot, sub)
-        return self.scratch.line(LineInfo(rank, "acc", "ll128", par, -1, slot, sub, addr))
-
-    def flag(self, sig: int, epoch: int) -> Any:
-        return rules.ll_flag(self.cfg, sig, epoch) if self.kind == "ll" else None
-
-    def _poll_all(self, B: _Builder, r: int, buffer: str, items: list[tuple[int, int, int, int, Any]],
-                  sig: int, epochs: dict[tuple[str, int], int]) -> None:
-        """``LLBuffer::pollAll``: poll every (peer, slot) line until complete; a sentinel line is
-        reset as soon as it is read (``checkPolls``).
-
-        ``items``: (peer, slot i, channel s, register, ghost tag) in the device's (peer, slot) order.
-        """
-        for p, i, s, reg, tag in items:
-            B.at(B.it, i)
-            e = epochs.get((buffer, s), 0)
-            ln = self.line(r, buffer, e, p, s)
-            B.emit(POLL, line=ln, reg=reg, flag=self.flag(sig, e), tag=tag, peer=p)
-            if self.kind == "sentinel":
-                B.reset(buffer, ln)
-        if items:
-            B.at(B.it, 0)
-            self.sig_items(B, r, items[0][4][0], sig, buffer,
-                           [p for p, i, *_ in items if i == 0], epochs)
-            B.received_from(buffer)
-
-    def _active(self, geo: Geometry, it: int, b: int, t: int, lines: int) -> list[tuple[int, int, int]]:
-        """(slot, message line, channel) of every slot of thread (b, t) with data in iteration it."""
-        chans = [(i, rules.message_line(geo, it, b, i, t), rules.channel(self.cfg, b, i, t))
-                 for i in range(geo.slots)]
-        return [c for c in chans if c[1] < lines]
-
-    def _threads(self, r: int, k: int, geo: Geometry, lines: int,
-                 iteration: Callable[[_Builder, int, list[tuple[int, int, int]]], None],
-                 epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
-        """One program per (block, thread) of call ``k`` on rank ``r``: ``iteration(B, it, chans)``
-        for every iteration in which the thread has data (``_active``), then the kernel end
-        (``commit``)."""
-        threads = []
-        for b in range(geo.blocks):
-            for t in range(geo.threads):
-                B = _Builder(self.cfg, f"r{r} call{k} b{b}.t{t}")
-                self.sig_thread(B, b, t)
-                for it in range(geo.iterations):
-                    B.at(it, 0)
-                    chans = self._active(geo, it, b, t, lines)
-                    if not chans:
-                        break
-                    iteration(B, it, chans)
-                threads.append(B.end())  # buf.commit, kernel end
-        return threads
-
     # ---- one-shot: allreduce_oneshot.cu ---------------------------------------------------------
     def oneshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
         geo = rules.model_geometry(cfg, n)
         sig = self.sig(r, k, n)
 
-        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+        def iteration(B: Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
             for i, x, s in chans:  # buf.bcast(i, own[i])
                 B.at(it, i)
                 e = epochs.get(("oneshot", s), 0)
@@ -392,7 +140,7 @@ class _Gen:
         def exists(c: int, x: int) -> bool:
             return not unpadded or c * cl + x < n
 
-        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+        def iteration(B: Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
             B.release("rs", "ag")  # rs.releaseReceivesWith(ag): the previous pass's receives, one fence
             # reduce-scatter: rs.send(c, i, line x of chunk c) for every c != self
             for c in range(R):
@@ -458,7 +206,7 @@ class _Gen:
         geo = rules.model_geometry(cfg, n)
         sig = self.sig(r, k, n)
 
-        def iteration(B: _Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
+        def iteration(B: Builder, it: int, chans: list[tuple[int, int, int]]) -> None:
             for i, x, s in chans:  # non-owner: buf.send(owner, i, own[i])
                 if x % R != r:
                     B.at(it, i)
@@ -518,7 +266,7 @@ class _Gen:
         threads = []
         for b in range(geo.blocks):
             for t in range(geo.threads):
-                B = _Builder(cfg, f"r{r} call{k} b{b}.w{t}")
+                B = Builder(cfg, f"r{r} call{k} b{b}.w{t}")
                 slot = rules.acc_slot(b, t * g)  # lane 0 of the representative warp
                 ch = rules.channel(cfg, b, 0, t)  # the all-gather LLBuffer's channel
                 for it in range(geo.iterations):

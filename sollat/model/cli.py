@@ -22,7 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ..cli import PROG, Parser, nonneg_int, positive_float, positive_int
+from ..cli_args import PROG, Parser, nonneg_int, positive_float, positive_int
 from . import bulk
 from .config import MEMORY
 from .explore import Report, exhaustive, random_runs

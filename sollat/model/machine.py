@@ -40,7 +40,7 @@ re-initialises scratch, epochs and records before healthy calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from sollat import layout
 
@@ -191,11 +191,23 @@ class Machine:
     :class:`sollat.model.ptx.PtxMachine` for ``"ptx"``.
     """
 
-    def __new__(cls, cfg: Config) -> Machine:
-        if cls is Machine and cfg.ptx:
-            from .ptx import PtxMachine
+    #: The machine of each memory model but "strong" (``Config.memory``): a subclass names its
+    #: model in its class statement (``class PtxMachine(Machine, memory="ptx")``). The package
+    #: (``sollat.model``) imports every such module, so ``Machine(cfg)`` finds the subclass
+    #: without this module importing the modules built on it.
+    _by_memory: ClassVar[dict[str, type[Machine]]] = {}
 
-            cls = PtxMachine
+    def __init_subclass__(cls, memory: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if memory is not None:
+            Machine._by_memory[memory] = cls
+
+    def __new__(cls, cfg: Config) -> Machine:
+        if cls is Machine and cfg.memory != "strong":
+            if cfg.memory not in Machine._by_memory:
+                raise ValueError(f"no machine for memory model {cfg.memory!r}; known: strong, "
+                                 f"{', '.join(sorted(Machine._by_memory))}")
+            cls = Machine._by_memory[cfg.memory]
         return super().__new__(cls)
 
     def __init__(self, cfg: Config) -> None:

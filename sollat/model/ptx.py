@@ -132,7 +132,7 @@ def _writes(ins: Instr) -> set[int]:
     return set()
 
 
-class PtxMachine(Machine):
+class PtxMachine(Machine, memory="ptx"):
     """The model under PTX's memory consistency model (module docstring)."""
 
     def __init__(self, cfg: Config) -> None:

@@ -21,17 +21,8 @@ from sollat.apps.backends import (
     rank_order_reduce,
 )
 from sollat.apps.decode import DecodeSession, compare_logits, cost_per_million_tokens, parse_args
-from sollat.apps.llama import (
-    GIB,
-    TPDecoder,
-    estimate_memory,
-    full_logits,
-    host_memory,
-    largest_fitting,
-    max_context,
-    preset,
-    rms_norm,
-)
+from sollat.apps.llama import GIB, TPDecoder, full_logits, preset, rms_norm
+from sollat.apps.llama_memory import estimate_memory, host_memory, largest_fitting, max_context
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[2]

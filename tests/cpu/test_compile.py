@@ -63,7 +63,9 @@ def test_production_oneshot_has_no_diagnostic_branches() -> None:
 def test_diagnostic_kernel_is_not_a_production_instantiation() -> None:
     from sollat import testing
 
-    assert testing.DIAG_ONESHOT_BREAKDOWN in set(build.kernel_files())
+    assert testing.DIAG_ONESHOT_BREAKDOWN in set(build.probe_files())
+    assert {"probe_barrier.cu", "probe_sol.cu"} <= set(build.probe_files())
+    assert not set(build.probe_files()) & set(build.kernel_files())  # no probe among the production kernels
     assert all(f != testing.DIAG_ONESHOT_BREAKDOWN for f, _ in instantiations.all_instantiations())
 
 

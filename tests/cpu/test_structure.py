@@ -1,0 +1,146 @@
+"""The shape of the package: imports go one way (no module imports, even indirectly, a module
+that imports it) and no module is longer than 400 lines."""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "sollat"
+
+#: module -> {imported module: line of the first such import}
+Graph = dict[str, dict[str, int]]
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """``sollat/bench/cli.py`` -> ``sollat.bench.cli``; a package's ``__init__.py`` is the package."""
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: set[str]) -> list[str]:
+    """The sollat modules one import statement of ``module`` imports: ``import a.b`` imports
+    ``a.b``; ``from a import b`` imports the submodule ``a.b`` if there is one, else ``a`` (its
+    ``__init__``); relative imports count from ``module``'s package."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        source = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        source = node.module or ""
+    return [f"{source}.{a.name}" if f"{source}.{a.name}" in known else source for a in node.names]
+
+
+def import_graph(package: Path = PACKAGE) -> Graph:
+    """Every import of one sollat module by another, function-local and relative ones included."""
+    files = {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+    known = set(files)
+    graph: Graph = {}
+    for module, path in files.items():
+        edges: dict[str, int] = {}
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _imported(node, module, path.name == "__init__.py", known):
+                    if target in known and target != module:
+                        edges.setdefault(target, node.lineno)
+        graph[module] = edges
+    return graph
+
+
+def _shortest_cycle(graph: Graph, start: str) -> list[str] | None:
+    """The shortest import path from ``start`` back to ``start`` (breadth first), or None."""
+    came_from: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        here = queue.popleft()
+        for there in sorted(graph[here]):
+            if there == start:
+                path = [here]
+                while path[-1] != start:
+                    path.append(came_from[path[-1]])
+                return [start, *reversed(path[:-1]), start]
+            if there not in came_from:
+                came_from[there] = here
+                queue.append(there)
+    return None
+
+
+def import_cycles(graph: Graph) -> list[list[str]]:
+    """One shortest cycle through each module that is on a cycle, each cycle once."""
+    cycles: list[list[str]] = []
+    seen: set[frozenset[str]] = set()
+    for module in sorted(graph):
+        cycle = _shortest_cycle(graph, module)
+        if cycle is not None and frozenset(cycle) not in seen:
+            seen.add(frozenset(cycle))
+            cycles.append(cycle)
+    return cycles
+
+
+def _describe(graph: Graph, cycle: list[str]) -> str:
+    steps = [f"{a} -> {b} (line {graph[a][b]})" for a, b in zip(cycle[:-1], cycle[1:], strict=True)]
+    return " -> ".join(cycle) + "\n    " + "\n    ".join(steps)
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "sollat"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .sub import leaf\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "leaf.py").write_text("def f():\n    from .. import other\n")
+    (pkg / "other.py").write_text("")
+    (pkg / "top.py").write_text("import sollat.sub\nfrom sollat.sub import leaf, name\n")
+    graph = import_graph(pkg)
+    assert graph["sollat"] == {"sollat.sub.leaf": 1}
+    assert graph["sollat.sub.leaf"] == {"sollat.other": 2}  # function-local, relative
+    assert graph["sollat.top"] == {"sollat.sub": 1, "sollat.sub.leaf": 2}
+    assert import_cycles(graph) == []
+    (pkg / "sub" / "__init__.py").write_text("from ..top import x\n")
+    graph = import_graph(pkg)
+    assert import_cycles(graph) == [["sollat.sub", "sollat.top", "sollat.sub"]]
+
+
+def test_no_import_cycles() -> None:
+    """A lower module never imports an upper one: a verb's module never imports the dispatcher
+    (``sollat.cli``), a base class's module never its subclasses' (issue 28, item 4)."""
+    graph = import_graph()
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(_describe(graph, c) for c in cycles)
+
+
+# ---- module length -------------------------------------------------------------------------------
+MAX_LINES = 400
+#: The core modules (another engineer's rewrite) still over the limit: each must leave this set
+#: as soon as it is split, so the test fails for a file here that is at most MAX_LINES long.
+OVER_LIMIT_FOR_NOW = {
+    "sollat/abi.py",
+    "sollat/comm_base.py",
+    "sollat/communicator.py",
+    "sollat/rmsnorm.py",
+    "sollat/virtual.py",
+}
+#: Not core modules, but not split yet either (issue 28, item 4: the model's two machines, whose
+#: classes are longer than 400 lines on their own); the same rule applies: a file leaves this set
+#: once it is split.
+NOT_SPLIT_YET = {
+    "sollat/model/machine.py",
+    "sollat/model/ptx.py",
+}
+
+
+def test_modules_at_most_400_lines() -> None:
+    lengths = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    too_long = {f"{path} ({n} lines)" for path, n in lengths.items()
+                if n > MAX_LINES and path not in OVER_LIMIT_FOR_NOW | NOT_SPLIT_YET}
+    assert not too_long, f"split these modules (at most {MAX_LINES} lines each): {', '.join(sorted(too_long))}"
+    missing = (OVER_LIMIT_FOR_NOW | NOT_SPLIT_YET) - set(lengths)
+    assert not missing, f"the allowlists name files that do not exist: {', '.join(sorted(missing))}"
+    short = {f"{path} ({lengths[path]} lines)" for path in OVER_LIMIT_FOR_NOW | NOT_SPLIT_YET
+             if lengths[path] <= MAX_LINES}
+    assert not short, f"take these from the allowlists, they are short enough now: {', '.join(sorted(short))}"
