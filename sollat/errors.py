@@ -40,3 +40,13 @@ class CommunicatorFaultedError(SollatError):
 
 class TableMismatchError(SollatError):
     """The ranks of one communicator chose different ``algo="auto"`` tuning tables."""
+
+
+class NotOneNVLinkDomainError(UnsupportedError):
+    """Some ranks of a group cannot load/store each other's memory over NVLink (``sollat.topology``);
+    ``pairs`` lists them as (rank, peer), rank < peer."""
+
+    def __init__(self, message: str, *, rank: int, pairs: list[tuple[int, int]]) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.pairs = pairs

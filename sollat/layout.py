@@ -2,7 +2,9 @@
 
 The CUDA headers (``csrc/include/sollat/layout.h``, ``ll_buffer.h``) and the protocol model
 (``sollat.model``) follow exactly these rules; each function names the device code that implements
-it. The constants are the host/device contract's (``sollat/abi.py``).
+it. The constants are the host/device contract's (``sollat/abi.py``); the line-address formulas
+are declared once in ``sollat/abi_layout.py``, which renders ``layout.h`` from them, and this
+module exports the Python functions compiled from the same declarations.
 
 Vocabulary
 ----------
@@ -22,9 +24,12 @@ words         32-byte sector (2 lines) after the data slots of that (parity, sou
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import abi
+from . import abi, abi_layout
+
+_F = abi_layout.FUNCTIONS
 
 # The contract's numbers (declared in abi.py; aliases for existing users).
 LINE_BYTES = abi.LINE_BYTES
@@ -72,14 +77,21 @@ FAULT_WORDS = abi.FAULT_WORDS
 FAULT_OK, FAULT_TIMEOUT, FAULT_MISMATCH, FAULT_CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
 
 
-def slot_index(block: int, slot: int, thread: int) -> int:
-    """Line-channel index; device: ``slot_index`` (``layout.h``)."""
-    return (block * MAX_SLOTS + slot) * MAX_THREADS + thread
+SIGNATURE_LINES_PER_BLOCK = abi_layout.SIGNATURE_LINES_PER_BLOCK  # one 32-byte sector per block's signature word
 
-
-def line_index(parity: int, src: int, slot: int, *, nranks: int, lines_per_src: int) -> int:
-    """Line of (parity, source, slot) inside a receiver's region; device: ``line_index`` (``layout.h``)."""
-    return (parity * nranks + src) * lines_per_src + slot
+# The layout formulas, each compiled from its one declaration in abi_layout.py (which renders the
+# device side, layout.h, from the same declarations): no formula is written here.
+slot_index: Callable[[int, int, int], int] = _F["slot_index"]
+line_base: Callable[[int, int, int, int], int] = _F["line_base"]
+line_index: Callable[..., int] = _F["line_index"]  # (parity, src, slot, *, nranks, lines_per_src)
+ll128_acc_slot: Callable[[int, int], int] = _F["ll128_acc_slot"]
+signature_line: Callable[[int, int], int] = _F["signature_line"]
+signature_lines: Callable[[int], int] = _F["signature_lines"]
+lines_per_src: Callable[[int], int] = _F["lines_per_src"]
+region_bytes_of_lines: Callable[[int, int], int] = _F["region_bytes_of_lines"]
+region_bytes: Callable[[int, int], int] = _F["region_bytes"]  # (nranks, max_blocks)
+DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_line", "signature_lines",
+           "lines_per_src", "region_bytes_of_lines", "region_bytes")
 
 
 def message_line(geo: Geometry, it: int, block: int, slot: int, thread: int) -> int:
@@ -93,43 +105,6 @@ def chunk_count(n: int, nranks: int) -> int:
     """Two-shot: elements per chunk before rounding to whole lines; rank c owns chunk c.
     Device: ``chunk_lines`` in ``allreduce_twoshot.cu``; host: ``Algorithm.lines_per_rank``."""
     return ceil_div(n, nranks)
-
-
-def ll128_acc_slot(block: int, thread: int) -> int:
-    """LL128 accumulator slot (and epoch index) of a lane; its 16-byte line is
-    ``line_index(parity, 0, acc_slot)``. Device: ``ll128_acc_slot`` (``layout.h``)."""
-    return block * MAX_THREADS + thread
-
-
-# One 32-byte sector (2 lines) per block for its 8-byte signature word: no two writers share a sector.
-SIGNATURE_LINES_PER_BLOCK = 2
-
-
-def signature_lines(max_blocks: int) -> int:
-    """Lines at the end of every (parity, source) part of a region for the sentinel buffers'
-    signature words (``ll_buffer.h``, "Signature words"): SIGNATURE_LINES_PER_BLOCK per block, rounded up to whole warp-units (WARP lines, 512 bytes), so
-    every part stays 512-byte aligned (LL128's warp-units, the region offsets). Every region has
-    them (LL and bulk ones leave them unused and zero), so the layout is one formula."""
-    return ceil_div(SIGNATURE_LINES_PER_BLOCK * max_blocks, WARP) * WARP
-
-
-def lines_per_src(max_blocks: int) -> int:
-    """Slot indices per (parity, source) part of a region: every data slot of ``max_blocks``
-    blocks, then the signature lines. Also the length of each buffer's epoch array."""
-    return max_blocks * MAX_SLOTS * MAX_THREADS + signature_lines(max_blocks)
-
-
-def signature_line(block: int, lines_per_src: int) -> int:
-    """The line whose first 8 bytes hold ``block``'s signature word from source ``src`` in a
-    receiver's (parity, src) part, counted from the part's end (SIGNATURE_LINES_PER_BLOCK per
-    block). Device: ``signature_line`` (``layout.h``)."""
-    return lines_per_src - SIGNATURE_LINES_PER_BLOCK * (block + 1)
-
-
-def region_bytes(nranks: int, max_blocks: int) -> int:
-    """Bytes of one LLBuffer region on one rank: PARITIES x nranks sources x lines.
-    Device: ``region_bytes(nranks, lines_per_src)`` (``layout.h``)."""
-    return PARITIES * nranks * lines_per_src(max_blocks) * LINE_BYTES
 
 
 @dataclass(frozen=True)
