@@ -9,7 +9,7 @@ Regenerate the header after editing this file::
 
     python -m sollat.abi > sollat/csrc/include/sollat/abi.h
 
-(``python -m sollat.abi layout`` renders ``layout.h`` from the formulas in ``sollat/abi_layout.py``.)
+(``python -m sollat.abi_layout`` renders ``layout.h`` from the formulas in ``sollat/abi_layout.py``.)
 """
 
 from __future__ import annotations
@@ -436,15 +436,7 @@ def header_is_current(path: Path = HEADER_PATH) -> bool:
     return path.read_bytes() == header_text().encode()
 
 
-# ---- the generator's command line -------------------------------------------------------------
-# `python -m sollat.abi` writes abi.h; `python -m sollat.abi layout` writes layout.h, rendered from
+# `python -m sollat.abi` writes abi.h; `python -m sollat.abi_layout` writes layout.h, rendered from
 # the layout formulas that sollat/abi_layout.py declares (sollat.layout evaluates the same ones).
 if __name__ == "__main__":
-    if sys.argv[1:] == ["layout"]:
-        from sollat import abi_layout
-
-        sys.stdout.write(abi_layout.header_text())
-    elif sys.argv[1:]:
-        sys.exit("usage: python -m sollat.abi [layout]")
-    else:
-        sys.stdout.write(header_text())
+    sys.stdout.write(header_text())

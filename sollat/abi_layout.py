@@ -5,7 +5,7 @@ Each formula is one expression of ``sollat.formula``'s subset over abi.py's cons
 ``header_text()`` renders the device ones as ``csrc/include/sollat/layout.h`` (a CPU test checks
 that the committed header equals the rendering). Regenerate it after editing this file::
 
-    python -m sollat.abi layout > sollat/csrc/include/sollat/layout.h
+    python -m sollat.abi_layout > sollat/csrc/include/sollat/layout.h
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from . import abi
 from .formula import KEYWORD_ONLY, CEnv, Formula, Signature, c_type, parse, python_function, render_cxx
 
 HEADER_PATH = Path(__file__).parent / "csrc" / "include" / "sollat" / "layout.h"
-REGENERATE = "python -m sollat.abi layout > sollat/csrc/include/sollat/layout.h"
+REGENERATE = "python -m sollat.abi_layout > sollat/csrc/include/sollat/layout.h"
 
 # One 32-byte sector (2 lines) per block for its 8-byte signature word: no two writers share a sector.
 SIGNATURE_LINES_PER_BLOCK = 2
@@ -163,3 +163,9 @@ def write_header(path: Path = HEADER_PATH) -> None:
 def header_is_current(path: Path = HEADER_PATH) -> bool:
     """Whether ``path`` is byte for byte what ``header_text()`` renders."""
     return path.read_bytes() == header_text().encode()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(header_text())

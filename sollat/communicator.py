@@ -22,7 +22,7 @@ from typing import Any, overload
 
 import torch
 
-from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select
+from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select, topology
 from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS, _Plan
 from .comm_custom import CustomCalls
@@ -119,6 +119,9 @@ class Communicator(GatherScatterCalls, CustomCalls):
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
         check_world_size(ws, "Communicator")
+        # Collective, before any symmetric memory: every rank gets the same NotOneNVLinkDomainError
+        # naming the pairs that cannot load/store each other's memory (docs/design.md).
+        topology.check_group(self.group, dev.index, "error")
         names = algorithm_names(algorithms, ws, "Communicator")
         self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs, gs), dtype=torch.uint8,
                                    device=dev)

@@ -131,8 +131,8 @@ def check_nvlink_domain(descriptions: Sequence[GpuDescription], rank: int) -> No
         f"sollat (rank {rank}): the group is not one NVLink domain, {len(bad)} pair(s) of ranks cannot load/store "
         f"each other's memory: {pairs}. sollat needs every pair joined by NVLink: GPUs of one host (direct links "
         "or NVSwitch), or of one multi-node NVLink clique (same NVML fabric cluster UUID and clique id). "
-        "Communicator(outside_domain=\"nccl\") hands every call of such a group to NCCL (torch.distributed) "
-        f"instead; {ALLOW_PCIE_ENV}=1 on every rank accepts PCIe peer-to-peer pairs of one host.",
+        "Use torch.distributed's own collectives (NCCL) for such a group; "
+        f"{ALLOW_PCIE_ENV}=1 on every rank accepts PCIe peer-to-peer pairs of one host.",
         rank=rank, pairs=[(u.rank, u.peer) for u in bad])
 
 

@@ -48,7 +48,7 @@ def test_a_pcie_only_pair_is_refused_naming_both_ranks() -> None:
         msg = str(e.value)
         assert e.value.pairs == [(1, 2)] and e.value.rank == r and isinstance(e.value, UnsupportedError)
         assert "rank 1 (node0, cuda:1" in msg and "rank 2 (node0, cuda:2" in msg and "rank 3 (" not in msg
-        assert "PCIe only" in msg and 'outside_domain="nccl"' in msg and topology.ALLOW_PCIE_ENV in msg
+        assert "PCIe only" in msg and "torch.distributed's own collectives" in msg and topology.ALLOW_PCIE_ENV in msg
         assert topology.outside_domain_path(descs, r, "nccl") == NCCL
         with pytest.raises(NotOneNVLinkDomainError):
             topology.outside_domain_path(descs, r, "error")
