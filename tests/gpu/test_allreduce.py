@@ -353,4 +353,4 @@ def test_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(sollat.UnsupportedError, match="nccl"):
         c.all_reduce([x, x], algo="nccl")
     with pytest.raises(sollat.UnsupportedError, match="world_size"):
-        sollat.VirtualCommunicator(9, DEV)
+        sollat.VirtualCommunicator(73, DEV)
