@@ -36,9 +36,6 @@ PEER_WINDOW = 8
 # The rank counts kernels are built for (SOLLAT_MAX_RANKS): a world of R ranks runs the smallest
 # that holds it (algorithms.max_ranks_template).
 RANK_CAPS: tuple[int, ...] = (2, 4, PEER_WINDOW, MAX_RANKS)
-# The wide one-shot (kernels/allreduce_oneshot_wide.cu) keeps one pass's (line, rank) packs of a
-# block in shared memory, 8 bytes each: lines per block x ranks at most this many (32 KiB).
-PEER_GROUP_PACKS = 4096
 MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
 MAX_SLOTS = 4  # lines per thread per iteration (C++ kMaxSlotsPerThread)
 LINE_BYTES = 16  # one vector store
@@ -79,8 +76,7 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
                                                   Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
                                                   Kernel("allgather", 1),
-                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2),
-                                                  Kernel("oneshot_wide", 1))}
+                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:
@@ -305,8 +301,6 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
-        "// The wide one-shot's shared memory: (line, rank) packs of one block and pass.",
-        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS)]),
         "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block;"
         " the longest row (both RMSNorm kernels).",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),

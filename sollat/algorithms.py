@@ -34,10 +34,6 @@ class Algorithm:
     # abi.RANK_CAPS, and the widest one listed is the most ranks the algorithm runs on (WIDE: the
     # windowed peer loops of ll_buffer.h, up to abi.MAX_RANKS)
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (abi.MAX_RANKS, 1))
-    # The fewest ranks it runs on (a kernel for wide groups only: abi.PEER_WINDOW + 1)
-    min_world: int = 2
-    # Its threads are (peer group, line) pairs (layout.plan_peer_groups), not lines (layout.plan)
-    peer_groups: bool = False
     # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
     # A hardware property its correctness on real ranks rests on, beyond what the PTX memory model
@@ -87,12 +83,9 @@ class Algorithm:
 
     def check_world(self, world_size: int, opname: str = "all_reduce") -> None:
         """Raise if this algorithm has no kernel for ``world_size`` ranks."""
-        if not self.min_world <= world_size <= self.max_world:
-            raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on {self.min_world} to {self.max_world} "
-                                   f"ranks, this communicator has {world_size}")
-
-    def runs_on(self, world_size: int) -> bool:
-        return self.min_world <= world_size <= self.max_world
+        if world_size > self.max_world:
+            raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on at most {self.max_world} ranks, this "
+                                   f"communicator has {world_size}")
 
     def scratch_bytes(self, nranks: int, max_blocks: int | None = None) -> int:
         return self.buffers * layout.region_bytes(nranks, max_blocks or self.max_blocks)
@@ -115,10 +108,6 @@ ALGORITHMS: dict[str, Algorithm] = {
                   doc="one-shot push, LL protocol (16 B lines: two 8 B words of 4 B payload + 4 B flag each)"),
         Algorithm("oneshot_sentinel", "allreduce_oneshot.cu", "oneshot", "sentinel", 16, True, False,
                   doc="one-shot push, sentinel protocol (16 B payload, receiver resets, a signature word per block)"),
-        Algorithm("oneshot_ll_wide", "allreduce_oneshot_wide.cu", "oneshot_wide", "ll", 16, True, False,
-                  slot_choices=((abi.MAX_RANKS, 1),), min_world=abi.PEER_WINDOW + 1, peer_groups=True,
-                  doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the block's "
-                      "threads (one per peer group of 8), rank-order sum from shared memory"),
         Algorithm("twoshot_ll", "allreduce_twoshot.cu", "twoshot", "ll", 16, True, True,
                   slot_choices=((2, 1), (2, 2), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="two-shot (reduce-scatter + all-gather), LL protocol in both phases"),

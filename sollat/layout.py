@@ -60,22 +60,6 @@ def default_max_blocks_real(world_size: int) -> int:
     return max(16, min(MAX_BLOCKS_LIMIT, REAL_RANK_BLOCKS_BUDGET // world_size))
 
 
-PEER_GROUP_PACKS = abi.PEER_GROUP_PACKS  # the wide one-shot's (line, rank) packs per block and pass
-
-
-def plan_peer_groups(total_lines: int, world_size: int, *, max_blocks: int) -> Geometry:
-    """The wide one-shot's cut: threads are (peer group, line) pairs, ``groups = ceil(R / 8)``
-    (abi.PEER_WINDOW) threads per line; a block holds ``lb`` lines, at most what its shared memory
-    (PEER_GROUP_PACKS packs) and MAX_THREADS threads allow, no more than the message needs; blocks
-    up to ``max_blocks``, then passes."""
-    groups = ceil_div(world_size, abi.PEER_WINDOW)
-    lb_max = min(PEER_GROUP_PACKS // world_size, MAX_THREADS // groups)
-    total_lines = max(total_lines, 1)
-    blocks = min(max_blocks, ceil_div(total_lines, lb_max))
-    lb = min(lb_max, ceil_div(total_lines, blocks))
-    return Geometry(blocks, lb * groups, 1, ceil_div(total_lines, blocks * lb))
-
-
 def virtual_block_cap(world_size: int, num_sms: int) -> int:
     """The most blocks per rank a VirtualCommunicator sizes any region for: every block of every
     rank must be resident at once, and sollat's kernels fit at most two 512-thread blocks per SM, so
