@@ -8,7 +8,7 @@ served it) or ``None`` (the engine's own path must serve it). Everything here ru
 The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the call):
 
 * the group's sollat communicator exists: constructed collectively, lazily, on every rank of the
-  group (world size 2..8, every rank on one host, and the construction succeeded on every rank:
+  group (world size 2..72, every rank on one host, and the construction succeeded on every rank:
   symmetric memory mapped every peer's scratch; agreed over the group's CPU group, so that no rank
   routes to sollat while another routes to the engine);
 * the tensor lies on the communicator's device, is contiguous, has 1 .. ``MAX_ELEMENTS`` elements
@@ -121,7 +121,7 @@ def rmsnorm_refusal(x: Any, residual: Any, weight: Any, device: torch.device | N
 
 def domain_refusal(world_size: int, hosts: Sequence[str]) -> str | None:
     """``None`` when a group of ``world_size`` ranks on ``hosts`` (one entry per rank) can be one
-    sollat communicator: 2..8 ranks on one host (one NVLink domain; whether every peer's memory
+    sollat communicator: 2..72 ranks on one host (one NVLink domain; whether every peer's memory
     can really be mapped is what the construction itself finds out)."""
     if not MIN_WORLD_SIZE <= world_size <= MAX_RANKS:
         return f"world size {world_size} (sollat serves {MIN_WORLD_SIZE}..{MAX_RANKS} ranks)"

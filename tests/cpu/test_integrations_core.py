@@ -75,7 +75,8 @@ def test_domain_rule() -> None:
     assert core.domain_refusal(2, ["a", "a"]) is None
     assert core.domain_refusal(8, ["a"] * 8) is None
     assert core.domain_refusal(1, ["a"]).startswith("world size 1")
-    assert core.domain_refusal(9, ["a"] * 9).startswith("world size 9")
+    assert core.domain_refusal(72, ["a"] * 72) is None
+    assert core.domain_refusal(73, ["a"] * 73).startswith("world size 73")
     assert "spans hosts ['a', 'b']" in str(core.domain_refusal(2, ["a", "b"]))
 
 
