@@ -28,6 +28,7 @@ from .comm_base import MAX_ELEMENTS, _Plan
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
 from .comm_launch import CLUSTER_MAX_BLOCKS
+from .comm_rmsnorm import RmsnormCalls
 from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType, lookup
@@ -71,7 +72,7 @@ def _hot_numel(x: Any, out: Any, dev: int) -> int:
     return -1
 
 
-class Communicator(GatherScatterCalls, CustomCalls):
+class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,

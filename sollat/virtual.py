@@ -14,6 +14,7 @@ from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
 from .comm_gather_scatter import GatherScatterCalls
+from .comm_rmsnorm import RmsnormCalls
 from .comm_state import _record_view, scratch_bytes_per_rank
 from .custom import Collective, checked_collectives
 from .dtypes import DTYPES, OPS, DType
@@ -29,7 +30,7 @@ from .validate import (
 )
 
 
-class VirtualCommunicator(GatherScatterCalls, CustomCalls):
+class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
     """``world_size`` ranks in this process on one GPU; every call launches one kernel for all ranks.
 
     ``VirtualCommunicator(world_size, device=None, *, timeout_s=None, debug=False, algorithms=None,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, agree, algorithms, build, layout, rmsnorm, select
+from sollat import abi, abi_header, agree, algorithms, build, layout, rmsnorm, select
 from sollat.communicator import Communicator, VirtualCommunicator
 from sollat.dtypes import DTYPES, OPS
 from sollat.validate import BATCH_INVARIANT_ENV, checked_batch_invariant
@@ -270,7 +270,7 @@ def test_chunk_bound_matches_the_largest_row() -> None:
     """abi.h's kRmsnormMaxHidden is rmsnorm.MAX_HIDDEN, and its largest row (8-byte LL packs of
     fp32) has exactly kRmsnormMaxChunks = 32 x 32 chunks: chunk_tree_sum covers every row."""
     assert rmsnorm.MAX_HIDDEN == abi.RMSNORM_MAX_HIDDEN
-    assert f"kRmsnormMaxHidden = {rmsnorm.MAX_HIDDEN}" in abi.header_text()
+    assert f"kRmsnormMaxHidden = {rmsnorm.MAX_HIDDEN}" in abi_header.header_text()
     header = (build.INCLUDE_DIR / "sollat" / "rmsnorm_math.h").read_text()
     assert "constexpr int kRmsnormMaxChunks = kWarpSize * kWarpSize;" in header
     assert "kRmsnormMaxHidden / Pack<T, kBytes>::kElems / kWarpSize" in header

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, algorithms, build, instantiations, layout, ops, registry, rmsnorm
+from sollat import abi, abi_header, algorithms, build, instantiations, layout, ops, registry, rmsnorm
 from sollat.communicator import Communicator, VirtualCommunicator
 from sollat.dtypes import DTYPES
 
@@ -161,7 +161,7 @@ def test_twoshot_algorithms_are_registered() -> None:
     src = build.kernel_source("allreduce_rmsnorm.cu")
     for entry in ("ar_rmsnorm_twoshot", "ar_rmsnorm_twoshot_fp8"):
         assert f"#define SOLLAT_RMSNORM_{'FP8_' if 'fp8' in entry else ''}ENTRY {entry}\n" in src
-    assert "kArRmsnormTwoshotBuffers = 2" in abi.header_text()
+    assert "kArRmsnormTwoshotBuffers = 2" in abi_header.header_text()
 
 
 @pytest.mark.parametrize("r", [2, 3, 4, 5, 8])
