@@ -22,7 +22,7 @@ from typing import Any, overload
 
 import torch
 
-from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, select, topology
+from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, rmsnorm_checks, select, topology
 from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS, _Plan
 from .comm_custom import CustomCalls
@@ -349,12 +349,12 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         if torch.compiler.is_compiling():
             from . import ops
 
-            rmsnorm.no_scale_no_copy(fp8_scale, fp8_out)
+            rmsnorm_checks.no_scale_no_copy(fp8_scale, fp8_out)
             if fp8_scale is None:
                 got = ops.all_reduce_rmsnorm(x, residual, weight, self.comm_id, float(eps), algo)
             else:
                 got = ops.all_reduce_rmsnorm_fp8(x, residual, weight, fp8_scale, self.comm_id, float(eps), algo)
-            return rmsnorm.into_outputs(got, (out, residual_out, fp8_out))
+            return rmsnorm_checks.into_outputs(got, (out, residual_out, fp8_out))
         if fp8_scale is None and fp8_out is None:  # the plain call, exactly as before the FP8 copy
             return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
         return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out, fp8_scale=fp8_scale,
@@ -366,9 +366,9 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
                                  ) -> tuple[torch.Tensor, ...]:
         self._before_call()
         bits = rmsnorm.eps_bits(eps)
-        x, residual, weight, y, r_out, dt, rows, hidden = rmsnorm.check_rank(
+        x, residual, weight, y, r_out, dt, rows, hidden = rmsnorm_checks.check_rank(
             x, residual, weight, out, residual_out, self.device, max_elements=MAX_ELEMENTS)
-        fp8 = rmsnorm.check_fp8(fp8_scale, fp8_out, x, (x, residual, weight), (y, r_out), self.device)
+        fp8 = rmsnorm_checks.check_fp8(fp8_scale, fp8_out, x, (x, residual, weight), (y, r_out), self.device)
         result = (y, r_out) if fp8 is None else (y, r_out, fp8[1])
         if rows == 0:
             return result

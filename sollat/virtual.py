@@ -9,7 +9,7 @@ from typing import overload
 
 import torch
 
-from . import layout, rmsnorm
+from . import layout, rmsnorm, rmsnorm_checks
 from . import rmsnorm_epilogue as epilogue
 from .comm_base import MAX_ELEMENTS
 from .comm_custom import CustomCalls
@@ -226,7 +226,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         if torch.compiler.is_compiling():
             from . import ops
 
-            rmsnorm.no_scale_no_copy(scales, fp8_out)
+            rmsnorm_checks.no_scale_no_copy(scales, fp8_out)
             ws = self.world_size
             if scales is None:
                 flat = ops.all_reduce_rmsnorm_virtual(list(xs), list(residuals), weights, self.comm_id, float(eps),
@@ -237,7 +237,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
             result = []
             for k, dst in enumerate((out, residual_out, fp8_out)[:len(flat) // ws]):
                 got = flat[k * ws:(k + 1) * ws]
-                result.append(got if dst is None else list(rmsnorm.into_outputs(got, tuple(dst))))
+                result.append(got if dst is None else list(rmsnorm_checks.into_outputs(got, tuple(dst))))
             return tuple(result)
         if scales is None and fp8_out is None:  # the plain call, exactly as before the FP8 copy
             return self._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, out, residual_out)
@@ -260,7 +260,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
                 raise UnsupportedError(f"{rmsnorm.OPNAME}: a VirtualCommunicator of {ws} ranks needs {what} as a list "
                                        f"of {ws} tensors, got {got}")
         bits = rmsnorm.eps_bits(eps)
-        checked = [rmsnorm.check_rank(xs[r], residuals[r], weights[r], None if out is None else out[r],
+        checked = [rmsnorm_checks.check_rank(xs[r], residuals[r], weights[r], None if out is None else out[r],
                                       None if residual_out is None else residual_out[r], self.device, f"[{r}]",
                                       MAX_ELEMENTS) for r in range(ws)]
         x0 = checked[0][0]
@@ -297,18 +297,18 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
                           fp8_out: Sequence[torch.Tensor] | None) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Every rank's (scale, copy), checked against that rank's tensors, or None without scales.
         A copy may not share memory with any rank's tensors (one launch writes them all)."""
-        rmsnorm.no_scale_no_copy(fp8_scale, fp8_out)
+        rmsnorm_checks.no_scale_no_copy(fp8_scale, fp8_out)
         if fp8_scale is None:
             return None
         ins = tuple(t for c in checked for t in c[:3])
         outs = tuple(t for c in checked for t in c[3:5])
         pairs = []
         for r, c in enumerate(checked):
-            got = rmsnorm.check_fp8(fp8_scale[r], None if fp8_out is None else fp8_out[r], c[0], ins,
+            got = rmsnorm_checks.check_fp8(fp8_scale[r], None if fp8_out is None else fp8_out[r], c[0], ins,
                                     outs + tuple(q for _, q in pairs), self.device, f"[{r}]")
             assert got is not None
             pairs.append(got)
-        if any(rmsnorm.overlaps(scale, q) for scale, _ in pairs for _, q in pairs):  # a later rank's copy
+        if any(rmsnorm_checks.overlaps(scale, q) for scale, _ in pairs for _, q in pairs):  # a later rank's copy
             raise UnsupportedError(f"{rmsnorm.OPNAME}: an fp8_scale lies inside another rank's fp8_out; it must not")
         return pairs
 

@@ -14,7 +14,18 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, abi_header, algorithms, build, instantiations, layout, ops, registry, rmsnorm
+from sollat import (
+    abi,
+    abi_header,
+    algorithms,
+    build,
+    instantiations,
+    layout,
+    ops,
+    registry,
+    rmsnorm,
+    rmsnorm_checks,
+)
 from sollat.communicator import Communicator, VirtualCommunicator
 from sollat.dtypes import DTYPES
 
@@ -27,7 +38,7 @@ def args(rows: int = 3, hidden: int = 8, dtype: torch.dtype = torch.bfloat16):
 
 
 def check(x, res, w, out=None, res_out=None, device=CPU):
-    return rmsnorm.check_rank(x, res, w, out, res_out, device)
+    return rmsnorm_checks.check_rank(x, res, w, out, res_out, device)
 
 
 # ---- argument checks ----------------------------------------------------------------------------
@@ -568,7 +579,7 @@ FP8 = torch.float8_e4m3fn
 def check_fp8(scale, q=None, x=None, res=None, w=None, out=None, res_out=None):
     x, res, w = (x, res, w) if x is not None else args(3, 8)
     xc, rc, wc, y, r_out, *_ = check(x, res, w, out, res_out)
-    return rmsnorm.check_fp8(scale, q, xc, (xc, rc, wc), (y, r_out), CPU)
+    return rmsnorm_checks.check_fp8(scale, q, xc, (xc, rc, wc), (y, r_out), CPU)
 
 
 def test_fp8_arguments_valid() -> None:
