@@ -1,12 +1,11 @@
 """Host time per eager call (no graph): the loop is host-bound when a call's GPU time is shorter
 than its Python time, so wall time / calls is the Python + launch overhead. Reference: torch's
-own `x.add_(1)` measured the same way. Both launchers are measured: the prepacked driver call
-(default) and cuda.core.launch (SOLLAT_LAUNCHER=cuda.core). Each figure is the fastest of five
-runs of 2000 calls: host noise (other tenants, frequency changes) only ever adds time."""
+own `x.add_(1)` measured the same way, through sollat's one launcher (the prepacked driver call;
+cuda.core.launch, measured here before issue 28, cannot pass the rank table). Each figure is
+the fastest of five runs of 2000 calls: host noise (other tenants, frequency changes) only ever adds time."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
@@ -23,20 +22,17 @@ def main() -> int:
     x = torch.randn(32, device=dev)
     print(f"torch x.add_(1): {eager_us(lambda: x.add_(1), CALLS):.2f} us", flush=True)
     for r in (2, 4, 8):
-        for launcher in ("driver", "cuda.core"):
-            os.environ["SOLLAT_LAUNCHER"] = launcher  # read when a call's plan is made
-            c = sollat.VirtualCommunicator(r, dev)
-            xs = [torch.randn(32, device=dev) for _ in range(r)]
-            outs = [torch.empty_like(v) for v in xs]
-            a = eager_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs), CALLS)
-            b = eager_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"), CALLS)
-            d = eager_us(lambda c=c, xs=xs: c.all_reduce(xs), CALLS)
-            # The same kernel launched directly with prepacked arguments: the launch's own cost.
-            e = eager_us(testing.bare_launch(c, xs, outs, algo="oneshot_ll"), CALLS)
-            print(f"R={r} virtual, {launcher} launcher: out given {a:.2f} us; new outputs {b:.2f} us; "
-                  f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
-                  flush=True)
-        os.environ.pop("SOLLAT_LAUNCHER")
+        c = sollat.VirtualCommunicator(r, dev)
+        xs = [torch.randn(32, device=dev) for _ in range(r)]
+        outs = [torch.empty_like(v) for v in xs]
+        a = eager_us(lambda c=c, xs=xs, outs=outs: c.all_reduce(xs, algo="oneshot_ll", out=outs), CALLS)
+        b = eager_us(lambda c=c, xs=xs: c.all_reduce(xs, algo="oneshot_ll"), CALLS)
+        d = eager_us(lambda c=c, xs=xs: c.all_reduce(xs), CALLS)
+        # The same kernel launched directly with prepacked arguments: the launch's own cost.
+        e = eager_us(testing.bare_launch(c, xs, outs, algo="oneshot_ll"), CALLS)
+        print(f"R={r} virtual: out given {a:.2f} us; new outputs {b:.2f} us; "
+              f"algo=auto, new outputs {d:.2f} us; bare launch of the same kernel and arguments {e:.2f} us",
+              flush=True)
     communicator_path(dev)
     return 0
 

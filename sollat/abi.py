@@ -63,7 +63,7 @@ REST_BYTE: dict[str, int] = {"ll": 0x00, "sentinel": 0xFF, "bulk": 0x00}
 # ---- kernels ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Kernel:
-    name: str  # entry-point prefix: <name>_pg / <name>_vr (SOLLAT_DEFINE_ENTRY_POINTS)
+    name: str  # the entry point (SOLLAT_DEFINE_ENTRY_POINTS, both communicators)
     buffers: int  # LLBuffer regions (and epoch arrays) per rank; the kernel's kBuffers
 
 
@@ -234,7 +234,7 @@ FP8_E4M3_NAN = 0x7F
 
 def kernel_tail(values: Mapping[str, int], params: Sequence[Param] = TAIL_PARAMS) -> tuple[Any, ...]:
     """The arguments after the tensor pointers, in declared order, each as its C type's numpy
-    scalar: ``values`` keyed by ``params`` name (the ``_pg`` names; RMSNORM_TAIL_PARAMS for the
+    scalar: ``values`` keyed by ``params`` name (RMSNORM_TAIL_PARAMS for the
     fused RMSNorm kernel)."""
     if set(values) != {p.name for p in params}:
         raise KeyError(f"kernel tail parameters: {sorted(set(values) ^ {p.name for p in params})}")

@@ -378,7 +378,7 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
             self._launch(plan, epilogue.pointers(y, y, residual, r_out, weight, fp8))
             return result
         ptrs = (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr())
-        if fp8 is not None:  # abi.RMSNORM_FP8_PG_PARAMS: then the copy, then its scale
+        if fp8 is not None:  # abi.POINTER_LISTS["rmsnorm_fp8"]: then the copy, then its scale
             ptrs += (fp8[1].data_ptr(), fp8[0].data_ptr())
         self._launch(plan, ptrs)
         self._after_call()

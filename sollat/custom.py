@@ -43,8 +43,8 @@ class Collective:
     ``Collective(name, source, *, proto="ll", buffers=1, dtypes=(float32, bfloat16, float16, float64),
     output="same", two_shot=False, deterministic=True, max_slots=1, doc="")``
 
-    * ``name``: a C identifier; the source must define the entry points ``<name>_pg`` and
-      ``<name>_vr`` with ``SOLLAT_DEFINE_ENTRY_POINTS(<name>, SOLLAT_T, body)``.
+    * ``name``: a C identifier; the source must define the entry point ``<name>`` with
+      ``SOLLAT_DEFINE_ENTRY_POINTS(<name>, SOLLAT_T, body)`` (both communicators: collective.h).
     * ``source``: the CUDA C++ text, or a ``pathlib.Path`` to read it from (read once, here).
     * ``proto``: ``"ll"`` (8 payload bytes per 16-byte line, the call signature in every flag, so a
       differing call is detected on the device) or ``"sentinel"`` (16 payload bytes; the receiver

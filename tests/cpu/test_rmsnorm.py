@@ -489,7 +489,7 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
     24-172 bytes, hence one slot for the sentinel. The FP8 variant (its own entries) spills
     nothing either; the plain cubins were byte for byte the same before and after it was added.
     The two-shot (SOLLAT_RMSNORM_TWOSHOT=1, its own entries) spills nothing at the same slot
-    choices (85-185 registers; the most: LL 16-bit, 4 ranks, 2 slots, FP8, _vr); the one-shot's
+    choices (85-185 registers; the most: LL 16-bit, 4 ranks, 2 slots, FP8, virtual ranks); the one-shot's
     instructions (.text, 4 instantiations compared) were byte for byte the same before and after it
     was added."""
     for f, d in instantiations.all_instantiations():
