@@ -16,7 +16,7 @@ from importlib.metadata import version as _version
 
 from . import custom, testing
 from .algorithms import ALGORITHMS
-from .communicator import Communicator, VirtualCommunicator
+from .comm.real import Communicator, VirtualCommunicator
 from .errors import (
     CallMismatchError,
     CommunicatorFaultedError,

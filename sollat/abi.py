@@ -2,7 +2,7 @@
 
 Every number, record word, struct field and kernel parameter that Python and the CUDA C++ must
 agree on is written here, as plain data. ``layout.py``, ``dtypes.py``, ``faults.py`` and
-``communicator.py`` read it; ``sollat/abi_header.py`` renders it as ``csrc/include/sollat/abi.h``,
+``comm/real.py`` read it; ``sollat/abi_header.py`` renders it as ``csrc/include/sollat/abi.h``,
 which the device headers include (a CPU test checks that the committed header equals the rendering).
 
 Regenerate the header after editing this file::

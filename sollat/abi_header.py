@@ -196,7 +196,7 @@ def header_text() -> str:
         "",
         *_bits_lines(),
         "",
-        "// Written once by the host (communicator.py, abi.pack_state), read by every kernel.",
+        "// Written once by the host (comm/real.py, abi.pack_state), read by every kernel.",
         *_state_lines(),
         "",
         "}  // namespace sollat",

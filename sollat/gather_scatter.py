@@ -1,6 +1,6 @@
 """Built-in AllGather and ReduceScatter: the shape rules, the ``algo="auto"`` size rule and the
 rank-order references (pure functions, no GPU). The calls are ``comm.all_gather`` /
-``comm.reduce_scatter`` (``comm_gather_scatter.py``); the kernels ``csrc/kernels/allgather.cu`` and
+``comm.reduce_scatter`` (``comm/gather_scatter_calls.py``); the kernels ``csrc/kernels/allgather.cu`` and
 ``reduce_scatter.cu``; the algorithms ``algorithms.GATHER_SCATTER_ALGORITHMS``.
 
 * ``all_gather(x)`` -> ``[world_size, *x.shape]``, rank r's input at ``[r]`` (what ``torch.stack``

@@ -93,7 +93,7 @@ def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
     hot path, measured on one GPU without a process group. Every call runs ``launch_fn`` (a real
     kernel, e.g. from ``bare_launch``); everything else is Communicator's own code. For host
     overhead measurements only: its results are those of ``launch_fn``'s arguments."""
-    from .communicator import Communicator
+    from .comm.real import Communicator
     from .handover import SymmetricTensors
 
     comm = object.__new__(Communicator)
@@ -112,7 +112,7 @@ class _PlansLaunching(dict):  # type: ignore[type-arg]
         self._launch_fn = launch_fn
 
     def __setitem__(self, key: Any, plan: Any) -> None:
-        from .comm_base import _Plan
+        from .comm.base import _Plan
 
         if isinstance(plan, _Plan):
             fn = self._launch_fn
@@ -125,7 +125,7 @@ def eager_probes(comm: Any, x: Any, out: Any) -> dict[str, Callable[[], object]]
     call cache holds this call shape: call it once first) as a function of no argument, for
     ``scripts/eager_breakdown.py``. The ``host`` steps launch nothing; ``driver call`` makes the
     call's own launch and nothing else (a real collective: run it on every rank alike)."""
-    from .communicator import _hot_numel
+    from .comm.real import _hot_numel
 
     idx = comm._dev_index
     key = (x.numel(), x.dtype, "sum", "auto", False, False)

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..comm_base import MAX_ELEMENTS
+from ..comm.base import MAX_ELEMENTS
 from ..dtypes import DTYPES
 from ..errors import UnsupportedError
 from ..layout import MAX_RANKS
@@ -150,7 +150,7 @@ def sollat_communicator(device_group: Any, device: torch.device, batch_invariant
     """The default factory: ``sollat.Communicator(device_group)`` on ``device`` (collective), in
     batch-invariant mode when ``batch_invariant`` (otherwise sollat's own default, which
     ``$SOLLAT_BATCH_INVARIANT`` sets)."""
-    from ..communicator import Communicator
+    from ..comm.real import Communicator
 
     if device.type != "cuda" or not torch.cuda.is_available():
         raise UnsupportedError(f"a sollat communicator needs a CUDA device, got {device} "

@@ -20,8 +20,9 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, abi_header, agree, algorithms, build, layout, rmsnorm, select
-from sollat.communicator import Communicator, VirtualCommunicator
+from sollat import abi, abi_header, algorithms, build, layout, rmsnorm, select
+from sollat.comm import agree
+from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.dtypes import DTYPES, OPS
 from sollat.validate import BATCH_INVARIANT_ENV, checked_batch_invariant
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sollat import algorithms, build, custom, layout
-from sollat.comm_custom import CustomCalls
-from sollat.comm_state import scratch_bytes_per_rank
+from sollat.comm.custom_calls import CustomCalls
+from sollat.comm.state import scratch_bytes_per_rank
 from sollat.custom import Collective
 from sollat.dtypes import DTYPES
 from sollat.errors import UnsupportedError
@@ -200,8 +200,9 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
     from torch.distributed import HashStore
 
     import sollat
-    from sollat import agree, select
-    from sollat.communicator import Communicator
+    from sollat import select
+    from sollat.comm import agree
+    from sollat.comm.real import Communicator
 
     from .test_faults_host import _run_ranks
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sollat import handover, launch
-from sollat.comm_base import _Plan
-from sollat.communicator import Communicator
+from sollat.comm.base import _Plan
+from sollat.comm.real import Communicator
 
 
 class _Recorder:

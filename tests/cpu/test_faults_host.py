@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, agree, faults, layout
+from sollat import abi, faults, layout
+from sollat.comm import agree
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True, 1e9])
@@ -29,7 +30,7 @@ def test_bad_timeout_environment_is_named(monkeypatch, raw: str) -> None:
 
 def test_default_timeout_is_long_enough_for_ordinary_skew(monkeypatch) -> None:
     monkeypatch.delenv("SOLLAT_TIMEOUT_S", raising=False)
-    from sollat.communicator import default_timeout_s
+    from sollat.comm.real import default_timeout_s
 
     assert default_timeout_s() == faults.DEFAULT_TIMEOUT_S >= 30
     monkeypatch.setenv("SOLLAT_TIMEOUT_S", "2.5")
@@ -204,7 +205,7 @@ def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkey
     from torch.distributed import HashStore
 
     from sollat import select
-    from sollat.communicator import Communicator
+    from sollat.comm.real import Communicator
 
     store = HashStore()
     store.set_timeout(timedelta(seconds=5))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from sollat import algorithms, build, gather_scatter, layout
-from sollat.comm_state import scratch_bytes_per_rank
+from sollat.comm.state import scratch_bytes_per_rank
+from sollat.comm.virtual import VirtualCommunicator
 from sollat.dtypes import DTYPES
 from sollat.errors import UnsupportedError
 from sollat.gather_scatter import (
@@ -21,7 +22,6 @@ from sollat.gather_scatter import (
     reduce_scatter_reference,
     resolve,
 )
-from sollat.virtual import VirtualCommunicator
 
 GS = algorithms.GATHER_SCATTER_ALGORITHMS
 
@@ -246,7 +246,7 @@ def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
     reduce_scatter go through the sollat::gather_scatter ops, whose eager body here is the CPU
     reference (a stand-in for the kernel); results and out= writes equal the eager ones."""
     from sollat import registry
-    from sollat.communicator import Communicator
+    from sollat.comm.real import Communicator
 
     calls: list[str] = []
     virt = _virtual(2, [])

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import sollat
-from sollat import algorithms, communicator
-from sollat.communicator import VirtualCommunicator
+from sollat import algorithms
+from sollat.comm import real as communicator
+from sollat.comm.real import VirtualCommunicator
 
 
 def fake_virtual(world_size: int = 4) -> VirtualCommunicator:

@@ -26,7 +26,7 @@ from sollat import (
     rmsnorm,
     rmsnorm_checks,
 )
-from sollat.communicator import Communicator, VirtualCommunicator
+from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.dtypes import DTYPES
 
 CPU = torch.device("cpu")
@@ -219,7 +219,7 @@ def test_fused_algorithms_are_not_allreduce_algorithms(monkeypatch: pytest.Monke
     fused = [a for n, a in algorithms.RMSNORM_ALGORITHMS.items() if twoshot or n not in algorithms.RMSNORM_EXPERIMENTAL]
     assert names == ("oneshot_ll", *(a.name for a in fused))
     assert len(fused) == (3 if twoshot else 2)
-    from sollat.comm_state import scratch_bytes_per_rank
+    from sollat.comm.state import scratch_bytes_per_rank
 
     extra = sum(a.scratch_bytes(4) for a in fused)  # their own blocks
     for blocks in (16, 64):  # the AllReduce regions follow the communicator's max_blocks

@@ -10,7 +10,7 @@ import torch
 from sollat import handover, select
 from sollat.bench.results import Row
 from sollat.bench.table import best_peer, format_panel
-from sollat.communicator import Communicator
+from sollat.comm.real import Communicator
 
 
 def _held(t: torch.Tensor) -> handover.SymmetricTensors:

@@ -52,7 +52,7 @@ constexpr u16 kCanonicalNaNF16 = 0x7E00;
 constexpr u64 kSentinelF64 = 0xFFFFFFFFFFFFFFFFull;
 constexpr u64 kCanonicalNaNF64 = 0x7FF8000000000000ull;
 
-// Written once by the host (communicator.py, abi.pack_state), read by every kernel.
+// Written once by the host (comm/real.py, abi.pack_state), read by every kernel.
 struct CommState {
   u64 err_host;  // host-mapped fault flag (u32), or 0
   u64 timeout_ns;  // bound of every spin

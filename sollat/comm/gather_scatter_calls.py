@@ -13,11 +13,11 @@ from typing import Any
 
 import torch
 
-from . import gather_scatter
-from .comm_base import _CommBase, _Plan
-from .dtypes import DTYPES, OPS, DType
-from .errors import UnsupportedError
-from .select import NCCL
+from .. import gather_scatter
+from ..dtypes import DTYPES, OPS, DType
+from ..errors import UnsupportedError
+from ..select import NCCL
+from .base import _CommBase, _Plan
 
 
 class GatherScatterCalls(_CommBase):
@@ -98,7 +98,7 @@ class GatherScatterCalls(_CommBase):
 
     def _gs_plan(self, kind: str, n: int, dt: DType, op: str, algo: str) -> _Plan | str:
         """Plan of one call or ``"nccl"`` (cached). A new call shape is compiled, then agreed on by
-        every rank (agree.py) before its first launch."""
+        every rank (comm/agree.py) before its first launch."""
         key = ("gather_scatter", kind, n, dt.torch_dtype, op, algo)
         entry = self._calls.get(key)
         if entry is None:

@@ -1,7 +1,7 @@
 """Running user-written collectives (``sollat.custom.Collective``) on a communicator: argument
 checks, planning (``_CommBase._plan``, the same as for the AllReduce: geometry, compile, occupancy,
 prepacked launch) and the first-use agreement. Both communicators mix it in; their ``run`` methods
-(``communicator.py``, ``virtual.py``) add the tensor handling of their own calling convention and
+(``comm/real.py``, ``virtual.py``) add the tensor handling of their own calling convention and
 launch through ``_CommBase._launch`` (stream ordering, CUDA-graph capture) like ``all_reduce``.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from .algorithms import CustomAlgorithm
-from .comm_base import _CommBase, _Plan
-from .custom import Collective
-from .dtypes import DTYPES, DType
-from .errors import UnsupportedError
+from ..algorithms import CustomAlgorithm
+from ..custom import Collective
+from ..dtypes import DTYPES, DType
+from ..errors import UnsupportedError
+from .base import _CommBase, _Plan
 
 
 class CustomCalls(_CommBase):

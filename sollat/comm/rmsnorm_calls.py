@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from . import abi, algorithms, driver_launch, layout, rmsnorm, select
-from . import rmsnorm_epilogue as epilogue
-from .comm_base import _CommBase, _Plan
-from .dtypes import DType
-from .errors import UnsupportedError
+from .. import abi, algorithms, driver_launch, layout, rmsnorm, select
+from .. import rmsnorm_epilogue as epilogue
+from ..dtypes import DType
+from ..errors import UnsupportedError
+from .base import _CommBase, _Plan
 
 
 class RmsnormCalls(_CommBase):

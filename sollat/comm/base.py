@@ -1,8 +1,8 @@
 """What both communicators share: setup, planning (algorithm, geometry, compiled kernel, packed
 launch), the launch itself with its stream ordering, and argument checks common to both.
 
-Device memory and faults are the ``DeviceState`` mixin (``comm_state.py``); the two public
-communicators are ``communicator.py`` (one process per GPU) and ``virtual.py`` (R ranks on one GPU).
+Device memory and faults are the ``DeviceState`` mixin (``comm/state.py``); the two public
+communicators are ``comm/real.py`` (one process per GPU) and ``virtual.py`` (R ranks on one GPU).
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
-from . import abi, agree, algorithms, build, driver_launch, launch, layout, registry, select
-from .algorithms import ALGORITHMS, Algorithm
-from .comm_launch import LaunchFitting
-from .comm_state import DeviceState, _host_device_pointer
-from .dtypes import OPS, DType, lookup
-from .errors import CommunicatorFaultedError, UnsupportedError
+from .. import abi, algorithms, build, driver_launch, launch, layout, registry, select
+from ..algorithms import ALGORITHMS, Algorithm
+from ..dtypes import OPS, DType, lookup
+from ..errors import CommunicatorFaultedError, UnsupportedError
+from . import agree
+from .fitting import LaunchFitting
+from .state import DeviceState, _host_device_pointer
 
 MAX_ELEMENTS = 1 << 34
 
@@ -285,7 +286,7 @@ class _CommBase(LaunchFitting, DeviceState):
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool,
                    symmetric: bool = False) -> _Plan | str:
         """Plan of one call, or the name of a library path (select.HANDOVERS) (cached: the eager hot path is one dict lookup). A new
-        call shape is compiled here and then agreed on by every rank (agree.py) before its first
+        call shape is compiled here and then agreed on by every rank (comm/agree.py) before its first
         launch: no peer's first-use compile can look like a hang, and a call that differs between
         ranks is an error on every rank before anything runs. ``symmetric``: the call is in place on
         a tensor in symmetric memory (``Communicator.empty``), which may change the library path;

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from . import launch
-from .errors import UnsupportedError
+from .. import launch
+from ..errors import UnsupportedError
 
 CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)
 CLUSTER_MAX_RANKS = 8  # and of at most this many ranks: the portable thread-block cluster size

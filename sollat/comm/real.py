@@ -3,7 +3,7 @@
 Python owns every byte the kernels touch: the symmetric scratch (one region per algorithm and
 protocol, after the control block that holds the fault record), the epoch counters and the
 communicator state block. Kernels own nothing. Two communicators share one implementation
-(``comm_base.py``, with the device state and faults in ``comm_state.py``):
+(``comm/base.py``, with the device state and faults in ``comm/state.py``):
 
 * :class:`Communicator` (this module) - one process per GPU over a ``torch.distributed`` process
   group; peer scratch comes from ``torch.distributed._symmetric_memory``.
@@ -22,19 +22,13 @@ from typing import Any, overload
 
 import torch
 
-from . import agree, algorithms, faults, handover, launch, layout, rmsnorm, rmsnorm_checks, select, topology
-from . import rmsnorm_epilogue as epilogue
-from .comm_base import MAX_ELEMENTS, _Plan
-from .comm_custom import CustomCalls
-from .comm_gather_scatter import GatherScatterCalls
-from .comm_launch import CLUSTER_MAX_BLOCKS
-from .comm_rmsnorm import RmsnormCalls
-from .comm_state import _STATE_FMT, _record_view, scratch_bytes_per_rank
-from .custom import Collective, checked_collectives
-from .dtypes import DTYPES, OPS, DType, lookup
-from .errors import SollatError, UnsupportedError
-from .registry import lookup_comm
-from .validate import (
+from .. import algorithms, faults, handover, launch, layout, rmsnorm, rmsnorm_checks, select, topology
+from .. import rmsnorm_epilogue as epilogue
+from ..custom import Collective, checked_collectives
+from ..dtypes import DTYPES, OPS, DType, lookup
+from ..errors import SollatError, UnsupportedError
+from ..registry import lookup_comm
+from ..validate import (
     BATCH_INVARIANT_ENV,
     algorithm_names,
     check_world_size,
@@ -46,6 +40,13 @@ from .validate import (
     default_timeout_s,
     timeout,
 )
+from . import agree
+from .base import MAX_ELEMENTS, _Plan
+from .custom_calls import CustomCalls
+from .fitting import CLUSTER_MAX_BLOCKS
+from .gather_scatter_calls import GatherScatterCalls
+from .rmsnorm_calls import RmsnormCalls
+from .state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .virtual import VirtualCommunicator
 
 __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommunicator", "_STATE_FMT",
@@ -246,7 +247,7 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         library path or ``ll128`` raises ``UnsupportedError``.
         """
         if _is_compiling():
-            from . import ops
+            from .. import ops
 
             return ops.all_reduce(tensor, self.comm_id, op, algo, deterministic)
         # The hot path: an eager call's host time is on the decode critical path (issue 13). A
@@ -347,7 +348,7 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         into ``fp8_out`` when given (float8_e4m3fn, x's shape, contiguous).
         """
         if torch.compiler.is_compiling():
-            from . import ops
+            from .. import ops
 
             rmsnorm_checks.no_scale_no_copy(fp8_scale, fp8_out)
             if fp8_scale is None:
@@ -439,7 +440,7 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
 
     def _gs_call(self, kind: str, tensor: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
         if torch.compiler.is_compiling():  # the custom op (sollat/ops.py), which comes back here eagerly
-            from . import ops
+            from .. import ops
 
             return self._gs_into(kind, ops.gather_scatter(tensor, self.comm_id, kind, op, algo), out, tensor, "out")
         self._before_call()

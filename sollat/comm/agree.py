@@ -14,7 +14,7 @@ import datetime
 import itertools
 from typing import Any
 
-from .errors import CallMismatchError, PeerTimeoutError, SollatError
+from ..errors import CallMismatchError, PeerTimeoutError, SollatError
 
 _seq: dict[str, itertools.count] = {}
 

@@ -9,17 +9,12 @@ from typing import overload
 
 import torch
 
-from . import layout, rmsnorm, rmsnorm_checks
-from . import rmsnorm_epilogue as epilogue
-from .comm_base import MAX_ELEMENTS
-from .comm_custom import CustomCalls
-from .comm_gather_scatter import GatherScatterCalls
-from .comm_rmsnorm import RmsnormCalls
-from .comm_state import _record_view, scratch_bytes_per_rank
-from .custom import Collective, checked_collectives
-from .dtypes import DTYPES, OPS, DType
-from .errors import UnsupportedError
-from .validate import (
+from .. import layout, rmsnorm, rmsnorm_checks
+from .. import rmsnorm_epilogue as epilogue
+from ..custom import Collective, checked_collectives
+from ..dtypes import DTYPES, OPS, DType
+from ..errors import UnsupportedError
+from ..validate import (
     algorithm_names,
     check_world_size,
     checked_batch_invariant,
@@ -28,6 +23,11 @@ from .validate import (
     cuda_device,
     timeout,
 )
+from .base import MAX_ELEMENTS
+from .custom_calls import CustomCalls
+from .gather_scatter_calls import GatherScatterCalls
+from .rmsnorm_calls import RmsnormCalls
+from .state import _record_view, scratch_bytes_per_rank
 
 
 class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
@@ -98,7 +98,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         0..R-1). ``out`` may name the outputs (an input may be its own output).
         """
         if torch.compiler.is_compiling():
-            from . import ops
+            from .. import ops
 
             return ops.all_reduce_virtual(list(tensors), self.comm_id, op, algo, deterministic)
         return self._all_reduce_impl(tensors, op, algo, out, deterministic)
@@ -224,7 +224,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         scales = None if fp8_scale is None else (
             [fp8_scale] * self.world_size if isinstance(fp8_scale, torch.Tensor) else list(fp8_scale))
         if torch.compiler.is_compiling():
-            from . import ops
+            from .. import ops
 
             rmsnorm_checks.no_scale_no_copy(scales, fp8_out)
             ws = self.world_size
@@ -365,7 +365,7 @@ class VirtualCommunicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         ws = self.world_size
         dt, ins = self._rank_inputs(kind, tensors, out, lambda t, what: self._gs_tensor(kind, t, what))
         if compiling:  # the custom op (sollat/ops.py), which comes back here eagerly
-            from . import ops
+            from .. import ops
 
             ys = ops.gather_scatter_virtual(ins, self.comm_id, kind, op, algo)
             if out is None:
