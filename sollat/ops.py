@@ -1,9 +1,11 @@
 """``torch.library`` custom ops, so ``torch.compile`` keeps sollat calls in its graph.
 
-The communicator is referenced by its integer id (sollat/registry.py). Eager calls skip
-this layer (the public methods call the implementation directly, which keeps the eager overhead
-low); ``torch.compile`` traces through these ops, whose fake implementations only describe the
-outputs.
+One op per public collective, for both communicators: its tensors come as lists with one
+entry per launch rank (sollat/comm/ranks.py: one on a Communicator, R on a VirtualCommunicator),
+and so do its results. The communicator is referenced by its integer id (sollat/registry.py).
+Eager calls skip this layer (the public methods call the implementation directly, which keeps the
+eager overhead low); ``torch.compile`` traces through these ops, whose fake implementations only
+describe the outputs; their eager bodies run the communicator's checked path (sollat/comm/api.py).
 """
 
 from __future__ import annotations
@@ -14,111 +16,61 @@ from . import gather_scatter as gs
 from .registry import lookup_comm
 
 
+def _like(xs: list[torch.Tensor], copies: int = 1) -> list[torch.Tensor]:
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(copies) for x in xs]
+
+
 @torch.library.custom_op("sollat::all_reduce", mutates_args=())
-def all_reduce(x: torch.Tensor, comm_id: int, op: str, algo: str, deterministic: bool) -> torch.Tensor:
-    return lookup_comm(comm_id)._all_reduce_impl(x, op, algo, None, deterministic)  # type: ignore[attr-defined]
+def all_reduce(xs: list[torch.Tensor], comm_id: int, op: str, algo: str, deterministic: bool) -> list[torch.Tensor]:
+    return lookup_comm(comm_id)._all_reduce_ranks(xs, op, algo, None, deterministic)  # type: ignore[attr-defined]
 
 
 @all_reduce.register_fake
-def _(x: torch.Tensor, comm_id: int, op: str, algo: str, deterministic: bool) -> torch.Tensor:
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("sollat::all_reduce_virtual", mutates_args=())
-def all_reduce_virtual(xs: list[torch.Tensor], comm_id: int, op: str, algo: str,
-                       deterministic: bool) -> list[torch.Tensor]:
-    return lookup_comm(comm_id)._all_reduce_impl(xs, op, algo, None, deterministic)  # type: ignore[attr-defined]
-
-
-@all_reduce_virtual.register_fake
 def _(xs: list[torch.Tensor], comm_id: int, op: str, algo: str, deterministic: bool) -> list[torch.Tensor]:
-    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]
+    return _like(xs)
 
 
 @torch.library.custom_op("sollat::all_reduce_rmsnorm", mutates_args=())
-def all_reduce_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, comm_id: int, eps: float,
-                       algo: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Functional form (new outputs); the public method copies into ``out``/``residual_out``
-    when they are given, which the compiler may turn back into in-place writes."""
-    return lookup_comm(comm_id)._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, None, None)  # type: ignore[attr-defined]
-
-
-@all_reduce_rmsnorm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, comm_id: int, eps: float,
-      algo: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format))
-
-
-@torch.library.custom_op("sollat::all_reduce_rmsnorm_virtual", mutates_args=())
-def all_reduce_rmsnorm_virtual(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
-                               comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
-    """Every rank's output, then every rank's new residual (one list of 2R tensors)."""
-    ys, rs = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, None, None)  # type: ignore[attr-defined]
+def all_reduce_rmsnorm(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
+                       comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
+    """Functional form (new outputs): every launch rank's output, then every one's new residual;
+    the public method copies into ``out``/``residual_out`` when they are given, which the compiler
+    may turn back into in-place writes."""
+    ys, rs = lookup_comm(comm_id)._all_reduce_rmsnorm_ranks(xs, residuals, weights, eps, algo,  # type: ignore[attr-defined]
+                                                           None, None)
     return [*ys, *rs]
 
 
-@all_reduce_rmsnorm_virtual.register_fake
+@all_reduce_rmsnorm.register_fake
 def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor], comm_id: int, eps: float,
       algo: str) -> list[torch.Tensor]:
-    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]
+    return _like(xs, 2)
 
 
 @torch.library.custom_op("sollat::all_reduce_rmsnorm_fp8", mutates_args=())
-def all_reduce_rmsnorm_fp8(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                           comm_id: int, eps: float, algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """With the float8_e4m3fn copy of y (``scale``: one float32 element on the device, read by the
-    kernel, never on the host): (y, residual_out, q)."""
-    y, r, q = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, None, None,  # type: ignore[attr-defined]
-                                                           scale, None)
-    return y, r, q
-
-
-@all_reduce_rmsnorm_fp8.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, comm_id: int, eps: float,
-      algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty_like(x, memory_format=torch.contiguous_format),
-            torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device))
-
-
-@torch.library.custom_op("sollat::all_reduce_rmsnorm_fp8_virtual", mutates_args=())
-def all_reduce_rmsnorm_fp8_virtual(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
-                                   scales: list[torch.Tensor], comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
-    """Every rank's output, every rank's new residual, then every rank's FP8 copy (3R tensors)."""
-    ys, rs, qs = lookup_comm(comm_id)._all_reduce_rmsnorm_impl(xs, residuals, weights, eps, algo, None, None,  # type: ignore[attr-defined]
-                                                              scales, None)
+def all_reduce_rmsnorm_fp8(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor],
+                           scales: list[torch.Tensor], comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
+    """With the float8_e4m3fn copies of the outputs (``scales``: one float32 element on the device
+    each, read by the kernel, never on the host): outputs, new residuals, then the copies."""
+    ys, rs, qs = lookup_comm(comm_id)._all_reduce_rmsnorm_ranks(xs, residuals, weights, eps, algo,  # type: ignore[attr-defined]
+                                                               None, None, None, scales)
     return [*ys, *rs, *qs]
 
 
-@all_reduce_rmsnorm_fp8_virtual.register_fake
+@all_reduce_rmsnorm_fp8.register_fake
 def _(xs: list[torch.Tensor], residuals: list[torch.Tensor], weights: list[torch.Tensor], scales: list[torch.Tensor],
       comm_id: int, eps: float, algo: str) -> list[torch.Tensor]:
-    return ([torch.empty_like(x, memory_format=torch.contiguous_format) for x in [*xs, *xs]]
-            + [torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) for x in xs])
-
-
-def _gs_shape(kind: str, shape: torch.Size, world_size: int) -> tuple[int, ...]:
-    return gs.gather_shape(shape, world_size) if kind == "all_gather" else gs.scatter_shape(shape, world_size)
+    return _like(xs, 2) + [torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device) for x in xs]
 
 
 @torch.library.custom_op("sollat::gather_scatter", mutates_args=())
-def gather_scatter(x: torch.Tensor, comm_id: int, kind: str, op: str, algo: str) -> torch.Tensor:
-    """``all_gather`` (kind "all_gather") or ``reduce_scatter`` of one rank, into a new tensor."""
-    return lookup_comm(comm_id)._gs_call(kind, x, None, op, algo)  # type: ignore[attr-defined]
+def gather_scatter(xs: list[torch.Tensor], comm_id: int, kind: str, op: str, algo: str) -> list[torch.Tensor]:
+    """``all_gather`` (kind "all_gather") or ``reduce_scatter``, into new tensors."""
+    return lookup_comm(comm_id)._gs_ranks(kind, xs, None, op, algo)  # type: ignore[attr-defined]
 
 
 @gather_scatter.register_fake
-def _(x: torch.Tensor, comm_id: int, kind: str, op: str, algo: str) -> torch.Tensor:
-    return x.new_empty(_gs_shape(kind, x.shape, lookup_comm(comm_id).world_size))  # type: ignore[attr-defined]
-
-
-@torch.library.custom_op("sollat::gather_scatter_virtual", mutates_args=())
-def gather_scatter_virtual(xs: list[torch.Tensor], comm_id: int, kind: str, op: str, algo: str) -> list[torch.Tensor]:
-    return lookup_comm(comm_id)._gs_virtual(kind, xs, None, op, algo)  # type: ignore[attr-defined]
-
-
-@gather_scatter_virtual.register_fake
 def _(xs: list[torch.Tensor], comm_id: int, kind: str, op: str, algo: str) -> list[torch.Tensor]:
     ws = lookup_comm(comm_id).world_size  # type: ignore[attr-defined]
-    return [x.new_empty(_gs_shape(kind, x.shape, ws)) for x in xs]
+    shape = gs.gather_shape if kind == "all_gather" else gs.scatter_shape
+    return [x.new_empty(shape(x.shape, ws)) for x in xs]

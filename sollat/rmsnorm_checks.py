@@ -5,6 +5,8 @@ geometry and the reference are ``sollat/rmsnorm.py``'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .dtypes import DTYPES, DType
@@ -20,11 +22,6 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     (a0, a1), (b0, b1) = _span(a), _span(b)
     return a0 < b1 and b0 < a1 and a.numel() > 0 and b.numel() > 0
-
-
-def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' spans of memory share a byte."""
-    return _overlap(a, b)
 
 
 def _tensor(t: object, what: str) -> torch.Tensor:
@@ -156,3 +153,25 @@ def into_outputs(got: tuple[torch.Tensor, ...] | list[torch.Tensor],
         dst = dsts[k]
         result.append(src if dst is None else dst.copy_(src))
     return tuple(result)
+
+
+def check_fp8_ranks(checked: list[tuple], fp8_scale: list[object] | None, fp8_out: list[object] | None,
+                    device: torch.device, suffix: Callable[[int], str]
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """Every launch rank's (scale, copy), each checked by ``check_fp8`` against that rank's
+    ``check_rank`` result, or None without scales. A copy may share memory with no rank's tensors
+    and no scale may lie in any rank's copy (one launch writes them all)."""
+    no_scale_no_copy(fp8_scale, fp8_out)
+    if fp8_scale is None:
+        return None
+    ins = tuple(t for c in checked for t in c[:3])
+    outs = tuple(t for c in checked for t in c[3:5])
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for r, c in enumerate(checked):
+        got = check_fp8(fp8_scale[r], None if fp8_out is None else fp8_out[r], c[0], ins,
+                        outs + tuple(q for _, q in pairs), device, suffix(r))
+        assert got is not None
+        pairs.append(got)
+    if any(_overlap(scale, q) for scale, _ in pairs for _, q in pairs):  # a later rank's copy
+        raise UnsupportedError(f"{OPNAME}: an fp8_scale lies inside another rank's fp8_out; it must not")
+    return pairs

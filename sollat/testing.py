@@ -98,6 +98,7 @@ def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
 
     comm = object.__new__(Communicator)
     comm.__dict__.update(vc.__dict__)
+    comm._launch_ranks = 1  # one tensor per argument: the hot path's calling convention
     comm._launch = lambda _plan, _ptrs: launch_fn()  # the checked path's launch
     comm._calls = _PlansLaunching(launch_fn)  # the hot path's: every plan it caches launches launch_fn
     comm._symm = SymmetricTensors("", vc.device)  # holds nothing: no call is zero-copy
@@ -125,7 +126,7 @@ def eager_probes(comm: Any, x: Any, out: Any) -> dict[str, Callable[[], object]]
     call cache holds this call shape: call it once first) as a function of no argument, for
     ``scripts/eager_breakdown.py``. The ``host`` steps launch nothing; ``driver call`` makes the
     call's own launch and nothing else (a real collective: run it on every rank alike)."""
-    from .comm.real import _hot_numel
+    from .comm.api import _hot_numel
 
     idx = comm._dev_index
     key = (x.numel(), x.dtype, "sum", "auto", False, False)

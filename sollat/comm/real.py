@@ -18,14 +18,13 @@ custom ops (``sollat/ops.py``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, overload
+from typing import Any
 
 import torch
 
-from .. import algorithms, faults, handover, launch, layout, rmsnorm, rmsnorm_checks, select, topology
-from .. import rmsnorm_epilogue as epilogue
+from .. import algorithms, faults, handover, launch, layout, select, topology
 from ..custom import Collective, checked_collectives
-from ..dtypes import DTYPES, OPS, DType, lookup
+from ..dtypes import DType, lookup
 from ..errors import SollatError, UnsupportedError
 from ..registry import lookup_comm
 from ..validate import (
@@ -41,11 +40,9 @@ from ..validate import (
     timeout,
 )
 from . import agree
-from .base import MAX_ELEMENTS, _Plan
-from .custom_calls import CustomCalls
+from .api import CollectiveOps
+from .base import MAX_ELEMENTS
 from .fitting import CLUSTER_MAX_BLOCKS
-from .gather_scatter_calls import GatherScatterCalls
-from .rmsnorm_calls import RmsnormCalls
 from .state import _STATE_FMT, _record_view, scratch_bytes_per_rank
 from .virtual import VirtualCommunicator
 
@@ -53,27 +50,7 @@ __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommuni
            "default_timeout_s", "launch", "lookup_comm"]
 
 
-_is_compiling = torch.compiler.is_compiling
-
-
-def _hot_numel(x: Any, out: Any, dev: int) -> int:
-    """``x.numel()`` if the hot path of ``all_reduce`` may take ``x`` and ``out``, else -1: ``x``
-    a contiguous tensor on device ``dev``; ``out`` None, ``x`` itself, or a contiguous tensor on
-    ``dev`` of ``x``'s dtype and element count. (Whether the dtype, op and algorithm are valid is
-    known from the call cache: only a checked call shape is in it.)"""
-    try:
-        if x.get_device() != dev or not x.is_contiguous():
-            return -1
-        n: int = x.numel()
-        if out is None or out is x or (out.get_device() == dev and out.dtype is x.dtype and out.numel() == n
-                                       and out.is_contiguous()):
-            return n
-    except AttributeError:  # not a tensor: _all_reduce_impl says so
-        pass
-    return -1
-
-
-class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
+class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
@@ -235,232 +212,32 @@ class Communicator(GatherScatterCalls, CustomCalls, RmsnormCalls):
         lookup(dtype, "Communicator.empty")  # a dtype sollat reduces, or a clear error
         return self._symm.empty(tuple(size), dtype)
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", algo: str = "auto", *,
-                   out: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
-        """``all_reduce(tensor, op="sum", algo="auto", *, out=None, deterministic=False) -> Tensor``
+    # ---- the calling convention (ranks.py): this rank's one tensor per argument -----------------
+    def _per_rank(self, value: Any, what: str, opname: str) -> list[Any]:
+        return [value]
 
-        Returns the reduction over every rank of ``group`` (a new tensor unless ``out`` is given;
-        ``out=tensor`` reduces in place). ``out`` is a contiguous tensor of the input's dtype and
-        number of elements, in any shape (as a flat buffer, like NCCL's). Every rank must call it
-        with the same shape, dtype, op and algo. On a ``batch_invariant`` communicator ``auto`` runs
-        only sollat's rank-order algorithms (the same bits whichever it picks) and ``algo`` naming a
-        library path or ``ll128`` raises ``UnsupportedError``.
-        """
-        if _is_compiling():
-            from .. import ops
+    def _result(self, values: list[torch.Tensor]) -> torch.Tensor:
+        return values[0]
 
-            return ops.all_reduce(tensor, self.comm_id, op, algo, deterministic)
-        # The hot path: an eager call's host time is on the decode critical path (issue 13). A
-        # call shape launched before, on tensors _hot_numel accepts, goes from one dict lookup to
-        # one driver call. Anything else (a first call, a library path, a fault seen, any argument
-        # to check) takes _all_reduce_impl, which checks every argument with a clear error.
-        n = -1 if self._faulted or self._err_host[0] else _hot_numel(tensor, out, self._dev_index)
-        if n <= 0:
-            return self._all_reduce_impl(tensor, op, algo, out, deterministic)
-        y = torch.empty_like(tensor) if out is None else out
-        px, py = tensor.data_ptr(), y.data_ptr()
-        plan = self._calls.get((n, tensor.dtype, op, algo, deterministic, px == py and self._symm.zero_copy(tensor, y)))
-        if plan.__class__ is not _Plan:
-            return self._all_reduce_impl(tensor, op, algo, y, deterministic)
-        stream = launch.stream_handle(self._dev_index)
-        if stream != self._last_stream:
-            self._order_streams(stream)
-        plan.bound(stream, (px, py))  # type: ignore[union-attr]
-        if self.debug:
-            self._after_call()
-        return y
+    def _suffix(self, r: int) -> str:
+        return ""
 
-    def _all_reduce_impl(self, tensor: torch.Tensor, op: str, algo: str, out: torch.Tensor | None,
-                         deterministic: bool) -> torch.Tensor:
-        self._before_call()
-        dt = DTYPES.get(tensor.dtype) if isinstance(tensor, torch.Tensor) else None
-        fast = (dt is not None and op in OPS and tensor.get_device() == self._dev_index and tensor.is_contiguous()
-                and tensor.numel() <= MAX_ELEMENTS
-                and (out is None or (isinstance(out, torch.Tensor) and out.get_device() == self._dev_index
-                                     and out.dtype is tensor.dtype and out.numel() == tensor.numel()
-                                     and out.is_contiguous())))
-        if fast:
-            x = tensor
-        else:  # every check with a clear error; a non-contiguous input is copied
-            dt = self._check_common(tensor, op, "tensor")
-            x = tensor if tensor.is_contiguous() else tensor.contiguous()
-            if out is not None:
-                self._check_common(out, op, "out")
-                if out.numel() != tensor.numel() or out.dtype != tensor.dtype or not out.is_contiguous():
-                    raise UnsupportedError("all_reduce: out must be a contiguous tensor with the input's dtype and number of "
-                                           f"elements ({tensor.numel()} {tensor.dtype}), got {out.numel()} {out.dtype}"
-                                           + ("" if out.is_contiguous() else " (not contiguous)"))
-        assert dt is not None
-        y = torch.empty_like(x) if out is None else out
-        n = x.numel()
-        if n == 0:
-            return y
-        plan = self._call_plan(n, dt, op, algo, deterministic, bool(self._symm) and self._symm.zero_copy(x, y))
-        if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
-            if plan == select.TORCH_TWOSHOT_ZERO_COPY:
-                self._symm.two_shot(x)
-            elif plan == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
-                self._torch_twoshot(x, y)
-            else:
-                handover.nccl_all_reduce(x, y, op, self.group)
-            return y
-        self._launch(plan, (x.data_ptr(), y.data_ptr()))
-        self._after_call()
-        return y
+    def _zero_copy(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        return bool(self._symm) and self._symm.zero_copy(x, y)
 
-    @overload
-    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                           algo: str = "auto", *, out: torch.Tensor | None = None,
-                           residual_out: torch.Tensor | None = None, fp8_scale: None = None,
-                           fp8_out: None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def _library_all_reduce(self, path: str, x: torch.Tensor, y: torch.Tensor, op: str) -> None:
+        if path == select.TORCH_TWOSHOT_ZERO_COPY:
+            self._symm.two_shot(x)
+        elif path == select.TORCH_TWOSHOT and self._torch_twoshot is not None:
+            self._torch_twoshot(x, y)
+        else:
+            handover.nccl_all_reduce(x, y, op, self.group)
 
-    @overload
-    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                           algo: str = "auto", *, out: torch.Tensor | None = None,
-                           residual_out: torch.Tensor | None = None, fp8_scale: torch.Tensor,
-                           fp8_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
-
-    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                           algo: str = "auto", *, out: torch.Tensor | None = None,
-                           residual_out: torch.Tensor | None = None, fp8_scale: torch.Tensor | None = None,
-                           fp8_out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-        """``all_reduce_rmsnorm(x, residual, weight, eps=1e-6, algo="auto", *, out=None,
-        residual_out=None, fp8_scale=None, fp8_out=None) -> (y, residual_out[, q])``
-
-        Fused AllReduce + residual add + RMSNorm with vLLM's ``fused_add_rms_norm`` semantics
-        (sollat/rmsnorm.py has the exact arithmetic): ``x`` is this rank's partial sums
-        ``[..., hidden]``, ``residual`` the residual of the same shape and dtype, ``weight``
-        ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
-        residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
-        ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
-        (a fused one-shot for one or two rows of 16 KiB or more, else ``unfused``: ``rmsnorm.auto_choice``),
-        ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
-        library paths included unless the communicator is ``batch_invariant``, into ``out``, then
-        one kernel for the add and the norm), or the experimental two-shot ``twoshot_sentinel``
-        (``algorithms.RMSNORM_TWOSHOT_ENV``). Every algorithm computes the same bits
-        (``rmsnorm.reference``, on sollat's AllReduce), so a row's result does not depend on its
-        batch nor on which algorithm ``auto`` picks.
-
-        ``fp8_scale`` (a float32 tensor of one element on the device, vLLM's static per-tensor
-        scale, read by the kernel at every launch) also writes and returns, third, the
-        float8_e4m3fn copy ``q = e4m3(clamp(float(y) / scale, -448, 448))`` of the rounded ``y``
-        (vLLM's ``fused_add_rms_norm_static_fp8_quant``; every NaN as 0x7F; ``rmsnorm.fp8_reference``),
-        into ``fp8_out`` when given (float8_e4m3fn, x's shape, contiguous).
-        """
-        if torch.compiler.is_compiling():
-            from .. import ops
-
-            rmsnorm_checks.no_scale_no_copy(fp8_scale, fp8_out)
-            if fp8_scale is None:
-                got = ops.all_reduce_rmsnorm(x, residual, weight, self.comm_id, float(eps), algo)
-            else:
-                got = ops.all_reduce_rmsnorm_fp8(x, residual, weight, fp8_scale, self.comm_id, float(eps), algo)
-            return rmsnorm_checks.into_outputs(got, (out, residual_out, fp8_out))
-        if fp8_scale is None and fp8_out is None:  # the plain call, exactly as before the FP8 copy
-            return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
-        return self._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out, fp8_scale=fp8_scale,
-                                             fp8_out=fp8_out)
-
-    def _all_reduce_rmsnorm_impl(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                                 algo: str, out: torch.Tensor | None, residual_out: torch.Tensor | None,
-                                 fp8_scale: torch.Tensor | None = None, fp8_out: torch.Tensor | None = None
-                                 ) -> tuple[torch.Tensor, ...]:
-        self._before_call()
-        bits = rmsnorm.eps_bits(eps)
-        x, residual, weight, y, r_out, dt, rows, hidden = rmsnorm_checks.check_rank(
-            x, residual, weight, out, residual_out, self.device, max_elements=MAX_ELEMENTS)
-        fp8 = rmsnorm_checks.check_fp8(fp8_scale, fp8_out, x, (x, residual, weight), (y, r_out), self.device)
-        result = (y, r_out) if fp8 is None else (y, r_out, fp8[1])
-        if rows == 0:
-            return result
-        plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
-        if plan.alg is None:  # unfused: the sum into y (same bits on every rank), then the epilogue on y in place
-            self._all_reduce_impl(x, "sum", "auto", y, True)
-            self._launch(plan, epilogue.pointers(y, y, residual, r_out, weight, fp8))
-            return result
-        ptrs = (x.data_ptr(), y.data_ptr(), residual.data_ptr(), r_out.data_ptr(), weight.data_ptr())
-        if fp8 is not None:  # abi.POINTER_LISTS["rmsnorm_fp8"]: then the copy, then its scale
-            ptrs += (fp8[1].data_ptr(), fp8[0].data_ptr())
-        self._launch(plan, ptrs)
-        self._after_call()
-        return result
-
-    def run(self, collective: Collective | str, tensor: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``run(collective, tensor, *, out=None) -> Tensor``
-
-        Runs a user-written collective registered at construction (``sollat.custom``) on this
-        rank's ``tensor``; returns this rank's output (the input's shape, or ``[world_size,
-        *shape]`` for ``output="gather"``). Every rank must make the same call. Same checks, fault
-        handling, stream ordering and CUDA-graph capture as ``all_reduce``; not traceable by
-        ``torch.compile`` yet (wrap the call in ``torch.compiler.disable``).
-        """
-        alg = self._collective(collective, compiling=torch.compiler.is_compiling())
-        self._before_call()
-        dt = self._run_tensor(alg, tensor, "tensor")
-        x = tensor if tensor.is_contiguous() else tensor.contiguous()
-        y = self._run_out(alg, x, out, "out")
-        n = x.numel()
-        if n == 0:
-            return y
-        plan = self._run_plan(alg, n, dt)
-        self._launch(plan, (x.data_ptr(), y.data_ptr()))
-        self._after_call()
-        return y
-
-    def all_gather(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
-        """``all_gather(tensor, *, out=None, algo="auto") -> Tensor`` of shape ``[world_size, *tensor.shape]``
-
-        Rank r's ``tensor`` at ``[r]`` on every rank (``out`` may also have the concatenated shape
-        of ``torch.distributed.all_gather_into_tensor``). ``algo``: ``"auto"`` (``sollat.gather_scatter``'s
-        size rule: LL, sentinel, or torch.distributed for large messages), ``"ll"``, ``"sentinel"`` or
-        ``"nccl"``. Every rank must make the same call. Same checks, faults, stream ordering and
-        CUDA-graph capture as ``all_reduce``; ``torch.compile`` keeps it in its graph (``sollat::gather_scatter``).
-        It has no arithmetic, so it may be handed to torch.distributed in batch-invariant mode too
-        (every path moves the same bits).
-        """
-        self._gs_args("all_gather", "", algo)
-        return self._gs_call("all_gather", tensor, out, "", algo)
-
-    def reduce_scatter(self, tensor: torch.Tensor, *, out: torch.Tensor | None = None, op: str = "sum",
-                       algo: str = "auto") -> torch.Tensor:
-        """``reduce_scatter(tensor, *, out=None, op="sum", algo="auto") -> Tensor``
-
-        Splits ``tensor`` along dim 0 into ``world_size`` chunks (dim 0 must be a multiple of
-        ``world_size``) and returns the reduction over ranks of chunk ``rank``, of shape
-        ``[tensor.shape[0] // world_size, *tensor.shape[1:]]``: rank order 0..R-1, fp32 accumulation
-        for 16-bit types (``gather_scatter.reduce_scatter_reference`` bitwise) on sollat's kernels;
-        a call handed to torch.distributed (``algo="nccl"``, or ``"auto"`` above the size rule) has
-        NCCL's arithmetic. On a ``batch_invariant`` communicator it is never handed over: ``auto``
-        takes sollat's kernels at every size (the sentinel above the size rule), and ``algo="nccl"``
-        or a communicator without the built-in scratch (``gather_scatter=False``) raises.
-        ``op``: sum, max, min. Otherwise as ``all_gather``.
-        """
-        self._gs_args("reduce_scatter", op, algo)
-        return self._gs_call("reduce_scatter", tensor, out, op, algo)
-
-    def _gs_call(self, kind: str, tensor: torch.Tensor, out: torch.Tensor | None, op: str, algo: str) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # the custom op (sollat/ops.py), which comes back here eagerly
-            from .. import ops
-
-            return self._gs_into(kind, ops.gather_scatter(tensor, self.comm_id, kind, op, algo), out, tensor, "out")
-        self._before_call()
-        dt = self._gs_tensor(kind, tensor, "tensor")
-        x = tensor if tensor.is_contiguous() else tensor.contiguous()
-        y = self._gs_out(kind, x, out, "out")
-        self._gs_no_overlap(kind, [x], y, "out")
-        n = x.numel()
-        if n == 0:
-            return y
-        plan = self._gs_plan(kind, n, dt, op, algo)
-        if isinstance(plan, str):  # torch.distributed, where it beats sollat's kernels (handover.py)
-            if kind == "all_gather":
-                handover.nccl_all_gather(x, y, self.group)
-            else:
-                handover.nccl_reduce_scatter(x, y, op, self.group)
-            return y
-        self._launch(plan, (x.data_ptr(), y.data_ptr()))
-        self._after_call()
-        return y
+    def _library_gather_scatter(self, kind: str, x: torch.Tensor, y: torch.Tensor, op: str) -> None:
+        if kind == "all_gather":
+            handover.nccl_all_gather(x, y, self.group)
+        else:
+            handover.nccl_reduce_scatter(x, y, op, self.group)
 
     def reset(self) -> None:
         """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank."""

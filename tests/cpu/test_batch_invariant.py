@@ -428,9 +428,9 @@ def test_a_batch_invariant_virtual_communicator_never_runs_ll128() -> None:
 def test_the_rmsnorm_unfused_all_reduce_is_an_auto_call() -> None:
     """unfused's AllReduce is this communicator's all_reduce(auto, deterministic=True): in the mode,
     whatever selected_algorithm gives (never a library path, above)."""
-    src = inspect.getsource(Communicator._all_reduce_rmsnorm_impl) + inspect.getsource(
-        VirtualCommunicator._all_reduce_rmsnorm_impl)
-    assert src.count('_all_reduce_impl(') == 2 and src.count('"sum", "auto"') == 2
+    assert Communicator._all_reduce_rmsnorm_ranks is VirtualCommunicator._all_reduce_rmsnorm_ranks  # one definition
+    src = inspect.getsource(Communicator._all_reduce_rmsnorm_ranks)
+    assert src.count('_all_reduce_ranks(') == 1 and src.count('"sum", "auto", ys, True') == 1
 
 
 # ---- batch-invariant mode: ReduceScatter and AllGather ----------------------------------------------

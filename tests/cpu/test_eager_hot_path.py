@@ -31,16 +31,17 @@ def _fake(monkeypatch: pytest.MonkeyPatch, n: int = 8, dtype: torch.dtype = torc
     comm._err_host = np.zeros(4, dtype=np.int32)
     comm._symm = handover.SymmetricTensors("g", torch.device("cpu"))
     comm._last_stream = 7
+    comm._launch_ranks = 1
     comm.debug = False
     rec = _Recorder()
     comm._calls = {(n, dtype, "sum", "auto", False, False): _Plan(None, None, None, (), rec)}  # type: ignore[arg-type]
     slow: list[Any] = []
 
-    def checked(tensor: Any, op: str, algo: str, out: Any, deterministic: bool) -> str:
-        slow.append((tensor, op, algo, out, deterministic))
-        return "slow"
+    def checked(tensors: list[Any], op: str, algo: str, outs: list[Any] | None, deterministic: bool) -> list[str]:
+        slow.append((tensors[0], op, algo, None if outs is None else outs[0], deterministic))
+        return ["slow"]  # one launch rank's result: the public call returns it
 
-    monkeypatch.setattr(comm, "_all_reduce_impl", checked)
+    monkeypatch.setattr(comm, "_all_reduce_ranks", checked)
     monkeypatch.setattr(comm, "_order_streams", lambda stream: slow.append(("order", stream)))
     monkeypatch.setattr(launch, "stream_handle", lambda index: 7)
     return comm, rec, slow
@@ -132,7 +133,7 @@ def test_torch_compile_traces_the_custom_op_not_the_hot_path(monkeypatch: pytest
 
     torch._dynamo.reset()
     f = torch.compile(lambda x: comm.all_reduce(x) * 1, backend=backend, fullgraph=True)
-    monkeypatch.setattr(comm, "_all_reduce_impl", lambda t, *a: (slow.append(("op", t)), t + 1)[1])
+    monkeypatch.setattr(comm, "_all_reduce_ranks", lambda ts, *a: (slow.append(("op", ts[0])), [ts[0] + 1])[1])
     x = torch.randn(8)
     assert torch.equal(f(x), x + 1)
     assert any("sollat.all_reduce" in s for s in seen), seen

@@ -196,7 +196,7 @@ def test_virtual_calls_launch_with_every_rank_s_pointers() -> None:
     ("all_gather", {"algo": "oneshot_ll"}, UnsupportedError, "algo must be one of"),
     ("all_gather", {"algo": "nccl"}, UnsupportedError, "needs a process group"),
     ("all_gather", {"xs": [torch.ones(4, dtype=torch.int32)] * 2}, UnsupportedError, "dtype torch.int32; supported"),
-    ("all_gather", {"xs": [torch.ones(4)]}, UnsupportedError, "needs tensors as a list of 2"),
+    ("all_gather", {"xs": [torch.ones(4)]}, UnsupportedError, "needs tensor as a list of 2"),
     ("all_gather", {"xs": torch.ones(2, 4)}, UnsupportedError, "got a single tensor"),
     ("all_gather", {"xs": [torch.ones(4), torch.ones(5)]}, UnsupportedError, "every rank must pass the same"),
     ("all_gather", {"xs": [torch.ones(4), torch.ones(4).double()]}, UnsupportedError, "every rank must pass the same"),
@@ -262,23 +262,21 @@ def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
     real = object.__new__(Communicator)
     real.world_size, real.device, real._gather_scatter, real._entry = 2, torch.device("cpu"), True, "pg"
 
-    def real_body(kind: str, x: torch.Tensor, out: Any, op: str, algo: str) -> torch.Tensor:
+    def real_body(kind: str, xs: list[torch.Tensor], out: Any, op: str, algo: str) -> list[torch.Tensor]:
         calls.append(f"real {kind}")
-        xs = [x, peers[1]]  # this is rank 0
-        return all_gather_reference(xs) if kind == "all_gather" else reduce_scatter_reference(xs, op)[0].clone()
+        ranks = [xs[0], peers[1]]  # this is rank 0
+        y = all_gather_reference(ranks) if kind == "all_gather" else reduce_scatter_reference(ranks, op)[0].clone()
+        return [y if out is None else out[0].copy_(y.reshape(out[0].shape))]
 
     for c in (virt, real):
         c.comm_id = registry.register(c)
-    virt_eager = VirtualCommunicator._gs_virtual
-    real_eager = Communicator._gs_call
+    eager = VirtualCommunicator._gs_ranks
+    assert Communicator._gs_ranks is eager  # one definition for both
 
-    def virt_dispatch(self: Any, kind: str, xs: Any, out: Any, op: str, algo: str) -> Any:
-        return virtual_body(kind, list(xs), out, op, algo) if not torch.compiler.is_compiling() else \
-            virt_eager(self, kind, xs, out, op, algo)
-
-    def real_dispatch(self: Any, kind: str, x: Any, out: Any, op: str, algo: str) -> Any:
-        return real_body(kind, x, out, op, algo) if not torch.compiler.is_compiling() else \
-            real_eager(self, kind, x, out, op, algo)
+    def dispatch(self: Any, kind: str, xs: Any, out: Any, op: str, algo: str) -> Any:
+        body = real_body if self is real else virtual_body
+        return body(kind, list(xs), out, op, algo) if not torch.compiler.is_compiling() else \
+            eager(self, kind, xs, out, op, algo)
 
     def step(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         g = real.all_gather(x)  # [2, 4, 3]
@@ -288,8 +286,8 @@ def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
         return g.sum() + s.sum() + vg[1].sum() + vs[0].sum() + vs[1].sum()
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(VirtualCommunicator, "_gs_virtual", virt_dispatch)
-        mp.setattr(Communicator, "_gs_call", real_dispatch)
+        mp.setattr(VirtualCommunicator, "_gs_ranks", dispatch)
+        mp.setattr(Communicator, "_gs_ranks", dispatch)
         x = torch.randn(4, 3)
         out_e, out_c = torch.empty(2, 4, 3), torch.empty(2, 4, 3)
         expect = step(x, out_e)

@@ -10,6 +10,7 @@ import sollat
 from sollat import algorithms
 from sollat.comm import real as communicator
 from sollat.comm.real import VirtualCommunicator
+from sollat.dtypes import DTYPES
 
 
 def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
@@ -24,6 +25,8 @@ def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
     c._table = None
     c._calls = {}
     c._dev_index = 0
+    c._launch_ranks = world_size
+    c.debug = False
     c._err_host = np.zeros(4, dtype=np.int32)  # the host-mapped fault flag, clear
     return c
 
@@ -39,10 +42,15 @@ def test_cpu_tensor_wrong_op_dtype_size() -> None:
 
 def test_list_length_is_checked() -> None:
     c = fake_virtual(4)
-    with pytest.raises(sollat.UnsupportedError, match="needs a list of 4 tensors, got 3 tensors"):
-        c._all_reduce_impl([torch.ones(2)] * 3, "sum", "auto", None, False)
-    with pytest.raises(sollat.UnsupportedError, match="single tensor"):
-        c._all_reduce_impl(torch.ones(2), "sum", "auto", None, False)
+    with pytest.raises(sollat.UnsupportedError, match="needs tensor as a list of 4 tensors, got 3 tensors"):
+        c.all_reduce([torch.ones(2)] * 3)
+    with pytest.raises(sollat.UnsupportedError, match="needs tensor as a list of 4 tensors, got a single tensor"):
+        c.all_reduce(torch.ones(2))  # type: ignore[arg-type]
+    with pytest.raises(sollat.UnsupportedError, match="needs out as a list of 4 tensors, got 2 tensors"):
+        c.all_reduce([torch.ones(2)] * 4, out=[torch.ones(2)] * 2)
+    c._check_common = lambda t, op, what: DTYPES[t.dtype]  # type: ignore[method-assign]  # CPU tensors pass
+    with pytest.raises(sollat.UnsupportedError, match=r"tensor\[2\] is \(3,\) .* but tensor\[0\] is \(2,\)"):
+        c.all_reduce([torch.ones(2)] * 2 + [torch.ones(3), torch.ones(2)])
 
 
 def test_algorithm_resolution_errors() -> None:
@@ -133,14 +141,15 @@ def test_communicator_needs_torch_distributed() -> None:
 
 
 def test_custom_ops_are_registered() -> None:
-    assert hasattr(torch.ops.sollat, "all_reduce") and hasattr(torch.ops.sollat, "all_reduce_virtual")
-    x = torch.ones(3)
+    """One op per public collective for both communicators, each over per-launch-rank lists."""
+    for name in ("all_reduce", "all_reduce_rmsnorm", "all_reduce_rmsnorm_fp8", "gather_scatter"):
+        assert hasattr(torch.ops.sollat, name), name
+        assert not hasattr(torch.ops.sollat, name + "_virtual"), name
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
-        fx = torch.empty(3)
-        y = torch.ops.sollat.all_reduce(fx, 1, "sum", "auto", False)
-        assert y.shape == x.shape
+        ys = torch.ops.sollat.all_reduce([torch.empty(3), torch.empty(3)], 1, "sum", "auto", False)
+        assert [y.shape for y in ys] == [torch.Size([3])] * 2
 
 
 def test_rank_clusters_only_for_small_virtual_grids(monkeypatch) -> None:

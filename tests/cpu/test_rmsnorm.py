@@ -245,19 +245,26 @@ def fake_virtual(world_size: int = 2) -> VirtualCommunicator:
     return c
 
 
+def _public(c: Any, x: Any, residual: Any, weight: Any, eps: float, algo: str, out: Any, residual_out: Any,
+            fp8_scale: Any = None, fp8_out: Any = None) -> Any:
+    """The public all_reduce_rmsnorm, its arguments in the order of the one definition's eager path."""
+    return c.all_reduce_rmsnorm(x, residual, weight, eps, algo, out=out, residual_out=residual_out,
+                                fp8_scale=fp8_scale, fp8_out=fp8_out)
+
+
 def test_virtual_list_lengths_are_checked() -> None:
     c = fake_virtual(2)
     x, res, w = args()
-    with pytest.raises(sollat.UnsupportedError, match="needs xs as a list of 2 tensors, got 3 tensors"):
-        c._all_reduce_rmsnorm_impl([x] * 3, [res] * 2, [w] * 2, 1e-6, "auto", None, None)
-    with pytest.raises(sollat.UnsupportedError, match="needs residuals as a list of 2 tensors, got a single tensor"):
-        c._all_reduce_rmsnorm_impl([x] * 2, res, [w] * 2, 1e-6, "auto", None, None)
+    with pytest.raises(sollat.UnsupportedError, match="needs x as a list of 2 tensors, got 3 tensors"):
+        _public(c, [x] * 3, [res] * 2, [w] * 2, 1e-6, "auto", None, None)
+    with pytest.raises(sollat.UnsupportedError, match="needs residual as a list of 2 tensors, got a single tensor"):
+        _public(c, [x] * 2, res, [w] * 2, 1e-6, "auto", None, None)
     with pytest.raises(sollat.UnsupportedError, match="needs out as a list"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res] * 2, [w] * 2, 1e-6, "auto", [x], None)
+        _public(c, [x] * 2, [res] * 2, [w] * 2, 1e-6, "auto", [x], None)
     with pytest.raises(sollat.UnsupportedError, match=r"x\[0\] is on cpu; sollat needs CUDA tensors"):
-        c._all_reduce_rmsnorm_impl([x, x], [res, res], [w, w], 1e-6, "auto", None, None)
+        _public(c, [x, x], [res, res], [w, w], 1e-6, "auto", None, None)
     with pytest.raises(sollat.UnsupportedError, match="eps must be finite"):
-        c._all_reduce_rmsnorm_impl([x, x], [res, res], [w, w], -1.0, "auto", None, None)
+        _public(c, [x, x], [res, res], [w, w], -1.0, "auto", None, None)
 
 
 def test_virtual_ranks_must_agree_on_shape() -> None:
@@ -265,8 +272,8 @@ def test_virtual_ranks_must_agree_on_shape() -> None:
     c.device = CPU  # get past the device checks
     x, res, w = args(3, 8)
     x4, res4, _ = args(4, 8)
-    with pytest.raises(sollat.UnsupportedError, match=r"xs\[1\] is \(4, 8\).*every rank must pass the same shape"):
-        c._all_reduce_rmsnorm_impl([x, x4], [res, res4], [w, w], 1e-6, "auto", None, None)
+    with pytest.raises(sollat.UnsupportedError, match=r"x\[1\] is \(4, 8\).*every rank must pass the same shape"):
+        _public(c, [x, x4], [res, res4], [w, w], 1e-6, "auto", None, None)
 
 
 # ---- torch.compile: fake functions and no graph break ----------------------------------------------
@@ -276,9 +283,9 @@ def test_fake_functions_describe_the_outputs() -> None:
     with FakeTensorMode():
         x = torch.empty(5, 7, dtype=torch.bfloat16)
         w = torch.empty(7, dtype=torch.bfloat16)
-        y, r = torch.ops.sollat.all_reduce_rmsnorm(x, x, w, 1, 1e-6, "auto")
+        y, r = torch.ops.sollat.all_reduce_rmsnorm([x], [x], [w], 1, 1e-6, "auto")  # one launch rank
         assert y.shape == r.shape == (5, 7) and y.dtype == r.dtype == torch.bfloat16
-        both = torch.ops.sollat.all_reduce_rmsnorm_virtual([x, x, x], [x, x, x], [w, w, w], 1, 1e-6, "oneshot_ll")
+        both = torch.ops.sollat.all_reduce_rmsnorm([x, x, x], [x, x, x], [w, w, w], 1, 1e-6, "oneshot_ll")
         assert len(both) == 6 and all(t.shape == (5, 7) and t.dtype == torch.bfloat16 for t in both)
 
 
@@ -289,17 +296,18 @@ class _CpuStub:
         self.world_size = world_size
         self.calls = 0
 
-    def _all_reduce_rmsnorm_impl(self, x, residual, weight, eps, algo, out, residual_out):
+    def _all_reduce_rmsnorm_ranks(self, xs, residuals, weights, eps, algo, outs, r_outs, fp8_outs=None,
+                                  scales=None):
+        """The communicators' one eager path, over per-launch-rank lists: one rank (a Communicator)
+        sums world_size copies of its x, R ranks (a VirtualCommunicator) sum their xs."""
         self.calls += 1
-        if isinstance(x, torch.Tensor):  # one rank: the sum of world_size copies of x
-            y, r = rmsnorm.reference([x] * self.world_size, residual, weight, eps)
-            return (y if out is None else out.copy_(y)), (r if residual_out is None else residual_out.copy_(r))
-        got = [rmsnorm.reference(list(x), r, w, eps) for r, w in zip(residual, weight, strict=True)]
+        summands = list(xs) * self.world_size if len(xs) == 1 else list(xs)
+        got = [rmsnorm.reference(summands, r, w, eps) for r, w in zip(residuals, weights, strict=True)]
         ys, rs = [g[0] for g in got], [g[1] for g in got]
-        if out is not None:
-            ys = [o.copy_(y) for o, y in zip(out, ys, strict=True)]
-        if residual_out is not None:
-            rs = [o.copy_(r) for o, r in zip(residual_out, rs, strict=True)]
+        if outs is not None:
+            ys = [o.copy_(y) for o, y in zip(outs, ys, strict=True)]
+        if r_outs is not None:
+            rs = [o.copy_(r) for o, r in zip(r_outs, rs, strict=True)]
         return ys, rs
 
 
@@ -311,8 +319,8 @@ def _stub_communicators(stub: Any) -> tuple[Communicator, VirtualCommunicator]:
     virt = VirtualCommunicator.__new__(VirtualCommunicator)
     real.comm_id = virt.comm_id = comm_id
     virt.world_size = 2
-    real._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl  # type: ignore[method-assign]
-    virt._all_reduce_rmsnorm_impl = stub._all_reduce_rmsnorm_impl  # type: ignore[method-assign]
+    real._all_reduce_rmsnorm_ranks = stub._all_reduce_rmsnorm_ranks  # type: ignore[method-assign]
+    virt._all_reduce_rmsnorm_ranks = stub._all_reduce_rmsnorm_ranks  # type: ignore[method-assign]
     return real, virt
 
 
@@ -338,7 +346,7 @@ def test_compiled_calls_keep_one_graph() -> None:
 
 
 def test_ops_module_exports() -> None:
-    assert callable(ops.all_reduce_rmsnorm) and callable(ops.all_reduce_rmsnorm_virtual)
+    assert callable(ops.all_reduce_rmsnorm) and not hasattr(ops, "all_reduce_rmsnorm_virtual")
 
 
 # ---- geometry and the reference ------------------------------------------------------------------
@@ -660,28 +668,28 @@ def test_fp8_virtual_argument_lists() -> None:
     c.device = CPU
     x, res, w = args()
     with pytest.raises(sollat.UnsupportedError, match="needs fp8_scale as a list of 2 tensors, got 3 tensors"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
                                    [torch.ones(1)] * 3, None)
     with pytest.raises(sollat.UnsupportedError, match="needs fp8_out as a list of 2 tensors, got a single tensor"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
                                    [torch.ones(1)] * 2, torch.empty(3, 8, dtype=FP8))
     with pytest.raises(sollat.UnsupportedError, match=r"fp8_scale\[1\] is \(1,\) torch.float64"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
                                    [torch.ones(1), torch.ones(1, dtype=torch.float64)], None)
     with pytest.raises(sollat.UnsupportedError, match="fp8_out was given without fp8_scale"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None, None,
                                    [torch.empty(3, 8, dtype=FP8)] * 2)
     q = torch.empty(3, 8, dtype=FP8)
     with pytest.raises(sollat.UnsupportedError, match=r"fp8_out\[1\] shares memory"):  # one launch writes both
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
                                    [torch.ones(1)] * 2, [q, q])
     qs = torch.empty(2, 3, 8, dtype=FP8)
     with pytest.raises(sollat.UnsupportedError, match="fp8_scale lies inside another rank's fp8_out"):
-        c._all_reduce_rmsnorm_impl([x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
+        _public(c, [x] * 2, [res, res.clone()], [w] * 2, 1e-6, "auto", None, None,
                                    [qs[1].view(-1)[:4].view(torch.float32), torch.ones(1)], [qs[0], qs[1]])
     # zero rows: nothing launched, the copies still returned (allocated, empty)
     x0, res0, w0 = args(0, 8)
-    ys, rs, qs2 = c._all_reduce_rmsnorm_impl([x0] * 2, [res0, res0.clone()], [w0] * 2, 1e-6, "auto", None, None,
+    ys, rs, qs2 = _public(c, [x0] * 2, [res0, res0.clone()], [w0] * 2, 1e-6, "auto", None, None,
                                              [torch.ones(1)] * 2, None)
     assert [q.shape for q in qs2] == [(0, 8)] * 2 and all(q.dtype == FP8 for q in qs2)
 
@@ -812,10 +820,9 @@ def test_fp8_fake_functions() -> None:
         x = torch.empty(5, 7, dtype=torch.bfloat16)
         w = torch.empty(7, dtype=torch.bfloat16)
         s = torch.empty(1)
-        y, r, q = torch.ops.sollat.all_reduce_rmsnorm_fp8(x, x, w, s, 1, 1e-6, "auto")
+        y, r, q = torch.ops.sollat.all_reduce_rmsnorm_fp8([x], [x], [w], [s], 1, 1e-6, "auto")
         assert y.shape == r.shape == q.shape == (5, 7) and y.dtype == torch.bfloat16 and q.dtype == FP8
-        flat = torch.ops.sollat.all_reduce_rmsnorm_fp8_virtual([x] * 3, [x] * 3, [w] * 3, [s] * 3, 1, 1e-6,
-                                                               "oneshot_ll")
+        flat = torch.ops.sollat.all_reduce_rmsnorm_fp8([x] * 3, [x] * 3, [w] * 3, [s] * 3, 1, 1e-6, "oneshot_ll")
         assert len(flat) == 9 and [t.dtype for t in flat] == [torch.bfloat16] * 6 + [FP8] * 3
         assert all(t.shape == (5, 7) for t in flat)
 
@@ -823,17 +830,14 @@ def test_fp8_fake_functions() -> None:
 class _CpuFp8Stub(_CpuStub):
     """The plain stub plus the FP8 copy (the reference's y quantised by the reference)."""
 
-    def _all_reduce_rmsnorm_impl(self, x, residual, weight, eps, algo, out, residual_out, fp8_scale=None,
-                                 fp8_out=None):
-        got = super()._all_reduce_rmsnorm_impl(x, residual, weight, eps, algo, out, residual_out)
-        if fp8_scale is None:
+    def _all_reduce_rmsnorm_ranks(self, xs, residuals, weights, eps, algo, outs, r_outs, fp8_outs=None,
+                                  scales=None):
+        got = super()._all_reduce_rmsnorm_ranks(xs, residuals, weights, eps, algo, outs, r_outs)
+        if scales is None:
             return got
-        if isinstance(x, torch.Tensor):
-            q = rmsnorm.fp8_reference(got[0], fp8_scale)
-            return (*got, q if fp8_out is None else fp8_out.copy_(q))
-        qs = [rmsnorm.fp8_reference(y, s) for y, s in zip(got[0], fp8_scale, strict=True)]
-        if fp8_out is not None:
-            qs = [o.copy_(q) for o, q in zip(fp8_out, qs, strict=True)]
+        qs = [rmsnorm.fp8_reference(y, s) for y, s in zip(got[0], scales, strict=True)]
+        if fp8_outs is not None:
+            qs = [o.copy_(q) for o, q in zip(fp8_outs, qs, strict=True)]
         return (*got, qs)
 
 
@@ -861,7 +865,7 @@ def test_fp8_compiled_calls_keep_one_graph() -> None:
 
 
 def test_fp8_ops_module_exports() -> None:
-    assert callable(ops.all_reduce_rmsnorm_fp8) and callable(ops.all_reduce_rmsnorm_fp8_virtual)
+    assert callable(ops.all_reduce_rmsnorm_fp8) and not hasattr(ops, "all_reduce_rmsnorm_fp8_virtual")
 
 
 def test_fp8_instantiations_are_listed_and_only_for_the_fused_kernel() -> None:

@@ -209,7 +209,7 @@ def test_run_argument_errors() -> None:
     x = torch.ones(10, device=DEV)
     with pytest.raises(sollat.UnsupportedError, match="not registered"):
         c.run(other, [x, x])
-    with pytest.raises(sollat.UnsupportedError, match="needs tensors as a list of 2"):
+    with pytest.raises(sollat.UnsupportedError, match="needs tensor as a list of 2"):
         c.run(coll, [x])
     with pytest.raises(sollat.UnsupportedError, match="does not support dtype torch.int32"):
         c.run(coll, [x.int(), x.int()])
