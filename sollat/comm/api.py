@@ -105,12 +105,16 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
             ys = [torch.empty_like(x) for x in xs]
         else:
             ys = []
+            x0 = xs[0]
             for r, o in enumerate(outs):
-                what = "out" + self._suffix(r)
-                self._check_common(o, op, what)
-                if o.numel() != xs[0].numel() or o.dtype != xs[0].dtype or not o.is_contiguous():
+                # An output on the input's device needs only the comparison below (the virtual
+                # ranks' eager path); anything else gets the input's checks and their messages.
+                if not (isinstance(o, torch.Tensor) and o.device == x0.device):
+                    self._check_common(o, op, "out" + self._suffix(r))
+                if o.numel() != x0.numel() or o.dtype != x0.dtype or not o.is_contiguous():
+                    what = "out" + self._suffix(r)
                     raise UnsupportedError(f"all_reduce: {what} must be a contiguous tensor with the input's dtype and "
-                                           f"number of elements ({xs[0].numel()} {xs[0].dtype}), got {o.numel()} "
+                                           f"number of elements ({x0.numel()} {x0.dtype}), got {o.numel()} "
                                            f"{o.dtype}" + ("" if o.is_contiguous() else " (not contiguous)"))
                 ys.append(o)
         n = xs[0].numel()

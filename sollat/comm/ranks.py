@@ -47,17 +47,21 @@ class RankConvention(_CommBase):
     def _rank_inputs(self, opname: str, tensors: list[Any], what: str,
                      check: Callable[[Any, str], DType]) -> tuple[DType, list[torch.Tensor]]:
         """Every launch rank's input passes ``check`` and all have one shape and dtype (every rank
-        must make the same call); returns the dtype and the inputs made contiguous."""
-        dt = check(tensors[0], what + self._suffix(0))
-        shape, dtype = tensors[0].shape, tensors[0].dtype
+        must make the same call); returns the dtype and the inputs made contiguous.
+
+        ``check`` may look only at a tensor's type, device, dtype and shape, so a rank whose
+        tensor equals rank 0's in all four passes without it (the virtual ranks' eager path)."""
+        t0 = tensors[0]
+        dt = check(t0, what + self._suffix(0))
+        shape, dtype, device = t0.shape, t0.dtype, t0.device
         ins = []
         for r, t in enumerate(tensors):
-            if r:
+            if r and not (isinstance(t, torch.Tensor) and t.dtype is dtype and t.shape == shape
+                          and t.device == device):
                 check(t, what + self._suffix(r))
-                if t.shape != shape or t.dtype != dtype:
-                    raise UnsupportedError(f"{opname}: {what}{self._suffix(r)} is {tuple(t.shape)} {t.dtype} but "
-                                           f"{what}{self._suffix(0)} is {tuple(shape)} {dtype}; every rank must "
-                                           "pass the same shape and dtype")
+                raise UnsupportedError(f"{opname}: {what}{self._suffix(r)} is {tuple(t.shape)} {t.dtype} on "
+                                       f"{t.device} but {what}{self._suffix(0)} is {tuple(shape)} {dtype} on {device}; "
+                                       "every rank must pass the same shape and dtype, on this communicator's device")
             ins.append(t if t.is_contiguous() else t.contiguous())
         return dt, ins
 

@@ -51,6 +51,19 @@ def test_list_length_is_checked() -> None:
     c._check_common = lambda t, op, what: DTYPES[t.dtype]  # type: ignore[method-assign]  # CPU tensors pass
     with pytest.raises(sollat.UnsupportedError, match=r"tensor\[2\] is \(3,\) .* but tensor\[0\] is \(2,\)"):
         c.all_reduce([torch.ones(2)] * 2 + [torch.ones(3), torch.ones(2)])
+    # a rank whose tensor matches rank 0's but for its device is checked, not passed as rank 0's
+    with pytest.raises(sollat.UnsupportedError, match=r"tensor\[3\] is \(2,\) torch.float32 on meta but tensor\[0\]"):
+        c.all_reduce([torch.ones(2)] * 3 + [torch.ones(2, device="meta")])
+
+    def meta_only(t: torch.Tensor, op: str, what: str) -> object:  # "meta" plays this communicator's device
+        if t.device.type != "meta":
+            raise sollat.UnsupportedError(f"{what} is on {t.device}")
+        return DTYPES[t.dtype]
+
+    c._check_common = meta_only  # type: ignore[method-assign,assignment]
+    with pytest.raises(sollat.UnsupportedError, match=r"^out\[1\] is on cpu$"):  # an output elsewhere is checked
+        c._all_reduce_ranks([torch.ones(2, device="meta")] * 4, "sum", "auto",
+                            [torch.ones(2, device="meta"), torch.ones(2)] + [torch.ones(2, device="meta")] * 2, False)
 
 
 def test_algorithm_resolution_errors() -> None:
