@@ -29,6 +29,16 @@ def add_run_arguments(p: argparse.ArgumentParser, *, replayed: str, seed_help: s
     p.add_argument("--json", dest="json_path", default=None, help="also write the results here (rank 0)")
 
 
+def check_at_least(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   least: Mapping[str, float]) -> None:
+    """``parser.error`` for the first option (by its ``dest``, in ``least``'s order) that was given
+    (is not None) and is below its least value."""
+    for dest, low in least.items():
+        value = getattr(args, dest)
+        if value is not None and value < low:
+            parser.error(f"--{dest.replace('_', '-')} must be >= {low}")
+
+
 def resolve_placement(parser: argparse.ArgumentParser, env: Mapping[str, str], *, virtual: int | None,
                       virtual_flag: str, device: str | None, check_whole: bool,
                       check_flag: str) -> tuple[bool, int, str]:

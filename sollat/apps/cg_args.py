@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .app_args import add_placement_arguments, add_run_arguments, checked_backends, resolve_placement
+from .app_args import (
+    add_placement_arguments,
+    add_run_arguments,
+    check_at_least,
+    checked_backends,
+    resolve_placement,
+)
 from .backends import BackendSpec
 
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
@@ -82,19 +88,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    if a.grid is not None and a.grid < 2:
-        parser.error("--grid must be >= 2")
-    if a.nrhs < 1:
-        parser.error("--nrhs must be >= 1")
-    for name in ("chunk", "repeats"):
-        if getattr(a, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    if a.max_iters is not None and a.max_iters < 1:
-        parser.error("--max-iters must be >= 1")
+    check_at_least(parser, a, {"grid": 2, "nrhs": 1, "chunk": 1, "repeats": 1, "max_iters": 1})
     if a.tol is not None and not 0 < a.tol < 1:
         parser.error("--tol must be in (0, 1)")
-    if a.history_tol is not None and a.history_tol < 0:
-        parser.error("--history-tol must be >= 0")
+    check_at_least(parser, a, {"history_tol": 0})
     distributed, world, device = resolve_placement(
         parser, env, virtual=a.virtual_ranks, virtual_flag="--virtual-ranks", device=a.device,
         check_whole=a.check_single_rank, check_flag="--check-single-rank")

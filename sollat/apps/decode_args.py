@@ -10,7 +10,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .app_args import add_placement_arguments, add_run_arguments, checked_backends, resolve_placement
+from .app_args import (
+    add_placement_arguments,
+    add_run_arguments,
+    check_at_least,
+    checked_backends,
+    resolve_placement,
+)
 from .backends import BackendSpec
 from .llama import GIB, PRESETS, LlamaConfig, preset
 from .llama_memory import MemoryEstimate, estimate_memory, largest_fitting
@@ -89,18 +95,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    for name in ("batch", "context", "steps"):
-        if getattr(a, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    for name in ("warmup", "check_steps"):
-        if getattr(a, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
-    if a.layers is not None and a.layers < 1:
-        parser.error("--layers must be >= 1")
-    if a.price is not None and a.price < 0:
-        parser.error("--price must be >= 0")
-    if a.logit_tol is not None and a.logit_tol < 0:
-        parser.error("--logit-tol must be >= 0")
+    check_at_least(parser, a, {"batch": 1, "context": 1, "steps": 1, "warmup": 0, "check_steps": 0, "layers": 1,
+                               "price": 0, "logit_tol": 0})
     distributed, tp, device = resolve_placement(
         parser, env, virtual=a.virtual_tp, virtual_flag="--virtual-tp", device=a.device,
         check_whole=a.check_unsharded, check_flag="--check-unsharded")
