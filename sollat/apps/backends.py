@@ -52,7 +52,7 @@ from .fused import SollatFusedDistBackend, SollatFusedVirtualBackend, check_fuse
 __all__ = ["KINDS", "OPS", "SOLLAT_KINDS", "AllReduceBackend", "BackendSpec", "CallRecord", "NcclBackend",
            "NoOpBackend", "ReferenceBackend", "SollatDistBackend", "SollatFusedDistBackend",
            "SollatFusedVirtualBackend", "SollatVirtualBackend", "make_backend", "parse_backend_list",
-           "parse_backend_spec", "rank_order_reduce", "resolve_placement", "setup_device", "teardown"]
+           "parse_backend_spec", "rank_order_reduce", "setup_device", "teardown"]
 
 KINDS: tuple[str, ...] = ("nccl", "sollat", "sollat_fused", "reference", "cpu", "noop")
 SOLLAT_KINDS: tuple[str, ...] = ("sollat", "sollat_fused")  # need a CUDA device; take an algorithm
@@ -132,25 +132,6 @@ def make_backend(spec: BackendSpec | str, *, world_size: int, device: torch.devi
     if spec.kind == "sollat_fused":
         return SollatFusedVirtualBackend(world_size, device, spec.algo)
     return SollatVirtualBackend(world_size, device, spec.algo)
-
-
-def resolve_placement(parser: Any, env: Any, *, virtual: int | None, virtual_flag: str, device: str | None,
-                      check_whole: bool, check_flag: str) -> tuple[bool, int, str]:
-    """(distributed, world size, device) for an app: torchrun (one process per GPU) or ``virtual``
-    ranks in this process. Contradictory options end through ``parser.error`` (exit status 2)."""
-    distributed = "WORLD_SIZE" in env and "RANK" in env
-    if distributed:
-        if virtual is not None:
-            parser.error(f"{virtual_flag} runs every rank in one process; do not combine it with torchrun")
-        if device is not None:
-            parser.error("--device is set by torchrun (cuda:LOCAL_RANK)")
-        if check_whole:
-            parser.error(f"{check_flag} needs the whole problem on one device: use {virtual_flag}")
-        return True, int(env["WORLD_SIZE"]), f"cuda:{int(env.get('LOCAL_RANK', '0'))}"
-    world = 1 if virtual is None else virtual
-    if world < 1:
-        parser.error(f"{virtual_flag} must be >= 1")
-    return False, world, device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def setup_device(distributed: bool, device_name: str, app: str) -> torch.device:

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import BackendSpec, parse_backend_list, resolve_placement
+from .app_args import (
+    add_placement_arguments,
+    add_run_arguments,
+    check_at_least,
+    checked_backends,
+    resolve_placement,
+)
+from .backends import BackendSpec
 
 DTYPES: dict[str, torch.dtype] = {"fp64": torch.float64, "fp32": torch.float32}
 
@@ -65,18 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", default=None,
                    help="comma-separated: nccl, sollat, sollat:<algorithm>, reference; the first is the "
                         "baseline (default: nccl,sollat; cpu on a CPU device)")
-    p.add_argument("--virtual-ranks", type=int, default=None, metavar="R",
-                   help="run all R ranks in this process on one device")
-    p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
+    add_placement_arguments(p, virtual_flag="--virtual-ranks", ranks="ranks")
     p.add_argument("--halo", default="p2p", choices=("p2p", "allgather"),
                    help="under torchrun: how neighbours exchange boundary planes (always NCCL)")
     p.add_argument("--history-tol", type=float, default=None,
                    help="largest accepted relative difference of residual histories (default by dtype)")
     p.add_argument("--check-single-rank", action="store_true",
                    help="also solve with one rank on this device and compare residual histories")
-    p.add_argument("--no-graph", action="store_true", help="run iterations eagerly instead of as a CUDA graph")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", dest="json_path", default=None, help="also write the results here (rank 0)")
+    add_run_arguments(p, replayed="iterations")
     return p
 
 
@@ -85,19 +88,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    if a.grid is not None and a.grid < 2:
-        parser.error("--grid must be >= 2")
-    if a.nrhs < 1:
-        parser.error("--nrhs must be >= 1")
-    for name in ("chunk", "repeats"):
-        if getattr(a, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    if a.max_iters is not None and a.max_iters < 1:
-        parser.error("--max-iters must be >= 1")
+    check_at_least(parser, a, {"grid": 2, "nrhs": 1, "chunk": 1, "repeats": 1, "max_iters": 1})
     if a.tol is not None and not 0 < a.tol < 1:
         parser.error("--tol must be in (0, 1)")
-    if a.history_tol is not None and a.history_tol < 0:
-        parser.error("--history-tol must be >= 0")
+    check_at_least(parser, a, {"history_tol": 0})
     distributed, world, device = resolve_placement(
         parser, env, virtual=a.virtual_ranks, virtual_flag="--virtual-ranks", device=a.device,
         check_whole=a.check_single_rank, check_flag="--check-single-rank")
@@ -105,20 +99,12 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     grid = a.grid if a.grid is not None else DEFAULT_GRID["cuda" if on_gpu else "cpu"]
     if world > grid:
         parser.error(f"{world} ranks cannot split {grid} planes (need ranks <= --grid)")
-    try:
-        backends = parse_backend_list(a.backends or ("nccl,sollat" if on_gpu else "cpu"))
-    except ValueError as e:
-        parser.error(str(e))
-    for spec in backends:
-        if spec.kind == "noop":
-            parser.error("backend noop is only used internally, to time an iteration without AllReduce")
-        if spec.kind == "sollat_fused":
-            parser.error(f"backend {spec.label} fuses AllReduce with a residual add and RMSNorm; CG has "
-                         "nothing to fuse (use sollat or sollat:<algorithm>)")
-        if spec.kind == "sollat" and not on_gpu:
-            parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
-        if distributed and spec.kind in ("reference", "cpu"):
-            parser.error(f"backend {spec.label} runs only with --virtual-ranks (under torchrun use nccl or sollat)")
+    backends = checked_backends(
+        parser, a.backends or ("nccl,sollat" if on_gpu else "cpu"), device=device, distributed=distributed,
+        virtual_flag="--virtual-ranks", under_torchrun="nccl or sollat",
+        refused={"noop": "backend noop is only used internally, to time an iteration without AllReduce",
+                 "sollat_fused": "backend {label} fuses AllReduce with a residual add and RMSNorm; CG has "
+                                 "nothing to fuse (use sollat or sollat:<algorithm>)"})
     dtype = DTYPES[a.dtype]
     return CGArgs(grid=grid, nrhs=a.nrhs, dtype=dtype,
                   tol=a.tol if a.tol is not None else (1e-8 if dtype == torch.float64 else 1e-5),

@@ -10,7 +10,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .backends import SOLLAT_KINDS, BackendSpec, parse_backend_list, resolve_placement
+from .app_args import (
+    add_placement_arguments,
+    add_run_arguments,
+    check_at_least,
+    checked_backends,
+    resolve_placement,
+)
+from .backends import BackendSpec
 from .llama import GIB, PRESETS, LlamaConfig, preset
 from .llama_memory import MemoryEstimate, estimate_memory, largest_fitting
 
@@ -70,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated: nccl, sollat, sollat:<algorithm>, sollat_fused (AllReduce + "
                         "residual add + RMSNorm fused), sollat_fused:<algorithm>, reference (virtual "
                         "ranks); the first is the baseline (default: nccl,sollat,sollat_fused; cpu on a CPU device)")
-    p.add_argument("--virtual-tp", type=int, default=None, metavar="R",
-                   help="run all R tensor-parallel ranks in this process on one device")
-    p.add_argument("--device", default=None, help="device for virtual ranks (default: cuda if present)")
+    add_placement_arguments(p, virtual_flag="--virtual-tp", ranks="tensor-parallel ranks")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                    help="model dtype (default: bf16 on GPU, fp32 on CPU)")
     p.add_argument("--price", type=float, default=None, metavar="USD",
@@ -81,9 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest accepted |logit difference| (default by dtype, see docs/apps.md)")
     p.add_argument("--check-unsharded", action="store_true",
                    help="also build the unsharded (TP 1) model on this device and compare against it")
-    p.add_argument("--no-graph", action="store_true", help="run steps eagerly instead of as a CUDA graph")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, cache and prompts")
-    p.add_argument("--json", dest="json_path", default=None, help="also write the results here (rank 0)")
+    add_run_arguments(p, replayed="steps", seed_help="seed of the random weights, cache and prompts")
     return p
 
 
@@ -92,18 +95,8 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     parser = build_parser()
     a = parser.parse_args(argv)
     env = os.environ if env is None else env
-    for name in ("batch", "context", "steps"):
-        if getattr(a, name) < 1:
-            parser.error(f"--{name} must be >= 1")
-    for name in ("warmup", "check_steps"):
-        if getattr(a, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
-    if a.layers is not None and a.layers < 1:
-        parser.error("--layers must be >= 1")
-    if a.price is not None and a.price < 0:
-        parser.error("--price must be >= 0")
-    if a.logit_tol is not None and a.logit_tol < 0:
-        parser.error("--logit-tol must be >= 0")
+    check_at_least(parser, a, {"batch": 1, "context": 1, "steps": 1, "warmup": 0, "check_steps": 0, "layers": 1,
+                               "price": 0, "logit_tol": 0})
     distributed, tp, device = resolve_placement(
         parser, env, virtual=a.virtual_tp, virtual_flag="--virtual-tp", device=a.device,
         check_whole=a.check_unsharded, check_flag="--check-unsharded")
@@ -113,19 +106,10 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     except ValueError as e:
         parser.error(str(e))
     on_gpu = torch.device(device).type == "cuda"
-    default_backends = "nccl,sollat,sollat_fused" if on_gpu else "cpu"
-    try:
-        backends = parse_backend_list(a.backends or default_backends)
-    except ValueError as e:
-        parser.error(str(e))
-    for spec in backends:
-        if spec.kind == "noop":
-            parser.error("backend noop is only used internally, to time a step without AllReduce")
-        if spec.kind in SOLLAT_KINDS and not on_gpu:
-            parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
-        if distributed and spec.kind in ("reference", "cpu"):
-            parser.error(f"backend {spec.label} runs only with --virtual-tp "
-                         "(under torchrun use nccl, sollat or sollat_fused)")
+    backends = checked_backends(
+        parser, a.backends or ("nccl,sollat,sollat_fused" if on_gpu else "cpu"), device=device,
+        distributed=distributed, virtual_flag="--virtual-tp", under_torchrun="nccl, sollat or sollat_fused",
+        refused={"noop": "backend noop is only used internally, to time a step without AllReduce"})
     dtype = DTYPES[a.dtype] if a.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     return DecodeArgs(model=a.model, layers=cfg.n_layers, batch=a.batch, context=a.context, steps=a.steps,
                       warmup=a.warmup, check_steps=a.check_steps, backends=backends, distributed=distributed,

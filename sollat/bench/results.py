@@ -20,9 +20,9 @@ import datetime as _dt
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .stats import Stats
 
@@ -42,13 +42,13 @@ IMPL_LABELS = {
 }
 
 
-@dataclass
-class Row:
-    impl: str  # "sollat", "nccl", "nccl-window", "torch-symm"
-    algo: str  # sollat algorithm or "auto"; NCCL "default" or "Ring/LL"...; torch "one_shot"...
-    ranks: int  # ranks the implementation actually ran with (1 for world-size-1 references)
-    dtype: str  # "float32", "bfloat16"
-    nbytes: int | None  # message size per rank; None when the whole implementation was skipped
+_MeasurementT = TypeVar("_MeasurementT", bound="_Measurement")
+
+
+@dataclass(kw_only=True)
+class _Measurement:
+    """What every record holds: whether it ran and, if it did, the statistics of its samples."""
+
     status: str = OK
     reason: str = ""
     median_us: float | None = None
@@ -57,6 +57,37 @@ class Row:
     min_us: float | None = None
     max_us: float | None = None
     spread_pct: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK and self.median_us is not None
+
+    def set_stats(self: _MeasurementT, s: Stats) -> _MeasurementT:
+        self.median_us, self.p10_us, self.p90_us = s.median, s.p10, s.p90
+        self.min_us, self.max_us, self.spread_pct = s.min, s.max, s.spread_pct
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, the ones that name the record (those without a default) first: the order the
+        files have always had them in."""
+        values = asdict(self)
+        names = [f.name for f in fields(self)]
+        naming = [f.name for f in fields(self) if f.default is MISSING and f.default_factory is MISSING]
+        return {name: values[name] for name in naming + [n for n in names if n not in naming]}
+
+    @classmethod
+    def from_dict(cls: type[_MeasurementT], d: dict[str, Any]) -> _MeasurementT:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class Row(_Measurement):
+    impl: str  # "sollat", "nccl", "nccl-window", "torch-symm"
+    algo: str  # sollat algorithm or "auto"; NCCL "default" or "Ring/LL"...; torch "one_shot"...
+    ranks: int  # ranks the implementation actually ran with (1 for world-size-1 references)
+    dtype: str  # "float32", "bfloat16"
+    nbytes: int | None  # message size per rank; None when the whole implementation was skipped
     calls_per_graph: int = 0
     replays: int = 0
     check: str = ""  # correctness of the timed outputs: "ok", "mismatch (...)", "n/a"
@@ -66,23 +97,6 @@ class Row:
     @property
     def label(self) -> str:
         return row_label(self.impl, self.algo, self.ranks)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == OK and self.median_us is not None
-
-    def set_stats(self, s: Stats) -> Row:
-        self.median_us, self.p10_us, self.p90_us = s.median, s.p10, s.p90
-        self.min_us, self.max_us, self.spread_pct = s.min, s.max, s.spread_pct
-        return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Row:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def row_label(impl: str, algo: str, ranks: int | None = None) -> str:
@@ -95,41 +109,20 @@ def row_label(impl: str, algo: str, ranks: int | None = None) -> str:
 
 
 @dataclass
-class BarrierRow:
+class BarrierRow(_Measurement):
     variant: str  # "a2a relaxed", "a2a acq_rel", "nccl lsa"
     ranks: int
     where: str  # "in-kernel" (per barrier inside one launch) or "graph" (one launch per barrier)
-    status: str = OK
-    reason: str = ""
-    median_us: float | None = None
-    p10_us: float | None = None
-    p90_us: float | None = None
-    min_us: float | None = None
-    max_us: float | None = None
-    spread_pct: float | None = None
     samples: int = 0
 
     @property
     def label(self) -> str:
         return f"{self.variant} ({self.where})"
 
-    @property
-    def ok(self) -> bool:
-        return self.status == OK and self.median_us is not None
-
     def set_stats(self, s: Stats) -> BarrierRow:
-        self.median_us, self.p10_us, self.p90_us = s.median, s.p10, s.p90
-        self.min_us, self.max_us, self.spread_pct = s.min, s.max, s.spread_pct
+        super().set_stats(s)
         self.samples = s.n
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BarrierRow:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 # ---- the commit ----------------------------------------------------------------------------
@@ -228,20 +221,28 @@ def _fmt(v: Any) -> Any:
     return v
 
 
-def write_bench_csv(path: str | Path, rows: Iterable[Row], *, meta: dict[str, Any],
-                    floor_us: float | None, sol_us: float | None) -> Path:
+def _write_csv(path: str | Path, columns: Sequence[str], lines: Iterable[Sequence[Any]]) -> Path:
     path = Path(path)
     with path.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(BENCH_CSV_COLUMNS)
-        for r in rows:
-            d = r.to_dict()
-            line = [d["impl"], d["algo"], r.label, d["ranks"], d["dtype"], d["nbytes"], d["status"], d["reason"],
-                    d["median_us"], d["p10_us"], d["p90_us"], d["min_us"], d["max_us"], d["spread_pct"],
-                    d["calls_per_graph"], d["replays"], d["check"], d["selected"], d["env"], floor_us, sol_us]
-            line += [meta.get(k, "") for k in BENCH_META_COLUMNS]
+        w.writerow(columns)
+        for line in lines:
             w.writerow([_fmt(v) for v in line])
     return path
+
+
+def write_bench_csv(path: str | Path, rows: Iterable[Row], *, meta: dict[str, Any],
+                    floor_us: float | None, sol_us: float | None) -> Path:
+    meta_values = [meta.get(k, "") for k in BENCH_META_COLUMNS]
+
+    def line(r: Row) -> list[Any]:
+        d = r.to_dict()
+        return [d["impl"], d["algo"], r.label, d["ranks"], d["dtype"], d["nbytes"], d["status"], d["reason"],
+                d["median_us"], d["p10_us"], d["p90_us"], d["min_us"], d["max_us"], d["spread_pct"],
+                d["calls_per_graph"], d["replays"], d["check"], d["selected"], d["env"], floor_us, sol_us,
+                *meta_values]
+
+    return _write_csv(path, BENCH_CSV_COLUMNS, (line(r) for r in rows))
 
 
 BARRIER_CSV_COLUMNS = ("variant", "where", "ranks", "status", "reason", "median_us", "p10_us", "p90_us",
@@ -249,16 +250,10 @@ BARRIER_CSV_COLUMNS = ("variant", "where", "ranks", "status", "reason", "median_
 
 
 def write_barrier_csv(path: str | Path, rows: Iterable[BarrierRow], *, meta: dict[str, Any]) -> Path:
-    path = Path(path)
-    with path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(BARRIER_CSV_COLUMNS)
-        for r in rows:
-            d = r.to_dict()
-            line = [d[c] for c in BARRIER_CSV_COLUMNS[:-len(BENCH_META_COLUMNS)]]
-            line += [meta.get(k, "") for k in BENCH_META_COLUMNS]
-            w.writerow([_fmt(v) for v in line])
-    return path
+    meta_values = [meta.get(k, "") for k in BENCH_META_COLUMNS]
+    row_columns = BARRIER_CSV_COLUMNS[:-len(BENCH_META_COLUMNS)]
+    return _write_csv(path, BARRIER_CSV_COLUMNS,
+                      ([r.to_dict()[c] for c in row_columns] + meta_values for r in rows))
 
 
 def read_csv(path: str | Path) -> list[dict[str, str]]:

@@ -16,6 +16,7 @@ import sollat
 from sollat import layout
 from sollat.algorithms import ALGORITHMS
 
+from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, assert_within_sum_bound, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
@@ -245,20 +246,17 @@ def test_cuda_graph_many_calls(r: int) -> None:
     for algo, xs, outs in calls[:len(algos) * 4]:  # warm up: compile and plan outside capture
         c.all_reduce(xs, algo=algo, out=outs)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def issue() -> None:
         for algo, xs, outs in calls:
             c.all_reduce(xs, algo=algo, out=outs)
-    for _replay in range(10):
-        for _algo, xs, outs in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
-            for o in outs:
-                o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check_replay(_replay: int) -> None:
         for k, (algo, xs, outs) in enumerate(calls):
             check_result(outs, xs, algo, what=f"graph call {k} ")
+
+    capture_and_replay(issue, inputs=[x for _, xs, _ in calls for x in xs],
+                       poisoned=[o for *_, outs in calls for o in outs], gen=gen, replays=10, check=check_replay)
     c.check()
 
 

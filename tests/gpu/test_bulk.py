@@ -12,6 +12,7 @@ import torch
 import sollat
 from sollat import abi, layout, testing
 
+from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, nan_or_exact_bad, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
@@ -83,20 +84,17 @@ def test_graph_of_mixed_round_counts() -> None:
     for xs, outs in calls[:len(sizes) * 2]:
         c.all_reduce(xs, algo=ALGO, out=outs)
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+
+    def issue() -> None:
         for xs, outs in calls:
             c.all_reduce(xs, algo=ALGO, out=outs)
-    for replay in range(3):
-        for xs, outs in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen))
-            for o in outs:
-                o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check_replay(replay: int) -> None:
         for k, (xs, outs) in enumerate(calls):
             _check(c, xs, outs, f"replay {replay} call {k}")
+
+    capture_and_replay(issue, inputs=[x for xs, _ in calls for x in xs], poisoned=[o for _, outs in calls for o in outs],
+                       gen=gen, replays=3, check=check_replay)
     c.check()
 
 

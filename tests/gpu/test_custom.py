@@ -6,8 +6,8 @@ reset) and an LL mismatch. Passed on an H200 on 2026-11-30 (21 tests, docs/bench
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 import torch
@@ -15,64 +15,53 @@ import torch
 import sollat
 from sollat import testing
 
-from ._faults import assert_absent_rank_fault
+from ._examples import load_example
+from ._faults import assert_absent_rank_refuses_until_reset
+from ._graphs import check_eagerly_then_in_a_graph
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SIZES = (1, 3, 7, 127, 1001, 4097, 70001, (1 << 20) + 3)
 
 
-def _example(name: str):
-    spec = importlib.util.spec_from_file_location(f"sollat_example_{name}", EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
-MAXABS = _example("maxabs_allreduce")
-ALLGATHER = _example("allgather")
+MAXABS = load_example("maxabs_allreduce")
+ALLGATHER = load_example("allgather")
 
 
 def _inputs(r: int, n: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
     return random_inputs(r, n, dtype, DEV, gen)
 
 
-@pytest.mark.parametrize("proto", ["ll", "sentinel"])
-@pytest.mark.parametrize("r", [2, 4, 8])
-def test_maxabs_every_dtype_and_odd_size(r: int, proto: str) -> None:
-    coll = MAXABS.collective(proto)
+def _check_every_dtype_and_odd_size(example: ModuleType, name: str, proto: str, r: int, seed: int,
+                                    out_shape: Callable[[int], tuple[int, ...]]) -> None:
+    """``example``'s collective on ``r`` ranks, every dtype it supports and every size of SIZES:
+    each rank's output of shape ``out_shape(n)`` and the input's dtype, bitwise its reference."""
+    coll = example.collective(proto)
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=5.0, collectives=[coll])
-    gen = torch.Generator(device=DEV).manual_seed(100 + r)
+    gen = torch.Generator(device=DEV).manual_seed(seed)
     for dtype in sorted(coll.dtypes, key=str):
         for n in SIZES:
             xs = _inputs(r, n, dtype, gen)
             ys = c.run(coll, xs)
-            ref = MAXABS.reference(xs)
+            ref = example.reference(xs)
             for k, y in enumerate(ys):
-                assert y.shape == xs[0].shape and y.dtype == dtype
-                assert_bitwise(y, ref, f"maxabs {proto} R={r} {dtype} n={n} rank {k}")
+                assert y.shape == out_shape(n) and y.dtype == dtype
+                assert_bitwise(y, ref, f"{name} {proto} R={r} {dtype} n={n} rank {k}")
     c.check()
+
+
+@pytest.mark.parametrize("proto", ["ll", "sentinel"])
+@pytest.mark.parametrize("r", [2, 4, 8])
+def test_maxabs_every_dtype_and_odd_size(r: int, proto: str) -> None:
+    _check_every_dtype_and_odd_size(MAXABS, "maxabs", proto, r, 100 + r, lambda n: (n,))
 
 
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])
 @pytest.mark.parametrize("r", [2, 4, 8])
 def test_allgather_every_dtype_and_odd_size(r: int, proto: str) -> None:
-    coll = ALLGATHER.collective(proto)
-    c = sollat.VirtualCommunicator(r, DEV, timeout_s=5.0, collectives=[coll])
-    gen = torch.Generator(device=DEV).manual_seed(200 + r)
-    for dtype in sorted(coll.dtypes, key=str):
-        for n in SIZES:
-            xs = _inputs(r, n, dtype, gen)
-            ys = c.run(coll, xs)
-            ref = ALLGATHER.reference(xs)
-            for k, y in enumerate(ys):
-                assert y.shape == (r, n)
-                assert_bitwise(y, ref, f"allgather {proto} R={r} {dtype} n={n} rank {k}")
-    c.check()
+    _check_every_dtype_and_odd_size(ALLGATHER, "allgather", proto, r, 200 + r, lambda n: (r, n))
 
 
 def test_special_values_and_2d_shapes() -> None:
@@ -145,21 +134,7 @@ def test_mixed_with_all_reduce_eager_and_in_a_cuda_graph() -> None:
             for y in outs:
                 assert_bitwise(y, ref, f"{what} call {k} ({kind})")
 
-    issue()  # eager: compiles every shape before the capture
-    torch.cuda.synchronize()
-    verify("eager")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        issue()
-    for rep in range(3):
-        for _, xs, _ in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
-        g.replay()
-        torch.cuda.synchronize()
-        c.check(sync=False)
-        verify(f"graph replay {rep}")
-    c.check()
+    check_eagerly_then_in_a_graph(c, issue, verify, inputs=[x for _, xs, _ in calls for x in xs], gen=gen, replays=3)
 
 
 @pytest.mark.parametrize("example", ["maxabs_allreduce", "allgather"])
@@ -171,18 +146,8 @@ def test_absent_rank_times_out_every_rank_raises_and_reset_recovers(example: str
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.3, collectives=[coll])
     gen = torch.Generator(device=DEV).manual_seed(31)
     xs = _inputs(r, 70001, torch.float32, gen)
-    ref = mod.reference(xs)
-    outs = [torch.zeros_like(ref) for _ in range(r)]
-    testing.inject(c, absent=2)
-    c.run(coll, xs, out=outs)
-    assert_absent_rank_fault(c, outs, [ref] * r, 2, f"{example} {proto}")
-    testing.clear(c)
-    with pytest.raises(sollat.CommunicatorFaultedError):
-        c.run(coll, xs)
-    c.reset()
-    for y in c.run(coll, xs):
-        assert_bitwise(y, ref, f"{example} {proto} after reset")
-    c.check()
+    assert_absent_rank_refuses_until_reset(c, lambda out: c.run(coll, xs, out=out), [mod.reference(xs)] * r, 2,
+                                           f"{example} {proto}")
 
 
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])

@@ -15,7 +15,8 @@ from sollat import algorithms, layout, testing
 from sollat import gather_scatter as gs
 from sollat.dtypes import DTYPES
 
-from ._faults import assert_absent_rank_fault
+from ._faults import assert_absent_rank_refuses_until_reset
+from ._graphs import check_eagerly_then_in_a_graph
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
@@ -200,23 +201,8 @@ def test_mixed_with_all_reduce_eager_and_in_a_cuda_graph() -> None:
             for j, y in enumerate(outs):
                 assert_bitwise(y, refs[j], f"{what} call {k} ({kind}) rank {j}")
 
-    issue()  # eager: compiles every shape before the capture
-    torch.cuda.synchronize()
-    verify("eager")
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        issue()
-    for rep in range(3):
-        for _, _, _, xs, outs in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
-            for o in outs:
-                o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        c.check(sync=False)
-        verify(f"graph replay {rep}")
-    c.check()
+    check_eagerly_then_in_a_graph(c, issue, verify, inputs=[x for *_, xs, _ in calls for x in xs],
+                                  poisoned=[o for *_, outs in calls for o in outs], gen=gen, replays=3)
 
 
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
@@ -234,17 +220,7 @@ def test_absent_rank_times_out_every_rank_raises_and_reset_recovers(kind: str, a
             return c.all_gather(xs, out=out, algo=algo)
         return c.reduce_scatter(xs, out=out, algo=algo)
 
-    outs = [torch.zeros_like(refs[k]) for k in range(r)]
-    testing.inject(c, absent=2)
-    call(outs)
-    assert_absent_rank_fault(c, outs, refs, 2, f"{kind} {algo}")
-    testing.clear(c)
-    with pytest.raises(sollat.CommunicatorFaultedError):
-        call()
-    c.reset()
-    for k, y in enumerate(call()):
-        assert_bitwise(y, refs[k], f"{kind} {algo} after reset rank {k}")
-    c.check()
+    assert_absent_rank_refuses_until_reset(c, call, refs, 2, f"{kind} {algo}")
 
 
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])

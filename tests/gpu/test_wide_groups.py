@@ -7,9 +7,6 @@ unwindowed kernels; the sizes here are the ones issue 28 names."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -18,7 +15,9 @@ from sollat import gather_scatter as gs
 from sollat import layout, rmsnorm, testing
 from sollat.algorithms import ALGORITHMS
 
+from ._examples import load_example
 from ._faults import assert_absent_rank_fault
+from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
 pytestmark = pytest.mark.gpu
@@ -130,20 +129,11 @@ def test_all_reduce_rmsnorm(r: int, algo: str, fp8: bool) -> None:
     c.check()
 
 
-def _example(name: str):
-    path = Path(__file__).resolve().parents[2] / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"sollat_wide_example_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("r", [17, 72])
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])
 def test_user_written_collectives(r: int, proto: str) -> None:
     """The examples, unchanged: a user kernel written with recvReduce / recvEach runs windowed."""
-    maxabs, allgather = _example("maxabs_allreduce"), _example("allgather")
+    maxabs, allgather = load_example("maxabs_allreduce"), load_example("allgather")
     colls = [maxabs.collective(proto), allgather.collective(proto)]
     _held.clear()
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=5.0, collectives=colls, algorithms=["oneshot_ll"])
@@ -185,17 +175,8 @@ def test_cuda_graph_of_mixed_calls(r: int) -> None:
 
     issue()  # compile and plan outside the capture
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        issue()
-    for replay in range(3):
-        for _kind, _algo, _proto, xs, outs in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
-            for o in outs:
-                o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check_replay(replay: int) -> None:
         for i, (kind, _algo, _proto, xs, outs) in enumerate(calls):
             what = f"replay {replay} call {i} {kind} R={r}"
             if kind == "ar":
@@ -206,6 +187,9 @@ def test_cuda_graph_of_mixed_calls(r: int) -> None:
                 refs = gs.reduce_scatter_reference(xs, "sum")
             for k in range(r):
                 assert_bitwise(outs[k], refs[k], f"{what} rank {k}")
+
+    capture_and_replay(issue, inputs=[x for *_, xs, _ in calls for x in xs],
+                       poisoned=[o for *_, outs in calls for o in outs], gen=gen, replays=3, check=check_replay)
     c.check()
 
 

@@ -51,23 +51,3 @@ class RankOrderDouble:
 def counts(kind: str) -> int:
     return sum(1 for d in DOUBLES for c in d.calls if c[0] == kind)
 
-
-def run_worker(loader: Any, tp: Any) -> None:
-    """The engine workers' command line: ``loader OUT`` runs ``loader(out)`` in this process,
-    ``tp OUT`` runs ``tp(rank, port, out)`` in two spawned ranks on a free local port."""
-    import socket
-    import sys
-    from pathlib import Path
-
-    import torch.multiprocessing as mp
-
-    mode, out = sys.argv[1], Path(sys.argv[2])
-    if mode == "loader":
-        loader(out)
-    elif mode == "tp":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        mp.spawn(tp, args=(port, out), nprocs=2)
-    else:
-        raise SystemExit(f"unknown mode {mode!r}")

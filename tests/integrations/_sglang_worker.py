@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,28 +16,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        exc = record.exc_info[1] if record.exc_info else None
-        self.lines.append(record.getMessage() + (f" | {type(exc).__name__}: {exc}" if exc else ""))
-
-
 def _load(env: dict[str, str | None]) -> dict[str, Any]:
     """SGLang's loader once more, with ``env``: what it did."""
+    import _worker
     import sglang.srt.distributed.device_communicators.custom_all_reduce as car
     import sglang.srt.plugins as plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    lines, errors = _Lines(), _Lines()
+    _worker.set_env(env)
+    lines, errors = _worker.LogLines(), _worker.LogLines()
     for name, handler in (("sglang.srt.plugins.sollat", lines), ("sglang.srt.plugins", errors)):
         logging.getLogger(name).setLevel(logging.INFO)
         logging.getLogger(name).addHandler(handler)
@@ -64,15 +50,9 @@ def loader(out: Path) -> None:
     (out / "0.json").write_text(json.dumps(got))
 
 
-def _rank_input(rank: int, shape: tuple[int, ...], dtype: Any, seed: int) -> Any:
-    import torch
-
-    g = torch.Generator().manual_seed(1000 * seed + rank)
-    return torch.randn(shape, generator=g).to(dtype)
-
-
 def tp(rank: int, port: int, out: Path) -> None:
     import _double
+    import _worker
     import torch
 
     from sollat.integrations import core
@@ -97,22 +77,19 @@ def tp(rank: int, port: int, out: Path) -> None:
     checks: dict[str, bool] = {}
 
     def ref(xs: list[Any]) -> Any:
-        acc = xs[0].double()
-        for x in xs[1:]:
-            acc = acc + x.double()
-        return acc.to(xs[0].dtype)
+        return _worker.rank_order_sum(xs).to(xs[0].dtype)
 
     for dtype, seed in ((torch.bfloat16, 1), (torch.float32, 2)):
-        xs = [_rank_input(r, (3, 40), dtype, seed) for r in range(ws)]
+        xs = [_worker.rank_input(r, (3, 40), dtype, seed) for r in range(ws)]
         checks[f"auto_{dtype}"] = bool(torch.equal(group._all_reduce_out_place(xs[rank], "auto"), ref(xs)))
-    xs = [_rank_input(r, (5, 8), torch.float16, 3) for r in range(ws)]
+    xs = [_worker.rank_input(r, (5, 8), torch.float16, 3) for r in range(ws)]
     checks["ca"] = bool(torch.equal(group._all_reduce_out_place(xs[rank], "ca"), ref(xs)))
     got["after_routed"] = _double.counts("all_reduce")
     # What the rule gives back to SGLang: should_custom_ar says no, so SGLang's method choice is not
     # "ca" (its next choices, pynccl and the rest, are CUDA-only: on CPU SGLang's own all_reduce
     # sends the tensor to torch.distributed, which gives the result compared here).
     xi = [torch.arange(12, dtype=torch.int32).reshape(3, 4) * (r + 1) for r in range(ws)]
-    xs = [_rank_input(r, (8, 6), torch.float32, 4) for r in range(ws)]
+    xs = [_worker.rank_input(r, (8, 6), torch.float32, 4) for r in range(ws)]
     declined = {"int32": (xi[rank], ref(xi)), "non_contiguous": (xs[rank].t(), ref(xs).t())}
     got["declined_method"] = {}
     for name, (t, want) in declined.items():
@@ -129,17 +106,11 @@ def tp(rank: int, port: int, out: Path) -> None:
     got["capturing_after"] = [ca._IS_CAPTURING, ca.adapter.capturing]
     got["checks"] = checks
     got["counts"] = dict(ca.adapter.counts)
-    got["batch_invariant"] = [d.batch_invariant for d in _double.DOUBLES]
-    got["doubles"] = len(_double.DOUBLES)
     got["shim_groups"] = list(shim.GROUPS)
-    (out / f"{rank}.json").write_text(json.dumps(got))
-
-
-def main() -> None:
-    import _double
-
-    _double.run_worker(loader, tp)
+    _worker.write_rank_result(out, rank, got)
 
 
 if __name__ == "__main__":
-    main()
+    import _worker
+
+    _worker.run(loader, tp)

@@ -18,27 +18,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def _load(env: dict[str, str | None]) -> dict[str, Any]:
     """vLLM's loader once, in a process where it has not run, with ``env``; what it did."""
+    import _worker
     import vllm.plugins as plugins
     from vllm.compilation.passes.pass_manager import PostGradPassManager
     from vllm.distributed.parallel_state import GroupCoordinator
 
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    lines = _Lines()
+    _worker.set_env(env)
+    lines = _worker.LogLines()
     logging.getLogger("vllm").setLevel(logging.INFO)  # as vLLM's own logging setup leaves it
     logging.getLogger("vllm.plugins.sollat").addHandler(lines)
     plugins.plugins_loaded = False
@@ -65,25 +53,12 @@ def loader(out: Path) -> None:
     (out / "0.json").write_text(json.dumps(got))
 
 
-def _ref(xs: list[Any]) -> Any:
-
-    acc = xs[0].double()
-    for x in xs[1:]:
-        acc = acc + x.double()
-    return acc
-
-
-def _rank_input(rank: int, shape: tuple[int, ...], dtype: Any, seed: int = 0) -> Any:
-    import torch
-
-    g = torch.Generator().manual_seed(1000 * seed + rank)
-    return torch.randn(shape, generator=g).to(dtype)
-
-
 def tp(rank: int, port: int, out: Path) -> None:
     import _double
+    import _worker
     import torch
     import torch._inductor.pattern_matcher as pm
+    from _worker import rank_input, rank_order_sum
 
     from sollat.integrations import core, vllm_pass
     from sollat.integrations import vllm as shim
@@ -106,7 +81,7 @@ def tp(rank: int, port: int, out: Path) -> None:
         checks[name] = {"ok": ok, "max_err": float((value - want).abs().max()) if value.numel() else 0.0}
 
     def everyone(shape: tuple[int, ...], dtype: Any, seed: int) -> list[Any]:
-        return [_rank_input(r, shape, dtype, seed) for r in range(ws)]
+        return [rank_input(r, shape, dtype, seed) for r in range(ws)]
 
     with set_current_vllm_config(VllmConfig()) as _:
         ps.init_distributed_environment(world_size=ws, rank=rank, local_rank=rank, backend="gloo",
@@ -119,14 +94,14 @@ def tp(rank: int, port: int, out: Path) -> None:
         # eager, through vLLM's public TP all-reduce
         for dtype, seed in ((torch.float32, 1), (torch.bfloat16, 2)):
             xs = everyone((3, 40), dtype, seed)
-            check(f"eager_{dtype}", tensor_model_parallel_all_reduce(xs[rank].clone()), _ref(xs).to(dtype))
+            check(f"eager_{dtype}", tensor_model_parallel_all_reduce(xs[rank].clone()), rank_order_sum(xs).to(dtype))
         got["after_eager"] = _double.counts("all_reduce")
 
         # calls the rule gives to vLLM (CpuCommunicator, in place on a copy)
         xi = [torch.arange(12, dtype=torch.int32).reshape(3, 4) * (r + 1) for r in range(ws)]
-        check("int32", tensor_model_parallel_all_reduce(xi[rank].clone()), _ref(xi).to(torch.int32))
+        check("int32", tensor_model_parallel_all_reduce(xi[rank].clone()), rank_order_sum(xi).to(torch.int32))
         xs = everyone((8, 6), torch.float32, 3)
-        check("non_contiguous", tensor_model_parallel_all_reduce(xs[rank].clone().t()), _ref(xs).t().float())
+        check("non_contiguous", tensor_model_parallel_all_reduce(xs[rank].clone().t()), rank_order_sum(xs).t().float())
         check("empty", tensor_model_parallel_all_reduce(torch.empty(0, 4)), torch.empty(0, 4))
         got["after_ineligible"] = _double.counts("all_reduce")
 
@@ -139,23 +114,23 @@ def tp(rank: int, port: int, out: Path) -> None:
 
         for seed in (4, 5):
             xs = everyone((2, 24), torch.float32, seed)
-            check(f"compiled_{seed}", layer(xs[rank]), _ref([2.0 * x for x in xs]).float() + 1.0)
+            check(f"compiled_{seed}", layer(xs[rank]), rank_order_sum([2.0 * x for x in xs]).float() + 1.0)
         got["after_compiled"] = _double.counts("all_reduce")
 
         # the fused op the compile pass puts in the graph, eagerly
         name = group.unique_name
         xs, rs = everyone((4, 64), torch.bfloat16, 6), everyone((4, 64), torch.bfloat16, 7)
-        w = _rank_input(0, (64,), torch.bfloat16, 8)  # the same weight on every rank
-        want_y, want_r = vllm.ir.ops.fused_add_rms_norm(_ref(xs).to(torch.bfloat16), rs[rank], w, 1e-6)
+        w = rank_input(0, (64,), torch.bfloat16, 8)  # the same weight on every rank
+        want_y, want_r = vllm.ir.ops.fused_add_rms_norm(rank_order_sum(xs).to(torch.bfloat16), rs[rank], w, 1e-6)
         y, r = torch.ops.sollat_vllm.all_reduce_rmsnorm(xs[rank], rs[rank], w, 1e-6, name)
         # routed: the double's (sollat's) arithmetic, one rounding of sum + residual; y within
         # rounding of vLLM's unfused IR op
         check("fused_y", y, want_y, exact=False)
-        check("fused_r", r, (_ref(xs) + rs[rank].double()).to(torch.bfloat16))
+        check("fused_r", r, (rank_order_sum(xs) + rs[rank].double()).to(torch.bfloat16))
         x64, r64 = everyone((4, 64), torch.float64, 9), everyone((4, 64), torch.float64, 10)
-        w64 = _rank_input(0, (64,), torch.float64, 11)
+        w64 = rank_input(0, (64,), torch.float64, 11)
         y, r = torch.ops.sollat_vllm.all_reduce_rmsnorm(x64[rank], r64[rank], w64, 1e-6, name)
-        wy, wr = vllm.ir.ops.fused_add_rms_norm(_ref(x64), r64[rank], w64, 1e-6)
+        wy, wr = vllm.ir.ops.fused_add_rms_norm(rank_order_sum(x64), r64[rank], w64, 1e-6)
         check("fused_fallback_y", y, wy)
         check("fused_fallback_r", r, wr)
         got["after_fused_ops"] = {"rmsnorm": _double.counts("all_reduce_rmsnorm"), "all_reduce": _double.counts("all_reduce")}
@@ -203,16 +178,10 @@ def tp(rank: int, port: int, out: Path) -> None:
         got["wanted_when_vllm_fuses"] = vllm_pass.wanted(fusing)
         got["checks"] = checks
         got["counts"] = dict(shim.adapter(group).counts)
-        got["batch_invariant"] = [d.batch_invariant for d in _double.DOUBLES]
-        got["doubles"] = len(_double.DOUBLES)
-    (out / f"{rank}.json").write_text(json.dumps(got))
-
-
-def main() -> None:
-    import _double
-
-    _double.run_worker(loader, tp)
+    _worker.write_rank_result(out, rank, got)
 
 
 if __name__ == "__main__":
-    main()
+    import _worker
+
+    _worker.run(loader, tp)
