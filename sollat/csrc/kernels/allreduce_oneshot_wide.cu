@@ -29,8 +29,9 @@
 //
 // Block synchronisation: warps with no line in the first pass have none in any later pass (lines
 // only grow), so they leave at once and the others synchronise with a named barrier counting only
-// them (bar.sync 1, threads): the idle warps of a small message neither load epochs nor wait.
-// Shared memory is reused only after a barrier that follows every read of it.
+// them (barrier 1 with a thread count): the idle warps of a small message neither load epochs nor
+// wait. One barrier per pass (with an OR of the threads' faults) puts the pass's lines in shared
+// memory before the sums; a second one, only where another pass follows, keeps them until read.
 //
 // Module defines as in allreduce_oneshot.cu (SOLLAT_PROTO is ProtoLL, SOLLAT_SLOTS 1,
 // SOLLAT_MAX_RANKS the wide rank cap). Kernel: oneshot_wide (collective.h).
@@ -40,10 +41,21 @@ using namespace sollat;
 
 constexpr int kBuffers = kOneshotWideBuffers;  // abi.h (sollat/abi.py KERNELS)
 
-// Barrier 1 for the `threads` (a multiple of 32) threads of the block's working warps. bar.sync
-// orders the shared-memory accesses of the participating threads (as __syncthreads does); the
-// "memory" clobber keeps the compiler from moving shared loads and stores across it.
+// Barrier 1 for the `threads` (a multiple of 32) threads of the block's working warps. bar.sync and
+// bar.red order the shared-memory accesses of the participating threads (as __syncthreads and
+// __syncthreads_or do); the "memory" clobber keeps the compiler from moving shared loads and
+// stores across them. sync_working_any also returns whether `pred` held in any of those threads
+// (bar.red.or: a fault seen by one thread stops the whole block, with no shared flag to clear).
 __device__ __forceinline__ void sync_working(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
+__device__ __forceinline__ bool sync_working_any(int threads, bool pred) {
+  int any;
+  asm volatile(
+      "{\n\t.reg .pred p, q;\n\tsetp.ne.s32 p, %1, 0;\n\tbar.red.or.pred q, 1, %2, p;\n\tselp.s32 %0, 1, 0, q;\n\t}"
+      : "=r"(any)
+      : "r"((int)pred), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 
 template <typename T, class Op, int kMaxRanks>
 __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* out) {
@@ -54,7 +66,6 @@ __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* 
   static_assert(sizeof(P) * kPeerGroupPacks <= 32768, "the (line, rank) packs of a pass: 32 KiB of shared memory");
   constexpr int kElems = P::kElems;
   __shared__ P got[kPeerGroupPacks];  // [q * lb + j]: line j of rank q (consecutive j: no bank conflict)
-  __shared__ int stop;
 
   const int R = a.nranks;
   const int lb = peer_group_lines(R);  // lines per block and pass (layout.h): the host's blockDim.x / groups
@@ -84,18 +95,17 @@ __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* 
   P v;
   if (line_of(0) < lines) v = load_pack<T, sizeof(P)>(in, line_of(0) * kElems, a.n, in_aligned);
   if (refused(a)) return poison_from(0);  // the same answer in every thread: a.prior is the rank's
-  if (threadIdx.x == 0) stop = 0;
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(R, a.lines_per_src)), fault, peer_group_slot(blockIdx.x, g, j, R));
   // The reader of this thread's line at every peer: thread (group of this rank, j).
   const int reader_slot = peer_group_slot(blockIdx.x, a.rank / kPeerWindow, j, R);
-  sync_working(working);  // `stop` is cleared before anyone may set it
 
   for (u64 base = 0; base < lines; base += per_iter) {  // the same passes in every working thread of the block
     const bool active = line_of(base) < lines;
     bool ok = true;
     P ahead;  // the next pass's input, in flight while this pass polls (polls are volatile asm)
     const bool ahead_active = line_of(base + per_iter) < lines;
+    const bool ahead_any = base + per_iter < lines;  // a next pass exists (for some block)
     if (active) {
       // sendToSlot fences after this thread's previous receive (ll_buffer.h's credit rule), then
       // stores in the LL order; no other fence is needed: the reader's slot is written only here.
@@ -108,9 +118,9 @@ __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* 
       if (g == 0) got[a.rank * lb + j] = v;  // LL carries the bits as they are: every rank sums these
       ok = buf.template recvWindow<T>(1, q0, [&](int q, int, const P& x) { got[q * lb + j] = x; });
     }
-    if (!ok) stop = 1;     // benign race: every writer stores 1
-    sync_working(working);  // every line of the pass is in `got`, and every thread sees `stop`
-    if (stop) return poison_from(base);  // fault recorded (every rank learns of it); no commit
+    // Every line of the pass is in `got` after this barrier, and every thread learns whether any
+    // thread of the block met a fault (recorded: every rank learns of it); then no commit.
+    if (sync_working_any(working, !ok)) return poison_from(base);
     if (active && g == 0) {
       A acc;
       pack_to_acc(got[j], acc);
@@ -121,7 +131,8 @@ __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* 
       store_pack<T, sizeof(P)>(out, line_of(base) * kElems, a.n, out_aligned, res);
     }
     buf.advanceEpoch();
-    sync_working(working);  // `got` and `stop` are read before the next pass writes them
+    if (!ahead_any) break;  // the same in every thread: no later pass, so no reuse of `got` to wait for
+    sync_working(working);  // `got` is read before the next pass writes it
     v = ahead;
   }
   buf.commit();
