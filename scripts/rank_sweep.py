@@ -2,7 +2,10 @@
 same process: every AllReduce algorithm that runs at R, at a few sizes, R = 2 .. 72.
 
     python scripts/rank_sweep.py [--ranks 2,3,4,8,9,16,17,32,33,64,72] [--sizes 4,128,8192,65536]
-        [--dtype float32] [--calls 50] [--replays 11]
+        [--dtype float32] [--calls 50] [--replays 11] [--algos oneshot_ll,oneshot_ll_wide]
+
+``--algos``: only these algorithms, each at the world sizes it runs on (``oneshot_ll_wide``: 9 and
+more); default every deterministic one.
 
 Timing is sollat.bench's (CUDA-graph replay of ``--calls`` calls rotating over input sets, median
 of ``--replays``; docs/measurement.md). Each timed output set is checked against the rank-order
@@ -30,14 +33,22 @@ def main() -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--replays", type=int, default=11)
+    p.add_argument("--algos", default="", help="comma-separated algorithm names (default: every deterministic one)")
     a = p.parse_args()
+    wanted = [x.strip() for x in a.algos.split(",") if x.strip()] or \
+        [n for n, alg in ALGORITHMS.items() if alg.deterministic]
+    unknown = [x for x in wanted if x not in ALGORITHMS]
+    if unknown:
+        p.error(f"unknown algorithm {unknown[0]!r}; known: {', '.join(ALGORITHMS)}")
     dev = torch.device("cuda", 0)
     dtype = getattr(torch, a.dtype)
     esize = torch.tensor([], dtype=dtype).element_size()
     fl = floor_record(dev, calls=a.calls, replays=a.replays)
     print(f"FLOOR plain {fl['median_us']:.3f} pdl {fl['pdl_median_us']:.3f}", flush=True)
     for r in (int(v) for v in a.ranks.split(",")):
-        algos = [n for n, alg in ALGORITHMS.items() if alg.max_world >= r and alg.deterministic]
+        algos = [n for n in wanted if ALGORITHMS[n].runs_on(r)]
+        if not algos:
+            continue
         t0 = time.perf_counter()
         comm = sollat.VirtualCommunicator(r, dev, algorithms=algos)
         built = time.perf_counter() - t0

@@ -31,6 +31,11 @@ PEER_WINDOW = 8
 # that holds it (algorithms.max_ranks_template).
 RANK_CAPS: tuple[int, ...] = (2, 4, PEER_WINDOW, MAX_RANKS)
 MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
+# The wide one-shot (kernels/allreduce_oneshot_wide.cu) keeps one pass's (line, rank) packs of a
+# block in shared memory, 8 bytes each (C++ kPeerGroupPacks: 32 KiB). Its blocks hold
+# layout.peer_group_lines(R) lines of ceil(R / PEER_WINDOW) threads each, at most MAX_THREADS
+# threads, so lines x R never exceeds this (abi_layout.py, "peer groups").
+PEER_GROUP_PACKS = MAX_THREADS * PEER_WINDOW
 MAX_SLOTS = 4  # lines per thread per iteration (C++ kMaxSlotsPerThread)
 LINE_BYTES = 16  # one vector store
 WARP = 32
@@ -70,7 +75,8 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
                                                   Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
                                                   Kernel("allgather", 1),
-                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2))}
+                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2),
+                                                  Kernel("oneshot_wide", 1))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:

@@ -40,6 +40,7 @@ from .abi import (
     MAX_THREADS,
     PARITIES,
     PAYLOAD_BYTES,
+    PEER_GROUP_PACKS,
     PEER_WINDOW,
     POINTER_LISTS,
     RMSNORM_MAX_HIDDEN,
@@ -88,6 +89,8 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
+        "// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass.",
+        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS)]),
         "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block;"
         " the longest row (both RMSNorm kernels).",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),

@@ -33,6 +33,7 @@ CONSTANTS: dict[str, tuple[str, int]] = {
     "PARITIES": ("kParities", abi.PARITIES),
     "LINE_BYTES": ("kLineBytes", abi.LINE_BYTES),
     "WARP": ("kWarpSize", abi.WARP),
+    "PEER_WINDOW": ("kPeerWindow", abi.PEER_WINDOW),
     "SIGNATURE_LINES_PER_BLOCK": ("kSignatureLinesPerBlock", SIGNATURE_LINES_PER_BLOCK),
 }
 LAYOUT_CONSTANTS = ("SIGNATURE_LINES_PER_BLOCK",)  # declared in layout.h, not abi.h
@@ -44,6 +45,24 @@ FORMULAS: tuple[Formula, ...] = (
     Formula("slot_index", ("block", "slot", "thread"), "(block * MAX_SLOTS + slot) * MAX_THREADS + thread",
             "line-channel `slot` (< kMaxSlotsPerThread) of (block, thread): consecutive threads get "
             "consecutive lines.", device=(_INT3,)),
+    # Peer groups (kernels/allreduce_oneshot_wide.cu): thread (group g, line j) of a block handles
+    # line j for the peers of group g (ranks g * PEER_WINDOW ..). Lines per block depend on the world
+    # size only, never on the message: a slot index then plays one (group, line) role in every call,
+    # and the epochs of the writer and the reader of a line agree (ll_buffer.h's channel rule,
+    # generalised: channel (g, j) on rank r talks to channel (group of r, j) on every peer of g).
+    Formula("peer_groups", ("nranks",), "(nranks + PEER_WINDOW - 1) // PEER_WINDOW",
+            "peer groups of a wide group: PEER_WINDOW ranks each, the last one possibly smaller (threads per "
+            "line of the wide one-shot).", device=(Signature((("nranks", "int"),)),)),
+    Formula("peer_group_lines", ("nranks",), "MAX_THREADS // peer_groups(nranks) // WARP * WARP",
+            "lines per block of the wide one-shot: as many whole warps of lines as MAX_THREADS threads hold "
+            "with peer_groups(nranks) threads per line (a warp then serves one group); a function of the "
+            "world size alone.", device=(Signature((("nranks", "int"),)),)),
+    Formula("peer_group_slot", ("block", "group", "line", "nranks"),
+            "slot_index(block, 0, group * peer_group_lines(nranks) + line)",
+            "the wide one-shot's line-channel of thread (group, line) of block `block` (its threadIdx.x is "
+            "group * peer_group_lines + line): on rank r it receives line `line` from the ranks of group "
+            "`group`; a rank sends that line to peer q in q's channel (group of r, line).",
+            device=(Signature((("block", "int"), ("group", "int"), ("line", "int"), ("nranks", "int"))),)),
     Formula("signature_line", ("block", "lines_per_src"), "lines_per_src - SIGNATURE_LINES_PER_BLOCK * (block + 1)",
             "the line whose first 8 bytes hold block `block`'s signature word (sentinel buffers, ll_buffer.h) "
             "in a receiver's (parity, source) part, one 32-byte sector per block: counted from the end of "

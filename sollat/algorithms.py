@@ -34,6 +34,12 @@ class Algorithm:
     # abi.RANK_CAPS, and the widest one listed is the most ranks the algorithm runs on (WIDE: the
     # windowed peer loops of ll_buffer.h, up to abi.MAX_RANKS)
     slot_choices: tuple[tuple[int, int], ...] = ((2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (abi.MAX_RANKS, 1))
+    # The fewest ranks it runs on (a kernel for wide groups only: abi.PEER_WINDOW + 1)
+    min_world: int = 2
+    # Its threads are (peer group, line) pairs (layout.plan_peer_groups), not lines (layout.plan)
+    peer_groups: bool = False
+    # Whether algo="auto" may choose it and `tune` measures it (False: by name only; select.choose)
+    auto: bool = True
     # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
     # A hardware property its correctness on real ranks rests on, beyond what the PTX memory model
@@ -83,9 +89,13 @@ class Algorithm:
 
     def check_world(self, world_size: int, opname: str = "all_reduce") -> None:
         """Raise if this algorithm has no kernel for ``world_size`` ranks."""
-        if world_size > self.max_world:
-            raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on at most {self.max_world} ranks, this "
-                                   f"communicator has {world_size}")
+        if not self.min_world <= world_size <= self.max_world:
+            raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on {self.min_world} to {self.max_world} "
+                                   f"ranks, this communicator has {world_size}")
+
+    def runs_on(self, world_size: int) -> bool:
+        """Whether it has a kernel for ``world_size`` ranks (min_world .. max_world)."""
+        return self.min_world <= world_size <= self.max_world
 
     def scratch_bytes(self, nranks: int, max_blocks: int | None = None) -> int:
         return self.buffers * layout.region_bytes(nranks, max_blocks or self.max_blocks)
@@ -124,6 +134,12 @@ ALGORITHMS: dict[str, Algorithm] = {
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather) for large messages: block-sized areas copied "
                       "straight from the input, one flag per area (bulk protocol), rank-order reduction"),
+        # Last: the other algorithms' regions keep their offsets. By name only (auto=False): not
+        # measured on a GPU yet. Scratch: one LL region (layout.region_bytes) like oneshot_ll's.
+        Algorithm("oneshot_ll_wide", "allreduce_oneshot_wide.cu", "oneshot_wide", "ll", 16, True, False,
+                  slot_choices=((abi.MAX_RANKS, 1),), min_world=abi.PEER_WINDOW + 1, peer_groups=True, auto=False,
+                  doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the block's "
+                      "threads (one per peer group of 8), rank-order sum from shared memory"),
     )
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from . import algorithms, build, rmsnorm, rmsnorm_epilogue
@@ -77,8 +77,10 @@ def _first_error(log: str) -> str:
     return (errors or lines or ["no compile log"])[0]
 
 
-def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False) -> int:
+def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False,
+               files: Collection[str] | None = None) -> int:
     """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count.
+    ``files``: only the instantiations of these kernel files (``allreduce_oneshot_wide.cu`` ...).
 
     ``progress``: a progress bar on stderr (``sollat.bench.progress``: rich on a terminal, a line
     every 10 % or 20 s otherwise), one step per module. Raises ValueError for an arch sollat cannot
@@ -96,7 +98,7 @@ def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False
         raise PrecompileError(missing.removeprefix("sollat: "))
     from .bench.progress import Progress
 
-    work = [(f, d, arch) for f, d in all_instantiations()]
+    work = [(f, d, arch) for f, d in all_instantiations() if files is None or f in files]
     try:
         with Progress(len(work), f"precompile {arch}", enabled=progress) as bar:
             if jobs == 1:

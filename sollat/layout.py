@@ -90,8 +90,12 @@ signature_lines: Callable[[int], int] = _F["signature_lines"]
 lines_per_src: Callable[[int], int] = _F["lines_per_src"]
 region_bytes_of_lines: Callable[[int, int], int] = _F["region_bytes_of_lines"]
 region_bytes: Callable[[int, int], int] = _F["region_bytes"]  # (nranks, max_blocks)
+peer_groups: Callable[[int], int] = _F["peer_groups"]
+peer_group_lines: Callable[[int], int] = _F["peer_group_lines"]
+peer_group_slot: Callable[[int, int, int, int], int] = _F["peer_group_slot"]  # (block, group, line, nranks)
 DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_line", "signature_lines",
-           "lines_per_src", "region_bytes_of_lines", "region_bytes")
+           "lines_per_src", "region_bytes_of_lines", "region_bytes", "peer_groups", "peer_group_lines",
+           "peer_group_slot")
 
 
 def message_line(geo: Geometry, it: int, block: int, slot: int, thread: int) -> int:
@@ -147,3 +151,18 @@ def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_t
         slots *= 2  # powers of two only, never above max_slots
     per_iter = blocks * threads * slots
     return Geometry(blocks, threads, slots, ceil_div(total_lines, per_iter))
+
+
+PEER_GROUP_PACKS = abi.PEER_GROUP_PACKS  # the wide one-shot's (line, rank) packs per block and pass
+
+
+def plan_peer_groups(total_lines: int, world_size: int, *, max_blocks: int) -> Geometry:
+    """The wide one-shot's cut (``allreduce_oneshot_wide.cu``): a block is ``peer_groups(R)``
+    threads for each of its ``peer_group_lines(R)`` lines, whatever the message size, so a slot
+    index plays the same (group, line) role in every call and the writer's and the reader's epochs
+    of a line agree (abi_layout.py, "peer groups"); blocks up to ``max_blocks``, then passes.
+    (With lines per block fitted to the message, the first GPU run timed out at R = 9:
+    docs/benchmarks.md run 25.)"""
+    lb = peer_group_lines(world_size)
+    blocks = min(max_blocks, ceil_div(max(total_lines, 1), lb))
+    return Geometry(blocks, lb * peer_groups(world_size), 1, ceil_div(max(total_lines, 1), blocks * lb))

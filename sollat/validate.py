@@ -37,12 +37,12 @@ def check_world_size(world_size: object, who: str) -> None:
 
 def algorithm_names(names: Sequence[str] | None, world_size: int = 2, who: str = "Communicator") -> tuple[str, ...]:
     """The AllReduce algorithms a communicator of ``world_size`` ranks enables: ``names`` (each
-    must run at that size), or by default every algorithm that does (Algorithm.max_world: LL128
-    and the bulk two-shot stop at abi.PEER_WINDOW ranks)."""
+    must run at that size), or by default every algorithm that does (Algorithm.runs_on: LL128
+    and the bulk two-shot stop at abi.PEER_WINDOW ranks, the wide one-shot starts above it)."""
     if isinstance(names, str):
         raise UnsupportedError(f"algorithms must be a list of names, got the string {names!r}")
     if names is None:
-        return tuple(n for n, a in ALGORITHMS.items() if a.max_world >= world_size)
+        return tuple(n for n, a in ALGORITHMS.items() if a.runs_on(world_size))
     out = tuple(names)
     if not out:
         raise UnsupportedError(f"algorithms must name at least one of {', '.join(ALGORITHMS)}")

@@ -228,7 +228,10 @@ class _CommBase(LaunchFitting, DeviceState):
         kernel_file = self._kernel_files.get(name, alg.kernel_file)
 
         def build_for(max_blocks: int) -> tuple[layout.Geometry, Any]:
-            geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
+            if alg.peer_groups:
+                geo = layout.plan_peer_groups(lines, self.world_size, max_blocks=max_blocks)
+            else:
+                geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
             return geo, self._kernel(alg, kernel_file, dt, op, rmax, geo.slots)
 
         geo, kernel, config = self._fitting_launch(what, build_for, self._region_blocks[region])

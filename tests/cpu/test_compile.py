@@ -16,12 +16,22 @@ def test_every_instantiation_compiles_for_sm90(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     work = list(instantiations.all_instantiations())
     files = {f for f, _ in work}
-    assert {"allreduce_oneshot.cu", "allreduce_twoshot.cu", "allgather.cu", "reduce_scatter.cu"} <= files
+    assert {"allreduce_oneshot.cu", "allreduce_twoshot.cu", "allgather.cu", "reduce_scatter.cu",
+            "allreduce_oneshot_wide.cu"} <= files
     count = instantiations.precompile("sm_90", jobs=2)
     assert count == len(work) >= 100
     cubins = list((tmp_path / "cubin").glob("*.cubin"))  # $SOLLAT_CACHE_DIR/cubin
     assert len(cubins) == count
     assert all(c.stat().st_size > 1000 for c in cubins)
+
+
+@pytest.mark.slow  # one kernel file's instantiations (select one with -m '' -k allreduce_oneshot_wide)
+@pytest.mark.parametrize("kernel_file", sorted({f for f, _ in instantiations.all_instantiations()}))
+def test_each_kernel_file_compiles_for_sm90(tmp_path, monkeypatch, kernel_file: str) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
+    want = sum(f == kernel_file for f, _ in instantiations.all_instantiations())
+    assert instantiations.precompile("sm_90", jobs=2, files={kernel_file}) == want >= 1
+    assert len(list((tmp_path / "cubin").glob("*.cubin"))) == want
 
 
 def test_compile_errors_are_reported(tmp_path, monkeypatch) -> None:

@@ -92,14 +92,18 @@ def test_impossible_requests_are_clear_errors() -> None:
     assert [algorithms.max_ranks_template(r) for r in (2, 3, 5, 8, 9, 16, 17, 33, 64, 72)] == \
         [2, 4, 8, 8, 72, 72, 72, 72, 72, 72]
     # LL128 and the bulk two-shot stop at 8 ranks: named at 9 they are refused, and not enabled by default
-    with pytest.raises(sollat.UnsupportedError, match="'ll128' runs on at most 8 ranks"):
+    with pytest.raises(sollat.UnsupportedError, match="'ll128' runs on 2 to 8 ranks"):
         algorithms.get("ll128").check_world(9)
     from sollat.validate import algorithm_names
 
     assert "ll128" in algorithm_names(None, 8) and "ll128" not in algorithm_names(None, 9)
-    assert set(algorithm_names(None, 72)) == {"oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel"}
-    with pytest.raises(sollat.UnsupportedError, match="'twoshot_bulk' runs on at most 8 ranks"):
+    assert set(algorithm_names(None, 72)) == {"oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel",
+                                              "oneshot_ll_wide"}
+    assert "oneshot_ll_wide" not in algorithm_names(None, 8)  # a kernel for wide groups only
+    with pytest.raises(sollat.UnsupportedError, match="'twoshot_bulk' runs on 2 to 8 ranks"):
         algorithm_names(["oneshot_ll", "twoshot_bulk"], 16)
+    with pytest.raises(sollat.UnsupportedError, match="'oneshot_ll_wide' runs on 9 to 72 ranks"):
+        algorithm_names(["oneshot_ll_wide"], 4)
 
 
 def test_auto_uses_the_table() -> None:

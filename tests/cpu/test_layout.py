@@ -130,7 +130,8 @@ def test_constants_have_their_header_spelling() -> None:
 def _limits(name: str) -> list[int]:
     top = {"block": layout.MAX_BLOCKS_LIMIT - 1, "slot": layout.MAX_SLOTS - 1, "thread": layout.MAX_THREADS - 1,
            "parity": layout.PARITIES - 1, "src": layout.MAX_RANKS - 1, "nranks": layout.MAX_RANKS,
-           "lines_per_src": layout.lines_per_src(layout.MAX_BLOCKS_LIMIT)}[name]
+           "lines_per_src": layout.lines_per_src(layout.MAX_BLOCKS_LIMIT),
+           "group": layout.peer_groups(layout.MAX_RANKS) - 1, "line": layout.MAX_THREADS - 1}[name]
     return [0 if name != "nranks" else 1, 1, top // 3, top]
 
 

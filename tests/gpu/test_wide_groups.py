@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
 WIDE = [9, 16, 17, 32, 33, 64, 72]
 ODD = [3, 5]
-ALLREDUCE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel"]
+ALLREDUCE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel", "oneshot_ll_wide"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 _held: dict[int, sollat.VirtualCommunicator] = {}
 
@@ -65,8 +65,7 @@ def _check(c: sollat.VirtualCommunicator, xs: list[torch.Tensor], algo: str, op:
         assert_bitwise(y, ref, f"{what} {algo} R={len(xs)} {xs[0].dtype} n={xs[0].numel()} {op} rank {k}")
 
 
-@pytest.mark.parametrize("r", ODD + WIDE)
-@pytest.mark.parametrize("algo", ALLREDUCE)
+@pytest.mark.parametrize("r, algo", [(r, a) for r in ODD + WIDE for a in ALLREDUCE if ALGORITHMS[a].runs_on(r)])
 def test_all_reduce_every_dtype_size_and_input_class(r: int, algo: str) -> None:
     c = comm(r)
     gen = torch.Generator(device=DEV).manual_seed(1000 + r)
@@ -190,6 +189,73 @@ def test_cuda_graph_of_mixed_calls(r: int) -> None:
 
     capture_and_replay(issue, inputs=[x for *_, xs, _ in calls for x in xs],
                        poisoned=[o for *_, outs in calls for o in outs], gen=gen, replays=3, check=check_replay)
+    c.check()
+
+
+def _wide_sizes(c: sollat.VirtualCommunicator, dtype: torch.dtype) -> list[int]:
+    """Element counts that cut oneshot_ll_wide differently: one element, part of a block, one block's
+    lines, one line more, several blocks, several passes (the first version timed out at R = 9 on
+    such a sequence: its lines per block followed the message size)."""
+    per_line = ALGORITHMS["oneshot_ll_wide"].payload_bytes // torch.tensor([], dtype=dtype).element_size()
+    lb = layout.peer_group_lines(c.world_size)
+    return [1, 16 * per_line, 57 * per_line + 1, lb * per_line, lb * per_line + 1, 7, 3 * lb * per_line + 5,
+            2 * _one_pass(c, "oneshot_ll_wide", dtype) + 3, 2]
+
+
+@pytest.mark.parametrize("r", [9, 17, 64])
+def test_oneshot_ll_wide_calls_of_changing_sizes(r: int) -> None:
+    """Eager calls whose sizes (and so blocks and passes) change from call to call, interleaved with
+    the plain one-shot and the two-shot, twice through: every result bitwise right on every rank."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(8000 + r)
+    for rnd in range(2):
+        for k, n in enumerate(_wide_sizes(c, torch.float32)):
+            _check(c, random_inputs(r, n, torch.float32, DEV, gen), "oneshot_ll_wide", "sum", f"round {rnd} call {k}")
+            if k % 3 == 2:
+                _check(c, random_inputs(r, 100, torch.float32, DEV, gen), ("oneshot_ll", "twoshot_sentinel")[k % 2],
+                       "sum", "between")
+    c.check()
+
+
+@pytest.mark.parametrize("r", [9, 33, 72])
+@pytest.mark.parametrize("focus", ["oneshot_ll_wide"])
+def test_cuda_graph_of_mixed_sizes_and_algorithms(r: int, focus: str) -> None:
+    """One graph of 120 AllReduces: `focus` every other call at the sizes that cut it differently,
+    between them the other algorithms, three dtypes; replayed 3 times with fresh inputs and
+    poisoned outputs, each call checked on every rank."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(9000 + r)
+    others = [a for a in ALLREDUCE if a != focus]
+    calls = []
+    for k in range(120):
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[(k // 2) % 3]
+        sizes = _wide_sizes(c, dtype)
+        algo = focus if k % 2 == 0 else others[(k // 2) % len(others)]
+        n = sizes[(k // 2 + k // 11) % len(sizes)] if k % 2 == 0 else (1, 100, 5000)[k % 3]
+        xs = random_inputs(r, n, dtype, DEV, gen)
+        calls.append((algo, xs, [torch.empty_like(x) for x in xs]))
+
+    def issue() -> None:
+        for algo, xs, outs in calls:
+            c.all_reduce(xs, algo=algo, out=outs)
+
+    issue()  # compile and plan outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        issue()
+    for replay in range(3):
+        for _algo, xs, outs in calls:
+            for x in xs:
+                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
+            for o in outs:
+                o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for i, (algo, xs, outs) in enumerate(calls):
+            ref = rank_order_reduce(xs, "sum")
+            for k in range(r):
+                assert_bitwise(outs[k], ref, f"replay {replay} call {i} {algo} R={r} n={xs[0].numel()} rank {k}")
     c.check()
 
 

@@ -20,6 +20,26 @@ __device__ __forceinline__ int slot_index(int block, int slot, int thread) {
   return (block * kMaxSlotsPerThread + slot) * kMaxThreads + thread;
 }
 
+// layout.peer_groups: peer groups of a wide group: PEER_WINDOW ranks each, the last one possibly
+// smaller (threads per line of the wide one-shot).
+__device__ __forceinline__ int peer_groups(int nranks) {
+  return (nranks + kPeerWindow - 1) / kPeerWindow;
+}
+
+// layout.peer_group_lines: lines per block of the wide one-shot: as many whole warps of lines as
+// MAX_THREADS threads hold with peer_groups(nranks) threads per line (a warp then serves one
+// group); a function of the world size alone.
+__device__ __forceinline__ int peer_group_lines(int nranks) {
+  return kMaxThreads / peer_groups(nranks) / kWarpSize * kWarpSize;
+}
+
+// layout.peer_group_slot: the wide one-shot's line-channel of thread (group, line) of block `block`
+// (its threadIdx.x is group * peer_group_lines + line): on rank r it receives line `line` from the
+// ranks of group `group`; a rank sends that line to peer q in q's channel (group of r, line).
+__device__ __forceinline__ int peer_group_slot(int block, int group, int line, int nranks) {
+  return slot_index(block, 0, group * peer_group_lines(nranks) + line);
+}
+
 // layout.signature_line: the line whose first 8 bytes hold block `block`'s signature word (sentinel
 // buffers, ll_buffer.h) in a receiver's (parity, source) part, one 32-byte sector per block:
 // counted from the end of the part, past every data slot (layout.lines_per_src leaves room for

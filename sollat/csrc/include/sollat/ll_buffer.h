@@ -8,7 +8,9 @@
 //
 // Line-channels and epochs (the rules, shared with sollat/layout.py and the protocol model):
 //   * A thread owns kSlots line-channels: slot indices  s_i = (block * MAX_SLOTS + i) * MAX_THREADS
-//     + threadIdx.x,  i < kSlots. Channel s on rank r talks only to channel s on every peer.
+//     + threadIdx.x,  i < kSlots. Channel s on rank r talks only to channel s on every peer
+//     (one exception, sendToSlot: the wide one-shot pairs channels of different threads; why its
+//     epochs still agree is argued in kernels/allreduce_oneshot_wide.cu).
 //   * Every channel has its own epoch counter per rank (in device memory, so CUDA graphs replay
 //     correctly). The constructor loads it, commit() stores it. advanceEpoch() increments the
 //     counters of the channels used since the last advance; unused channels keep theirs. Since
@@ -131,6 +133,19 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // bitwise the same result. Returns false on fault.
   template <typename T, class Op>
   __device__ bool recvReduce(int n, const PackT<T> (&own)[kSlots], AccT<T> (&out)[kSlots]);
+
+  // Receives lines 0..n-1 from the peers w0 .. w0 + kWin - 1 (all loads in flight together) and
+  // hands each to fn(peer, i, pack); the own rank is skipped. Returns false on fault. One window
+  // of recvEach (same pollAll: same orders, bounded spin, `received` set and channels 0..n-1
+  // marked used even when the window holds no peer).
+  template <typename T, class Fn>
+  __device__ bool recvWindow(int n, int w0, Fn&& fn);
+  // Channel 0's line to `peer`, stored at slot index `slot` of the peer's (parity, source = own
+  // rank) part instead of this thread's own slot: for kernels in which the peer's reader of this
+  // line is another thread than this one's counterpart (kernels/allreduce_oneshot_wide.cu). The
+  // credit rule is the caller's to keep: the reader of that slot must be the thread whose line
+  // this thread receives before its next send to `peer` (LL only: no signature words).
+  template <typename T> __device__ void sendToSlot(int peer, int slot, const PackT<T>& v);
 
   // Receives lines 0..n-1 from every peer (all loads in flight together) into got[peer][line];
   // got[own rank] is left untouched. Returns false on fault. Not in a wide group (use recvEach).

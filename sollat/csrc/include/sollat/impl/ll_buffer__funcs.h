@@ -401,6 +401,34 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
   return true;
 }
 
+// One window of recvEach on its own (the wide one-shot, whose threads each poll one peer group):
+// the same pollAll, so the same orders and bounded spin; recvEach keeps its own loop (its code
+// for the built-in kernels stays as it was).
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <typename T, class Fn>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvWindow(int n, int w0, Fn&& fn) {
+  Line lines[kWin][kSlots];
+  if (!pollAll<T>(n, lines, w0)) return false;
+#pragma unroll
+  for (int p = 0; p < kWin; ++p)
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (w0 + p < this->d.nranks && w0 + p != this->d.rank && i < n) fn(w0 + p, i, Proto::template payload<T>(lines[p][i]));
+  return true;
+}
+
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <typename T>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendToSlot(int peer, int slot,
+                                                                               const PackT<T>& v) {
+  static_assert(!kSig, "sendToSlot: the signature words of a sentinel buffer travel on the own slot");
+  beforeSend();  // the fence of ll_buffer.h's credit argument, as send()
+  const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[0]);
+  const long long off = line_base(this->epoch[0] & 1, this->d.rank, this->d.nranks, this->d.lines_per_src) + slot;
+  Proto::store(select_base(this->d, peer) + off, l);  // the protocol's order (no fence: see beforeSend)
+  this->used |= 1u;
+}
+
 template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvGather(int n,
