@@ -39,7 +39,6 @@ re-initialises scratch, epochs and records before healthy calls.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sollat import layout
@@ -67,121 +66,23 @@ from .algorithms import (
     build,
 )
 from .config import Config, Mutation
-from .scratch import CONSUMED, FREE, FULL, RESET_PENDING, STATUS_NAMES, Ghost
-
-# delayed store kinds (P_REC: a fault record written into a peer's scratch; its "line" is -1 - peer)
-P_RESET, P_ZERO, P_LANE, P_REC = 0, 1, 2, 3
-#: (owner thread index or -1, kind, line, payload, ghost tag, writer rank, issuing instruction)
-Pending = tuple[int, int, int, Any, Any, int, Instr]
-#: (0, rank, thread): step; (1, rank, i): perform delayed store i. Fault path: (2, rank, thread): the
-#: thread gives up at its poll; (3, rank, 0): the rank starts its next call after an absent one;
-#: (4, 0, 0): the collective reset().
-Action = tuple[int, int, int]
-GIVE_UP, REJOIN, RESET_ALL = 2, 3, 4
-FAULT_NAMES = {layout.FAULT_TIMEOUT: "timeout", layout.FAULT_MISMATCH: "call mismatch"}
-
-
-@dataclass(frozen=True)
-class Violation:
-    #: overwrite reset-race stale torn overshoot wrong-sum mismatch deadlock duplicate no-progress;
-    #: fault path: unwritten unnoticed refused-after-reset
-    kind: str
-    message: str
-    line: int = -1  # dense scratch line involved, if any
-
-    def __str__(self) -> str:
-        return f"VIOLATION [{self.kind}] {self.message}"
-
-
-class FaultState:
-    """What the fault path adds to a state, per rank (absent in healthy configurations)."""
-
-    __slots__ = ("rec", "ep", "outs", "abort", "early", "phase")
-
-    def __init__(self, nranks: int) -> None:
-        self.rec = [layout.FAULT_OK] * nranks  # code word of the rank's fault record
-        self.ep = [0] * nranks  # committed epochs (interned table), read by the rank's next call
-        self.outs = [0] * nranks  # output lines of the current call written (exact or NaN), a bit mask
-        self.abort = [0] * nranks  # threads of the current call that gave up or refused, a bit mask
-        self.early = [0] * nranks  # Mutation.EARLY_PRIOR: the record when the current call started
-        self.phase = 0  # reset() calls performed
-
-    def copy(self) -> FaultState:
-        c = FaultState.__new__(FaultState)
-        c.rec, c.ep, c.outs, c.abort, c.early = self.rec[:], self.ep[:], self.outs[:], self.abort[:], self.early[:]
-        c.phase = self.phase
-        return c
-
-    def key(self) -> tuple[Any, ...]:
-        return (tuple(self.rec), tuple(self.ep), tuple(self.outs), tuple(self.abort), tuple(self.early), self.phase)
-
-
-class State:
-    """Everything that changes during a run. ``key()`` identifies it for exhaustive search."""
-
-    __slots__ = ("call", "pc", "regs", "pend", "mem", "ghost", "var", "fx", "done", "front", "acts")
-
-    def __init__(self, call: list[int], pc: list[list[int]], regs: list[list[tuple[Any, ...]]],
-                 pend: list[tuple[Pending, ...]], mem: list[Any], ghost: list[Ghost], var: list[int],
-                 fx: FaultState | None = None, done: list[list[int]] | None = None) -> None:
-        self.call = call
-        self.pc = pc
-        self.regs = regs
-        self.pend = pend
-        self.mem = mem
-        self.ghost = ghost
-        self.var = var  # per rank: the program variant of its current call (-1: waiting to start it)
-        self.fx = fx
-        #: PTX mode (ptx.PtxMachine): per thread, the operations of its current window already
-        #: performed (a bit mask from the window's start, ``pc``); the strong model leaves it empty.
-        self.done = done if done is not None else [[] for _ in call]
-        #: PTX mode, derived from pc and done (not part of the key): per thread, the operations of
-        #: its window whose turn has come (None: to be computed)
-        self.front: list[list[Any]] = [[None] * len(d) for d in self.done]
-        #: PTX mode, derived (not part of the key): per rank, its enabled steps (None: to be computed;
-        #: they change only when the rank steps or a store lands in its scratch)
-        self.acts: list[tuple[Action, ...] | None] = [None] * len(call)
-
-    def copy(self) -> State:
-        c = State(self.call[:], [p[:] for p in self.pc], [r[:] for r in self.regs], self.pend[:],
-                  self.mem[:], self.ghost[:], self.var[:], None if self.fx is None else self.fx.copy(),
-                  [d[:] for d in self.done])
-        c.front = [f[:] for f in self.front]
-        c.acts = self.acts[:]
-        return c
-
-    def key(self) -> tuple[Any, ...]:
-        return (tuple(self.call), tuple(map(tuple, self.pc)), tuple(map(tuple, self.regs)),
-                tuple(tuple(e[:6] for e in p) for p in self.pend), tuple(self.mem), tuple(self.ghost),
-                tuple(self.var), None if self.fx is None else self.fx.key(), tuple(map(tuple, self.done)))
-
-
-def _fmt_tag(tag: Any) -> str:
-    if tag is None:
-        return "nothing"
-    (k, m, e), *rest = tag if isinstance(tag[0], tuple) else (tag,)
-    who = f" from r{rest[0]}" if rest else ""
-    what = f"line {m}" if m >= 0 else f"block {-1 - m}'s signature word"  # algorithms._Gen.sig_send
-    return f"call {k} {what} epoch {e}{who}"
-
-
-def _status(g: Ghost) -> str:
-    if g[0] == FREE and g[1] is not None:
-        return "already consumed"
-    return STATUS_NAMES[g[0]]
-
-
-def _ranks(mask: int, nranks: int) -> str:
-    got = [q for q in range(nranks) if mask >> q & 1]
-    return f"ranks {got} only" if got else "no rank yet"
-
-
-def _fmt_flag(flag: Any) -> str:
-    if flag is None:
-        return "no flag"
-    if isinstance(flag[0], tuple):  # two-flag line: (tag, epoch) per 8-byte word
-        return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
-    return f"(sig={flag[0]:#010x}, epoch={flag[1]})"
+from .messages import fmt_flag, fmt_tag, line_status, ranks_text
+from .scratch import CONSUMED, FREE, FULL, RESET_PENDING, Ghost
+from .state import (
+    FAULT_NAMES,
+    GIVE_UP,
+    P_LANE,
+    P_REC,
+    P_RESET,
+    P_ZERO,
+    REJOIN,
+    RESET_ALL,
+    Action,
+    FaultState,
+    Pending,
+    State,
+    Violation,
+)
 
 
 class Machine:
@@ -447,14 +348,14 @@ class Machine:
         if op == SEND:
             val = ins.value if ins.reg < 0 else st.regs[r][j][ins.reg]
             if log is not None:
-                fl = f" {_fmt_flag(ins.flag)}" if ins.flag is not None else ""
-                log.append(f"{ins.where}: SEND {val}{fl} -> {self.names[ln]}  [{_fmt_tag(ins.tag)}]")
+                fl = f" {fmt_flag(ins.flag)}" if ins.flag is not None else ""
+                log.append(f"{ins.where}: SEND {val}{fl} -> {self.names[ln]}  [{fmt_tag(ins.tag)}]")
             if g[0] == FULL:
-                return Violation("overwrite", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)} into {self.names[ln]} "
-                                 f"which still holds unconsumed {_fmt_tag(g[1])}", ln)
+                return Violation("overwrite", f"r{r} ({ins.where}) stores {fmt_tag(ins.tag)} into {self.names[ln]} "
+                                 f"which still holds unconsumed {fmt_tag(g[1])}", ln)
             if g[0] == RESET_PENDING:
-                return Violation("reset-race", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)} into {self.names[ln]} "
-                                 f"before the receiver's reset of {_fmt_tag(g[1])} is performed: the reset will "
+                return Violation("reset-race", f"r{r} ({ins.where}) stores {fmt_tag(ins.tag)} into {self.names[ln]} "
+                                 f"before the receiver's reset of {fmt_tag(g[1])} is performed: the reset will "
                                  "erase the new data", ln)
             st.mem[ln] = (val, ins.flag) if ins.flag is not None else val
             st.ghost[ln] = (FULL, (ins.tag, r), ())
@@ -464,29 +365,29 @@ class Machine:
             if ins.flag is not None:
                 if protocols.ll_try_load(content, ins.flag) < 0:
                     if log is not None:
-                        log.append(f"{ins.where}: POLL {self.names[ln]} sees {_fmt_flag(content[1])}")
+                        log.append(f"{ins.where}: POLL {self.names[ln]} sees {fmt_flag(content[1])}")
                     return Violation("mismatch", f"r{r} ({ins.where}) polls {self.names[ln]} for "
-                                     f"{_fmt_flag(ins.flag)} and finds {_fmt_flag(content[1])}: reported as a call "
-                                     f"mismatch although every rank made the same calls (line holds {_fmt_tag(g[1])})",
+                                     f"{fmt_flag(ins.flag)} and finds {fmt_flag(content[1])}: reported as a call "
+                                     f"mismatch although every rank made the same calls (line holds {fmt_tag(g[1])})",
                                      ln)
                 val = content[0]
             else:
                 val = content
             if log is not None:
-                fl = f" {_fmt_flag(content[1])}" if ins.flag is not None else ""
+                fl = f" {fmt_flag(content[1])}" if ins.flag is not None else ""
                 log.append(f"{ins.where}: POLL {self.names[ln]} accepts {val}{fl}  "
-                           f"[holds {_fmt_tag(g[1])}, {_status(g)}]")
+                           f"[holds {fmt_tag(g[1])}, {line_status(g)}]")
             want = (ins.tag, ins.peer)
             if g[0] != FULL or g[1] != want:
-                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {_fmt_tag(want)}, "
-                                 f"but the line holds {_fmt_tag(g[1])} ({_status(g)})", ln)
+                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {fmt_tag(want)}, "
+                                 f"but the line holds {fmt_tag(g[1])} ({line_status(g)})", ln)
             self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], val))
             st.ghost[ln] = (FREE if ins.flag is not None else CONSUMED, g[1], ())
             return None
         if op == ADD:
             if log is not None:
                 log.append(f"{ins.where}: ADD128 {ins.value} -> {self.names[ln]} (line-atomic)  "
-                           f"[{_fmt_tag(ins.tag)}]")
+                           f"[{fmt_tag(ins.tag)}]")
             v = self._acc_check(g, ins, r, range(self.lanes), ln)
             if v is not None:
                 return v
@@ -502,15 +403,15 @@ class Machine:
                            f"reads {snap}")
             if protocols.ll128_counter(snap) > ins.expect:
                 return Violation("overshoot", f"r{r} ({ins.where}) polls {self.names[ln]}: the counter reads "
-                                 f"{protocols.ll128_counter(snap)} > {ins.expect} ranks (line holds {_fmt_tag(g[1])}, "
-                                 f"{_status(g)})", ln)
+                                 f"{protocols.ll128_counter(snap)} > {ins.expect} ranks (line holds {fmt_tag(g[1])}, "
+                                 f"{line_status(g)})", ln)
             if g[0] != FULL or g[1] != ins.tag:
-                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {_fmt_tag(ins.tag)}, but "
-                                 f"the line holds {_fmt_tag(g[1])} ({_status(g)})", ln)
+                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[ln]} as {fmt_tag(ins.tag)}, but "
+                                 f"the line holds {fmt_tag(g[1])} ({line_status(g)})", ln)
             torn = [(lane, m) for lane, m in enumerate(g[2]) if m != self.full_mask]
             if torn:
                 what = "; ".join(f"lane {lane} has contributions from "
-                                 f"{_ranks(m, self.R)}" for lane, m in torn)
+                                 f"{ranks_text(m, self.R)}" for lane, m in torn)
                 return Violation("torn", f"r{r} ({ins.where}) reads {self.names[ln]}: the counter says all "
                                  f"{self.R} ranks added, but {what} (torn line)", ln)
             self._set_reg(st, r, j, ins.reg, snap)
@@ -519,17 +420,17 @@ class Machine:
         raise AssertionError(f"not a shared op: {ins}")
 
     def _acc_check(self, g: Ghost, ins: Instr, r: int, lanes: Any, ln: int) -> Violation | None:
-        what = f"r{r} ({ins.where}) adds {_fmt_tag(ins.tag)} into {self.names[ln]}"
+        what = f"r{r} ({ins.where}) adds {fmt_tag(ins.tag)} into {self.names[ln]}"
         if g[0] == RESET_PENDING:
-            return Violation("reset-race", f"{what} before the owner's zeroing after {_fmt_tag(g[1])} is performed: "
+            return Violation("reset-race", f"{what} before the owner's zeroing after {fmt_tag(g[1])} is performed: "
                              "the zeroing will erase the contribution", ln)
         if g[0] == CONSUMED:
-            return Violation("overwrite", f"{what}, which still holds the consumed sum of {_fmt_tag(g[1])} "
+            return Violation("overwrite", f"{what}, which still holds the consumed sum of {fmt_tag(g[1])} "
                              "(never zeroed)", ln)
         if g[0] == FULL:
             if g[1] != ins.tag:
                 return Violation("overwrite", f"{what}, which still holds unconsumed contributions of "
-                                 f"{_fmt_tag(g[1])}", ln)
+                                 f"{fmt_tag(g[1])}", ln)
             bit = 1 << r
             if any(g[2][lane] & bit for lane in lanes):
                 return Violation("duplicate", f"{what} twice", ln)
@@ -547,7 +448,7 @@ class Machine:
             if log is not None:
                 part = "the counter" if counter else f"lane {lane}"
                 log.append(f"    performed: {part} of the add by r{writer} ({ins.where}) -> {self.names[ln]} "
-                           f"+= {vals}  [{_fmt_tag(tag)}]")
+                           f"+= {vals}  [{fmt_tag(tag)}]")
             v = self._acc_check(g, ins, writer, () if counter else (lane,), ln)
             if v is not None:
                 return v
@@ -562,7 +463,7 @@ class Machine:
             log.append(f"    performed: {what} of {self.names[ln]} issued by {ins.where}")
         if g[0] == FULL:
             return Violation("reset-race", f"the {what} of {self.names[ln]} issued by {ins.where} is performed after "
-                             f"new data {_fmt_tag(g[1])} arrived: that data is lost", ln)
+                             f"new data {fmt_tag(g[1])} arrived: that data is lost", ln)
         st.mem[ln] = self.scratch.rest(ln) if kind == P_RESET else self.zero_line
         st.ghost[ln] = (FREE, None, ())
         return None
@@ -836,11 +737,11 @@ class Machine:
                 if ins.op in (POLL, POLL128):
                     g = st.ghost[ins.line]
                     if ins.flag is not None:
-                        want = _fmt_flag(ins.flag)
+                        want = fmt_flag(ins.flag)
                     else:
                         want = f"counter == {ins.expect}" if ins.op == POLL128 else "data"
-                    lines.append(f"{ins.where} waits on {self.names[ins.line]} for {want} ({_fmt_tag(ins.tag)}); "
-                                 f"it holds {st.mem[ins.line]!r}, {_fmt_tag(g[1])} ({_status(g)})")
+                    lines.append(f"{ins.where} waits on {self.names[ins.line]} for {want} ({fmt_tag(ins.tag)}); "
+                                 f"it holds {st.mem[ins.line]!r}, {fmt_tag(g[1])} ({line_status(g)})")
                 else:
                     lines.append(f"{ins.where} blocked at {OP_NAMES[ins.op]}")
         return Violation("deadlock", "no step is enabled but threads are unfinished: " + " | ".join(lines))

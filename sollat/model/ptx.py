@@ -69,23 +69,10 @@ from .algorithms import (
     Instr,
 )
 from .config import Config, Mutation
-from .machine import (
-    FAULT_NAMES,
-    GIVE_UP,
-    P_REC,
-    REJOIN,
-    RESET_ALL,
-    Action,
-    Machine,
-    Pending,
-    State,
-    Violation,
-    _fmt_flag,
-    _fmt_tag,
-    _ranks,
-    _status,
-)
+from .machine import Machine
+from .messages import fmt_flag, fmt_tag, line_status
 from .scratch import CONSUMED, FREE, FULL, RESET_PENDING
+from .state import FAULT_NAMES, GIVE_UP, P_REC, REJOIN, RESET_ALL, Action, Pending, State, Violation
 
 #: Operation classes: a local step, a load (poll), a store (or one part of it), the issue of a
 #: reset/zeroing (local: marks the line), a window boundary (an effective fence, the kernel end).
@@ -350,16 +337,16 @@ class PtxMachine(Machine, memory="ptx"):
         if ins.op == SEND:
             if log is not None:
                 if self.kinds[ln] == "sig":
-                    what = f"signature word {_fmt_flag(ins.flag)}"
+                    what = f"signature word {fmt_flag(ins.flag)}"
                 else:
-                    what = f"{val} {_fmt_flag(ins.flag)}" if ins.flag is not None else f"{val}"
-                log.append(f"{ins.where}: SEND{self._part(o)} {what} -> {name}  [{_fmt_tag(ins.tag)}]")
+                    what = f"{val} {fmt_flag(ins.flag)}" if ins.flag is not None else f"{val}"
+                log.append(f"{ins.where}: SEND{self._part(o)} {what} -> {name}  [{fmt_tag(ins.tag)}]")
             if g[0] == FULL:
-                return Violation("overwrite", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)}{self._part(o)} into {name} "
-                                 f"which still holds unconsumed {_fmt_tag(g[1])}", ln)
+                return Violation("overwrite", f"r{r} ({ins.where}) stores {fmt_tag(ins.tag)}{self._part(o)} into {name} "
+                                 f"which still holds unconsumed {fmt_tag(g[1])}", ln)
             if g[0] == RESET_PENDING:
-                return Violation("reset-race", f"r{r} ({ins.where}) stores {_fmt_tag(ins.tag)}{self._part(o)} into "
-                                 f"{name} before the receiver's reset of {_fmt_tag(g[1])} is performed: the reset "
+                return Violation("reset-race", f"r{r} ({ins.where}) stores {fmt_tag(ins.tag)}{self._part(o)} into "
+                                 f"{name} before the receiver's reset of {fmt_tag(g[1])} is performed: the reset "
                                  "will erase the new data", ln)
             st.mem[ln] = self._content(ins, o.part, val)
             st.ghost[ln] = (FULL, (ins.tag, r), ())
@@ -370,13 +357,13 @@ class PtxMachine(Machine, memory="ptx"):
                 log.append(f"    performed: {what}{self._part(o)} of {name} issued by {ins.where}")
             if g[0] == FULL:
                 return Violation("reset-race", f"the {what} of {name} issued by {ins.where} is performed after "
-                                 f"new data {_fmt_tag(g[1])} arrived: that data is lost", ln)
+                                 f"new data {fmt_tag(g[1])} arrived: that data is lost", ln)
             st.mem[ln] = self.scratch.rest(ln) if ins.op == RESET else self.zero_line
             st.ghost[ln] = (FREE, None, ())
             return None
         if ins.op == ADD:
             if log is not None:
-                log.append(f"{ins.where}: ADD128 {ins.value} -> {name} (line-atomic)  [{_fmt_tag(ins.tag)}]")
+                log.append(f"{ins.where}: ADD128 {ins.value} -> {name} (line-atomic)  [{fmt_tag(ins.tag)}]")
             v = self._acc_check(g, ins, r, range(self.lanes), ln)
             if v is not None:
                 return v
@@ -389,7 +376,7 @@ class PtxMachine(Machine, memory="ptx"):
         counter = lane == COUNTER_LANE
         if log is not None:
             part = "the counter" if counter else f"lane {lane}"
-            log.append(f"{ins.where}: {part} add {vals} -> {name}  [{_fmt_tag(ins.tag)}]")
+            log.append(f"{ins.where}: {part} add {vals} -> {name}  [{fmt_tag(ins.tag)}]")
         v = self._acc_check(g, ins, r, () if counter else (lane,), ln)
         if v is not None:
             return v
@@ -423,20 +410,20 @@ class PtxMachine(Machine, memory="ptx"):
             seen = self._seen(st, o)
             if log is not None:
                 log.append(f"{ins.where}: POLL {name} sees {seen}")
-            return Violation("mismatch", f"r{r} ({ins.where}) polls {name} for {_fmt_flag(ins.flag)} and finds "
+            return Violation("mismatch", f"r{r} ({ins.where}) polls {name} for {fmt_flag(ins.flag)} and finds "
                              f"{seen}: reported as a call mismatch although every rank made the same calls (line "
-                             f"holds {_fmt_tag(st.ghost[ln][1])})", ln)
+                             f"holds {fmt_tag(st.ghost[ln][1])})", ln)
         if log is not None:
             fl = f" {self._seen(st, o)}" if ins.flag is not None else ""
             what = f"signature word{fl}" if self.kinds[ln] == "sig" else f"{val}{fl}"
-            log.append(f"{ins.where}: POLL {name} accepts {what}  [holds {_fmt_tag(st.ghost[ln][1])}, "
-                       f"{_status(st.ghost[ln])}]")
+            log.append(f"{ins.where}: POLL {name} accepts {what}  [holds {fmt_tag(st.ghost[ln][1])}, "
+                       f"{line_status(st.ghost[ln])}]")
         want = (ins.tag, ins.peer)
         for c in o.cells:
             g = st.ghost[c]
             if g[0] != FULL or g[1] != want:
-                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[c]} as {_fmt_tag(want)}, "
-                                 f"but the line holds {_fmt_tag(g[1])} ({_status(g)})", c)
+                return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[c]} as {fmt_tag(want)}, "
+                                 f"but the line holds {fmt_tag(g[1])} ({line_status(g)})", c)
         self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], val))
         for c in o.cells:
             g = st.ghost[c]
@@ -447,8 +434,8 @@ class PtxMachine(Machine, memory="ptx"):
         contents = [st.mem[c] for c in o.cells]
         flags = [c[1] for c in contents if c[1] is not None]
         if len(contents) == 2 and len(flags) == 2:
-            return _fmt_flag(tuple(flags))
-        return _fmt_flag(flags[-1])
+            return fmt_flag(tuple(flags))
+        return fmt_flag(flags[-1])
 
     # ---- local steps and windows ---------------------------------------------------------------------
     def _local(self, st: State, r: int, j: int, o: Op, log: list[str] | None) -> Violation | None:
@@ -680,11 +667,11 @@ class PtxMachine(Machine, memory="ptx"):
                 for o in waits:
                     ins = o.ins
                     g = st.ghost[o.cells[0]]
-                    want = _fmt_flag(ins.flag) if ins.flag is not None else (
+                    want = fmt_flag(ins.flag) if ins.flag is not None else (
                         f"counter == {ins.expect}" if ins.op == POLL128 else "data")
-                    lines.append(f"{ins.where} waits on {self.names[ins.line]} for {want} ({_fmt_tag(ins.tag)}); "
-                                 f"it holds {[st.mem[c] for c in o.cells]!r}, {_fmt_tag(g[1])} ({_status(g)})")
+                    lines.append(f"{ins.where} waits on {self.names[ins.line]} for {want} ({fmt_tag(ins.tag)}); "
+                                 f"it holds {[st.mem[c] for c in o.cells]!r}, {fmt_tag(g[1])} ({line_status(g)})")
         return Violation("deadlock", "no step is enabled but threads are unfinished: " + " | ".join(lines))
 
 
-__all__ = ["O_BOUND", "O_ISSUE", "O_LOAD", "O_LOCAL", "O_STORE", "Op", "PtxMachine", "STORE_STEP", "_ranks"]
+__all__ = ["O_BOUND", "O_ISSUE", "O_LOAD", "O_LOCAL", "O_STORE", "Op", "PtxMachine", "STORE_STEP"]

@@ -35,7 +35,7 @@ from sollat.model import (
 from sollat.model.algorithms import POLL, SEND
 from sollat.model.explore import Report, shortest_counterexample
 from sollat.model.fault_sweep import FAULT_MUTATIONS
-from sollat.model.machine import State
+from sollat.model.state import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
 from sollat.model.trace import replay
 
