@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .program import POLL128, Instr
 from .scratch import FREE, STATUS_NAMES, Ghost
 
 
@@ -38,3 +39,12 @@ def fmt_flag(flag: Any) -> str:
         return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
     return f"(sig={flag[0]:#010x}, epoch={flag[1]})"
 
+
+def waiting_text(ins: Instr, name: str, held: Any, g: Ghost) -> str:
+    """A deadlock's account of a poll that waits: what it wants, what the line ``name`` holds."""
+    if ins.flag is not None:
+        want = fmt_flag(ins.flag)
+    else:
+        want = f"counter == {ins.expect}" if ins.op == POLL128 else "data"
+    return (f"{ins.where} waits on {name} for {want} ({fmt_tag(ins.tag)}); "
+            f"it holds {held!r}, {fmt_tag(g[1])} ({line_status(g)})")
