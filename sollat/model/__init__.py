@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from .config import Config, Fault, Mutation
 from .explore import Report, exhaustive, random_runs
-from .machine import Machine, Violation
+from .machine import Machine
 from .ptx import PtxMachine  # Machine(cfg) finds it for memory="ptx"
+from .state import Violation
 from .sweep import BENIGN, EXHAUSTIVE, PLANTED, RANDOM, Planted, SweepResult, soak, sweep
 from .trace import Counterexample
 

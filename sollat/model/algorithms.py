@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sollat.layout import Geometry
+
 from . import protocols, rules
 from .config import Config, Mutation
 from .generator import ProgramGenerator
@@ -42,30 +44,21 @@ from .program import (
     ADDC,
     COMBINE,
     COUNTER_LANE,
-    END,
-    FENCE,
     ISSUE_ADD,
-    OP_NAMES,
     OUT,
     POLL,
     POLL128,
-    RESET,
     SEND,
     SHARED_OPS,
     ZERO,
     Builder,
-    EpochKey,
     Epochs,
-    Instr,
     ThreadProgram,
     input_value,
-    split_line,
 )
 from .scratch import Scratch
 
-__all__ = ["ADD", "ADDC", "Builder", "COMBINE", "COUNTER_LANE", "END", "EpochKey", "Epochs", "FENCE",
-           "ISSUE_ADD", "Instr", "OP_NAMES", "OUT", "POLL", "POLL128", "Programs", "RESET", "SEND",
-           "SHARED_OPS", "ThreadProgram", "ZERO", "build", "input_value", "split_line"]
+__all__ = ["Programs", "build"]
 
 
 @dataclass
@@ -126,12 +119,16 @@ class _Gen(ProgramGenerator):
 
         return self._threads(r, k, geo, n, iteration, epochs)
 
+    def _chunked(self, r: int, k: int, n: int) -> tuple[int, Geometry, int]:
+        """A call cut in one chunk per rank (two-shot, LL128): the lines of a chunk, the geometry
+        of one chunk, the call's signature."""
+        cl = rules.chunk_lines(self.cfg, n)
+        return cl, rules.model_geometry(self.cfg, cl), self.sig(r, k, n)
+
     # ---- two-shot: allreduce_twoshot.cu ---------------------------------------------------------
     def twoshot(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
-        cl = rules.chunk_lines(cfg, n)
-        geo = rules.model_geometry(cfg, cl)
-        sig = self.sig(r, k, n)
+        cl, geo, sig = self._chunked(r, k, n)
         unpadded = cfg.has(Mutation.UNPADDED_CHUNKS)
 
         def inp(q: int, m: int) -> int:
@@ -248,9 +245,7 @@ class _Gen(ProgramGenerator):
     def ll128(self, r: int, k: int, n: int, epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
         """One model thread = one warp (a bundle of warps); a model line of a call = one warp-unit."""
         cfg, R = self.cfg, self.cfg.nranks
-        cl = rules.chunk_lines(cfg, n)
-        geo = rules.model_geometry(cfg, cl)
-        sig = self.sig(r, k, n)
+        cl, geo, sig = self._chunked(r, k, n)
         W, L = cfg.ll128_lines, cfg.ll128_lanes
         P = protocols.ll128_payload(W, L)
         g = rules.bundle(cfg)

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .config import Config
-from .machine import Action, Machine, State, Violation
+from .machine import Machine
+from .state import Action, State, Violation
 from .trace import Counterexample, counterexample
 
 ADVERSARIES = ("uniform", "ahead", "behind", "ahead+behind", "lazy-stores", "eager-stores", "bursty", "frozen")

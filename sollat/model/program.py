@@ -13,6 +13,8 @@ from .config import Config, Mutation
 SEND, POLL, ADD, POLL128 = 0, 1, 2, 3
 RESET, ZERO, FENCE, OUT, ADDC, COMBINE, ISSUE_ADD, END = 10, 11, 12, 13, 14, 15, 16, 17
 SHARED_OPS = frozenset({SEND, POLL, ADD, POLL128})
+#: local instructions that work on a thread's registers only (``MachineBase._register_step``)
+REGISTER_OPS = (ADDC, COMBINE, OUT)
 OP_NAMES = {SEND: "SEND", POLL: "POLL", ADD: "ADD128", POLL128: "POLL128", RESET: "RESET", ZERO: "ZERO",
             FENCE: "FENCE", OUT: "OUT", ADDC: "ADDC", COMBINE: "COMBINE", ISSUE_ADD: "ISSUE_ADD", END: "END"}
 COUNTER_LANE = -1  # ISSUE_ADD of the split-mode counter (element 0 of lane 0 only)

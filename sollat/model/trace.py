@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .machine import Action, Machine, Violation
+from .machine import Machine
+from .state import Action, Violation
 
 
 @dataclass

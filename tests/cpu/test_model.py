@@ -32,10 +32,10 @@ from sollat.model import (
     random_runs,
     rules,
 )
-from sollat.model.algorithms import POLL, SEND
 from sollat.model.explore import Report, shortest_counterexample
 from sollat.model.fault_sweep import FAULT_MUTATIONS
-from sollat.model.machine import State
+from sollat.model.program import POLL, SEND
+from sollat.model.state import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
 from sollat.model.trace import replay
 

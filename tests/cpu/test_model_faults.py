@@ -27,7 +27,7 @@ from sollat.model.fault_sweep import (
     find_fault_config,
     mismatch,
 )
-from sollat.model.machine import GIVE_UP, Action, State
+from sollat.model.state import GIVE_UP, Action, State
 from sollat.model.sweep import Planted, SweepResult
 from sollat.model.trace import replay
 
