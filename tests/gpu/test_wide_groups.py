@@ -241,21 +241,15 @@ def test_cuda_graph_of_mixed_sizes_and_algorithms(r: int, focus: str) -> None:
 
     issue()  # compile and plan outside the capture
     torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        issue()
-    for replay in range(3):
-        for _algo, xs, outs in calls:
-            for x in xs:
-                x.copy_(torch.randn(x.shape, device=DEV, generator=gen).to(x.dtype))
-            for o in outs:
-                o.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check_replay(replay: int) -> None:
         for i, (algo, xs, outs) in enumerate(calls):
             ref = rank_order_reduce(xs, "sum")
             for k in range(r):
                 assert_bitwise(outs[k], ref, f"replay {replay} call {i} {algo} R={r} n={xs[0].numel()} rank {k}")
+
+    capture_and_replay(issue, inputs=[x for _, xs, _ in calls for x in xs],
+                       poisoned=[o for *_, outs in calls for o in outs], gen=gen, replays=3, check=check_replay)
     c.check()
 
 
