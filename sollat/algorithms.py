@@ -38,8 +38,6 @@ class Algorithm:
     min_world: int = 2
     # Its threads are (peer group, line) pairs (layout.plan_peer_groups), not lines (layout.plan)
     peer_groups: bool = False
-    # Whether algo="auto" may choose it and `tune` measures it (False: by name only; select.choose)
-    auto: bool = True
     # LL128 atomic: a warp-unit (abi.LL128_UNIT_BYTES of scratch) carries this many user bytes (0: line-based)
     unit_user_bytes: int = 0
     # A hardware property its correctness on real ranks rests on, beyond what the PTX memory model
@@ -134,10 +132,10 @@ ALGORITHMS: dict[str, Algorithm] = {
                   slot_choices=((2, 1), (4, 1), (8, 1)),
                   doc="two-shot (reduce-scatter + all-gather) for large messages: block-sized areas copied "
                       "straight from the input, one flag per area (bulk protocol), rank-order reduction"),
-        # Last: the other algorithms' regions keep their offsets. By name only (auto=False): not
-        # measured on a GPU yet. Scratch: one LL region (layout.region_bytes) like oneshot_ll's.
+        # Last: the other algorithms' regions keep their offsets. Scratch: one LL region
+        # (layout.region_bytes) like oneshot_ll's.
         Algorithm("oneshot_ll_wide", "allreduce_oneshot_wide.cu", "oneshot_wide", "ll", 16, True, False,
-                  slot_choices=((abi.MAX_RANKS, 1),), min_world=abi.PEER_WINDOW + 1, peer_groups=True, auto=False,
+                  slot_choices=((abi.MAX_RANKS, 1),), min_world=abi.PEER_WINDOW + 1, peer_groups=True,
                   doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the block's "
                       "threads (one per peer group of 8), rank-order sum from shared memory"),
     )

@@ -267,11 +267,9 @@ def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, determinis
     that can; past the last rule, NCCL if present, else the last sollat algorithm that can serve.
     ``batch_invariant``: as with no ``handovers`` and ``deterministic=True`` (only sollat's
     rank-order algorithms, whose bits do not depend on which of them runs: never a library path,
-    never ``ll128``); where none serves, ``UnsupportedError``. Never an algorithm that is
-    selectable by name only (``Algorithm.auto`` False: ``oneshot_ll_wide``), whatever the table says."""
+    never ``ll128``); where none serves, ``UnsupportedError``."""
     if batch_invariant:
         handovers, deterministic = frozenset(), True
-    available = tuple(n for n in available if n not in algorithms.ALGORITHMS or algorithms.ALGORITHMS[n].auto)
     last_ok: str | None = None
     for rule in table.rules:
         if rule.algorithm in HANDOVERS:

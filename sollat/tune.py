@@ -95,7 +95,7 @@ def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float
         comm.check()
         return t.stats.median
 
-    return run, [a for a in comm.algorithms if ALGORITHMS[a].auto], comm.gpu_name, comm.max_blocks
+    return run, list(comm.algorithms), comm.gpu_name, comm.max_blocks
 
 
 def _distributed_runner(max_bytes: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str, int]:
@@ -128,9 +128,8 @@ def _distributed_runner(max_bytes: int) -> tuple[Callable[[str, int, torch.dtype
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)  # a collective is done when its last rank is
         return float(worst.item())
 
-    # never an algorithm whose real-rank correctness rests on an unproven hardware property, nor
-    # one that is selectable by name only (Algorithm.auto)
-    algos = [a for a in comm.algorithms if not ALGORITHMS[a].rests_on and ALGORITHMS[a].auto]
+    # never an algorithm whose real-rank correctness rests on an unproven hardware property
+    algos = [a for a in comm.algorithms if not ALGORITHMS[a].rests_on]
     return run, [*algos, NCCL, *(h for h in comm.handovers if h != NCCL)], comm.gpu_name, comm.max_blocks
 
 

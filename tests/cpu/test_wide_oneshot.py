@@ -14,7 +14,6 @@ import torch
 
 import sollat
 from sollat import abi, algorithms, instantiations, layout, select
-from sollat.select import NCCL, Rule, Table
 from sollat.validate import algorithm_names
 
 WIDE = (9, 16, 17, 32, 33, 64, 72)
@@ -55,7 +54,7 @@ def test_peer_group_geometry() -> None:
 def test_registry_rules() -> None:
     alg = algorithms.ALGORITHMS["oneshot_ll_wide"]
     assert alg.runs_on(9) and alg.runs_on(72) and not alg.runs_on(8) and not alg.runs_on(73)
-    assert alg.peer_groups and not alg.auto and alg.deterministic and alg.proto == "ll" and alg.buffers == 1
+    assert alg.peer_groups and alg.deterministic and alg.proto == "ll" and alg.buffers == 1
     assert list(algorithms.ALGORITHMS)[-1] == "oneshot_ll_wide"  # the other regions keep their offsets
     assert "oneshot_ll_wide" in algorithm_names(None, 9) and "oneshot_ll_wide" not in algorithm_names(None, 8)
     with pytest.raises(sollat.UnsupportedError, match="'oneshot_ll_wide' runs on 9 to 72 ranks"):
@@ -69,21 +68,20 @@ def test_registry_rules() -> None:
     assert files.count("allreduce_oneshot_wide.cu") == 4 * 3 * 2  # dtypes x ops x (real, virtual), rank cap 72
 
 
-def test_auto_never_picks_it() -> None:
-    """Not measured on a GPU yet: algo="auto" skips it even where a table names it first, or where
-    it is the only algorithm enabled besides others that cannot serve."""
-    every = tuple(algorithms.ALGORITHMS)
-    t = Table("t", 16, (Rule(1 << 20, "oneshot_ll_wide"), Rule(2 << 20, "twoshot_sentinel")))
-    for nbytes in (4, 128, 8192, 1 << 20):
-        got = select.choose(t, nbytes, torch.float32, "sum", deterministic=True, handovers=set(), available=every)
-        assert got == "twoshot_sentinel"
-    assert select.choose(t, 4, torch.float32, "sum", deterministic=False, handovers={NCCL},
-                         available=("oneshot_ll_wide",)) == NCCL
-    with pytest.raises(sollat.UnsupportedError, match="no algorithm serves"):
-        select.choose(t, 4, torch.float32, "sum", deterministic=True, handovers=set(), available=("oneshot_ll_wide",))
-    generic = select.find_table("NVIDIA H200", 16, mode="virtual")
-    assert select.choose(generic, 128, torch.float32, "sum", deterministic=False, handovers=set(),
-                         available=every) != "oneshot_ll_wide"
+def test_generic_table_picks_it_above_the_peer_window_only() -> None:
+    """The shipped default: the wide one-shot for small messages where it runs (R >= 9), the plain
+    one-shot above its rule; at R <= 8 it is not enabled, so the same table gives oneshot_ll."""
+    generic = select.find_table("Some GPU", 16, mode="real")
+    assert generic.gpu == "generic"
+    wide_rule = next(r for r in generic.rules if r.algorithm == "oneshot_ll_wide")
+    for r in (8, 9, 72):
+        available = algorithm_names(None, r)
+        pick = [select.choose(generic, nbytes, torch.float32, "sum", deterministic=False, handovers=set(),
+                              available=available) for nbytes in (4, wide_rule.max_bytes, wide_rule.max_bytes + 4)]
+        assert pick == (["oneshot_ll_wide", "oneshot_ll_wide", "oneshot_ll"] if r > 8 else ["oneshot_ll"] * 3)
+    # batch-invariant calls may take it too: its sum is in rank order, like every deterministic one
+    assert select.choose(generic, 128, torch.bfloat16, "sum", deterministic=True, handovers=set(),
+                         available=algorithm_names(None, 33), batch_invariant=True) == "oneshot_ll_wide"
 
 
 # ---- the channels' epochs over a sequence of calls --------------------------------------------------

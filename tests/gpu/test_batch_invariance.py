@@ -51,7 +51,8 @@ GRAPH_MAX_BYTES = 16 << 20  # batches captured into the CUDA graph (memory)
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 RMSNORM_ALGOS = [a for a in rmsnorm.PUBLIC_ALGOS
                  if TWOSHOT or rmsnorm.internal_name(a) not in algorithms.RMSNORM_EXPERIMENTAL]
-ALLREDUCE_FORCED = [n for n, a in algorithms.ALGORITHMS.items() if a.deterministic]
+# Every rank-order AllReduce of 2..8 ranks, the tables' world sizes (the wide one-shot: test_wide_groups.py)
+ALLREDUCE_FORCED = [n for n, a in algorithms.ALGORITHMS.items() if a.deterministic and a.runs_on(2) and a.runs_on(8)]
 
 
 def shipped_tables() -> list[tuple[str, select.Table, list[int]]]:
