@@ -87,7 +87,7 @@ class Algorithm:
 
     def check_world(self, world_size: int, opname: str = "all_reduce") -> None:
         """Raise if this algorithm has no kernel for ``world_size`` ranks."""
-        if not self.min_world <= world_size <= self.max_world:
+        if not self.runs_on(world_size):
             raise UnsupportedError(f"{opname}: algorithm {self.name!r} runs on {self.min_world} to {self.max_world} "
                                    f"ranks, this communicator has {world_size}")
 

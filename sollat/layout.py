@@ -153,9 +153,6 @@ def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_t
     return Geometry(blocks, threads, slots, ceil_div(total_lines, per_iter))
 
 
-PEER_GROUP_PACKS = abi.PEER_GROUP_PACKS  # the wide one-shot's (line, rank) packs per block and pass
-
-
 def plan_peer_groups(total_lines: int, world_size: int, *, max_blocks: int) -> Geometry:
     """The wide one-shot's cut (``allreduce_oneshot_wide.cu``): a block is ``peer_groups(R)``
     threads for each of its ``peer_group_lines(R)`` lines, whatever the message size, so a slot
