@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 import sollat
-from sollat import gather_scatter as gs
 from sollat.bench import env
 from sollat.bench.timing import calls_for, measure_floor, slowest_rank, time_calls
+from sollat.collectives import gather_scatter as gs
 
 SIZES = tuple(sorted({*(64 << (2 * k) for k in range(9)), 512 << 10}))  # 64 B .. 4 MiB per rank, and 512 KiB
 ALGOS = ("ll", "sentinel", "auto")

@@ -14,8 +14,10 @@ import sys
 import torch
 from _virtual_timing import timed_checked_us
 
-from sollat import algorithms, layout, testing
-from sollat.dtypes import DTYPES
+from sollat import testing
+from sollat.collectives import algorithms
+from sollat.device import layout
+from sollat.device.dtypes import DTYPES
 
 ALGOS = ("oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel")
 SHORT = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}

@@ -14,8 +14,9 @@ import sys
 import torch
 
 import sollat
-from sollat import build, launch, testing
+from sollat import testing
 from sollat.bench.timing import time_calls
+from sollat.device import build, launch
 
 
 def main() -> int:

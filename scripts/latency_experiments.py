@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from _virtual_timing import timed_checked_us
 
-from sollat import build, launch
+from sollat.device import build, launch
 
 PROBE = r"""
 extern "C" __global__ void skew_probe(unsigned long long* t) {

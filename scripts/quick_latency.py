@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 
 import sollat
-from sollat import build, launch
 from sollat.bench.timing import time_calls
+from sollat.device import build, launch
 
 
 def time_graph(fn: Callable[[], object], calls: int = 100, reps: int = 30) -> float:

@@ -21,9 +21,9 @@ import time
 import torch
 
 import sollat
-from sollat.algorithms import ALGORITHMS
 from sollat.bench.timing import floor_record
 from sollat.bench.virtual import rank_order_sum, rotating_sets, time_rotating
+from sollat.collectives.algorithms import ALGORITHMS
 
 
 def main() -> int:

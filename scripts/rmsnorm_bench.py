@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 
 import sollat
-from sollat import algorithms, rmsnorm
 from sollat.bench import env
 from sollat.bench.timing import measure_floor, slowest_rank, time_calls
+from sollat.collectives import algorithms, rmsnorm
 
 SHAPES = ((1, 4096), (1, 8192), (4, 8192), (8, 4096), (8, 8192))  # (tokens, hidden): decode steps
 EPS = 1e-6

@@ -11,11 +11,13 @@
 
 # No ``from __future__ import annotations`` here: it would leave ``annotations`` in the package's
 # namespace. The version has one source, pyproject.toml, read back from the installed metadata.
+import sys as _sys
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
-from . import custom, testing
-from .algorithms import ALGORITHMS
+from . import testing
+from .collectives import custom, gather_scatter, rmsnorm
+from .collectives.algorithms import ALGORITHMS
 from .comm.real import Communicator, VirtualCommunicator
 from .errors import (
     CallMismatchError,
@@ -43,9 +45,13 @@ __all__ = [
     "custom",
     "testing",
 ]
-# Modules README names by path (sollat.rmsnorm.algo_reference, sollat.gather_scatter.*_reference):
-# listed by dir() beside __all__; the package's other modules are its inside.
-_DOCUMENTED_MODULES = ("gather_scatter", "rmsnorm")
+# Modules README names by path (sollat.rmsnorm.algo_reference, sollat.gather_scatter.*_reference,
+# sollat.custom.Collective): they live in sollat.collectives and are importable under these names
+# too (``import sollat.rmsnorm``, ``from sollat.custom import Collective``); dir() lists them
+# beside __all__. The package's other modules are its inside.
+_DOCUMENTED_MODULES = {"custom": custom, "gather_scatter": gather_scatter, "rmsnorm": rmsnorm}
+for _name, _module in _DOCUMENTED_MODULES.items():
+    _sys.modules[f"{__name__}.{_name}"] = _module
 
 
 def __dir__() -> list[str]:
@@ -54,7 +60,7 @@ def __dir__() -> list[str]:
 
 def _register_ops() -> None:
     # Imported lazily by the communicators too; registering here makes torch.ops.sollat.* visible.
-    from . import ops  # noqa: F401
+    from .collectives import ops  # noqa: F401
 
 
 _register_ops()

@@ -37,7 +37,7 @@ def usage() -> str:
 
 
 def _arch(text: str) -> str:
-    from .instantiations import check_arch
+    from .collectives.instantiations import check_arch
 
     try:
         return check_arch(text)
@@ -48,7 +48,7 @@ def _arch(text: str) -> str:
 def _precompile(argv: list[str]) -> int:
     import time
 
-    from . import instantiations
+    from .collectives import instantiations
 
     p = Parser(prog=f"{PROG} precompile", description=VERBS["precompile"])
     p.add_argument("--arch", type=_arch, default=None,
@@ -69,13 +69,13 @@ def _precompile(argv: list[str]) -> int:
 
 
 def _default_arch() -> str:
-    from . import build
+    from .device import build
 
     return build.device_arch()
 
 
 def _cache_dir() -> str:
-    from . import build
+    from .device import build
 
     return str(build.cache_dir())
 
@@ -83,7 +83,7 @@ def _cache_dir() -> str:
 def nvrtc_line() -> str:
     """``sollat info``'s NVRTC line: its version and where it was loaded from, or that it is missing
     and which extra brings it."""
-    from . import build
+    from .device import build
 
     missing = build.nvrtc_missing()
     if missing is not None:
@@ -111,7 +111,8 @@ def _info(argv: list[str]) -> int:
     Parser(prog=f"{PROG} info", description=VERBS["info"]).parse_args(argv)
     import torch
 
-    from . import __version__, build
+    from . import __version__
+    from .device import build
 
     print(f"sollat {__version__}; torch {torch.__version__}; cache {build.cache_dir()}")
     print(nvrtc_line())

@@ -43,7 +43,7 @@ class TableMismatchError(SollatError):
 
 
 class NotOneNVLinkDomainError(UnsupportedError):
-    """Some ranks of a group cannot load/store each other's memory over NVLink (``sollat.topology``);
+    """Some ranks of a group cannot load/store each other's memory over NVLink (``sollat.device.topology``);
     ``pairs`` lists them as (rank, peer), rank < peer."""
 
     def __init__(self, message: str, *, rank: int, pairs: list[tuple[int, int]]) -> None:

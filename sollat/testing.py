@@ -27,8 +27,8 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from . import launch, layout
-from .dtypes import DTYPES
+from .device import launch, layout
+from .device.dtypes import DTYPES
 
 
 def inject(comm: Any, *, absent: int | None = None, mismatch: int | None = None, armed: bool = True) -> None:
@@ -93,8 +93,8 @@ def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
     hot path, measured on one GPU without a process group. Every call runs ``launch_fn`` (a real
     kernel, e.g. from ``bare_launch``); everything else is Communicator's own code. For host
     overhead measurements only: its results are those of ``launch_fn``'s arguments."""
+    from .collectives.handover import SymmetricTensors
     from .comm.real import Communicator
-    from .handover import SymmetricTensors
 
     comm = object.__new__(Communicator)
     comm.__dict__.update(vc.__dict__)

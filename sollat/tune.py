@@ -6,7 +6,7 @@ table hands a size over wherever a library is faster. Timing is the
 benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls, median).
 The table is written to the user cache (``select.user_table_dir()``), keyed by GPU model, world
 size, mode (``"real"`` under torchrun, ``"virtual"`` otherwise) and interconnect, where
-``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into ``sollat/tuning/`` to ship
+``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into ``sollat/collectives/tuning/`` to ship
 it). Under torchrun only rank 0 writes, to its host: copy the file to every other host. The file is
 replaced atomically (``select.write_table``), never rewritten in place.
 """
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from . import select
-from .algorithms import ALGORITHMS
-from .select import NCCL, Rule, Table
+from .collectives import select
+from .collectives.algorithms import ALGORITHMS
+from .collectives.select import NCCL, Rule, Table
 
 DEFAULT_SIZES = [1 << k for k in range(7, 25)]  # 128 B .. 16 MiB (virtual ranks)
 DEFAULT_SIZES_REAL = [1 << k for k in range(7, 27)]  # 128 B .. 64 MiB
@@ -144,7 +144,7 @@ def _sizes(text: str) -> list[int]:
 
 def _parser() -> argparse.ArgumentParser:
     from .cli_args import PROG, Parser, int_range
-    from .layout import MAX_RANKS
+    from .device.layout import MAX_RANKS
 
     p = Parser(prog=f"{PROG} tune", description=__doc__)
     p.add_argument("--ranks", type=int_range(2, MAX_RANKS), default=4,

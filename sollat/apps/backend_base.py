@@ -146,7 +146,7 @@ def _sollat_algorithm(algo: str, op: str) -> str:
     """
     if algo == "auto":
         return algo
-    from sollat.algorithms import ALGORITHMS
+    from sollat.collectives.algorithms import ALGORITHMS
 
     alg = ALGORITHMS.get(algo)
     if alg is not None and op not in alg.ops:
@@ -171,7 +171,7 @@ class _SollatMixin(AllReduceBackend):
         return algo
 
     def rank_order_for(self, calls: Sequence[CallRecord]) -> bool:
-        from sollat.algorithms import ALGORITHMS
+        from sollat.collectives.algorithms import ALGORITHMS
 
         for call in calls:
             alg = ALGORITHMS.get(self.algorithm_for(call))  # None for "nccl"

@@ -41,7 +41,7 @@ FUSED_OP = "sum+rmsnorm"  # CallRecord.op of a fused call (all_reduce's ops are 
 
 def fused_algorithms() -> tuple[str, ...]:
     """The algorithms ``sollat_fused:<algo>`` accepts (sollat.rmsnorm's public names)."""
-    from sollat import rmsnorm
+    from sollat.collectives import rmsnorm
 
     return rmsnorm.PUBLIC_ALGOS
 

@@ -45,7 +45,7 @@ NCCL_LSA_REASON = (
 
 
 def _kernel() -> Any:
-    from ..build import get_kernel
+    from ..device.build import get_kernel
 
     return get_kernel(SOURCE, "sollat_barrier_a2a")
 
@@ -72,7 +72,7 @@ class _Setup:
         self.kernel = _kernel()
 
     def launch(self, warm: int, iters: int, order: int) -> None:
-        from ..launch import launch, launch_config
+        from ..device.launch import launch, launch_config
 
         args = (self.ptrs.data_ptr(), np.int32(self.rank_base), np.int32(self.nranks), self.epochs.data_ptr(),
                 np.int32(warm), np.int32(iters), np.int32(order), self.times.data_ptr(), self.fault.data_ptr(),
@@ -134,7 +134,7 @@ def barrier_virtual(device_index: int, ranks: list[int], *, iters: int = 1000, w
     """Barrier rows for every rank count in ``ranks`` (virtual ranks on one GPU)."""
     import torch
 
-    from ..launch import ensure_device
+    from ..device.launch import ensure_device
 
     dev = torch.device("cuda", device_index)
     ensure_device(device_index)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import cli_args as top
 from ..cli_args import nonneg_int, positive_float, positive_int
-from ..layout import MAX_RANKS
+from ..device.layout import MAX_RANKS
 from .commands import _nothing_measured, cmd_barrier, cmd_bench, cmd_plot, cmd_sol
 from .plan import BenchPlan, known_algos, plan_bench
 from .sizes import DEFAULT_SIZES, QUICK_SIZES, parse_int_list

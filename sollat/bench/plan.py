@@ -32,7 +32,7 @@ class BenchPlan:
 def known_algos() -> list[str]:
     """What ``bench --algos`` accepts: every sollat algorithm, ``auto``, and ``auto_symm`` (auto in
     place on symmetric memory, real ranks only)."""
-    from ..algorithms import ALGORITHMS
+    from ..collectives.algorithms import ALGORITHMS
     from .sweep import AUTO_SYMM
 
     return [*ALGORITHMS, "auto", AUTO_SYMM]

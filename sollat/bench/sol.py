@@ -49,8 +49,8 @@ class _Probe:
     def __init__(self, device_index: int, timeout_s: float) -> None:
         import torch
 
-        from ..build import get_kernel
-        from ..launch import ensure_device
+        from ..device.build import get_kernel
+        from ..device.launch import ensure_device
 
         self.torch = torch
         self.index = device_index
@@ -63,7 +63,7 @@ class _Probe:
         self.timeout_ns = np.uint64(int(timeout_s * 1e9))
 
     def _launch(self, kernel: Any, grid: tuple[int, int], args: tuple[Any, ...], device_index: int | None = None) -> None:
-        from ..launch import launch, launch_config
+        from ..device.launch import launch, launch_config
 
         idx = self.index if device_index is None else device_index
         if idx != self.index:

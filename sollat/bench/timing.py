@@ -153,7 +153,7 @@ def slowest_rank(value: float) -> float:
 
 
 def empty_kernel() -> Any:
-    from ..build import get_kernel
+    from ..device.build import get_kernel
 
     return get_kernel("probe_barrier.cu", "sollat_empty")
 
@@ -163,7 +163,7 @@ def measure_floor(device: Any, *, calls: int = DEFAULT_CALLS, replays: int = 30,
     """The empty-kernel floor: ``calls`` empty launches in one graph, timed like every row."""
     import torch
 
-    from ..launch import ensure_device, launch, launch_config
+    from ..device.launch import ensure_device, launch, launch_config
 
     dev = torch.device(device)
     ensure_device(dev.index or 0)

@@ -7,7 +7,7 @@ returns a list of R. Everything between is this file: the argument checks (each 
 error), the plan of the call (cached; a new call shape is compiled and agreed on by every rank
 before its first launch), a library path where one serves the call (real ranks only), and the
 launch with the kernel's rank table. Under ``torch.compile`` each op is one ``sollat::`` custom
-op (``sollat/ops.py``) whose eager body comes back here.
+op (``sollat/collectives/ops.py``) whose eager body comes back here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-from .. import launch, rmsnorm, rmsnorm_checks
-from .. import rmsnorm_epilogue as epilogue
-from ..custom import Collective
+from ..collectives import rmsnorm, rmsnorm_checks
+from ..collectives import rmsnorm_epilogue as epilogue
+from ..collectives.custom import Collective
+from ..device import launch
 from ..errors import UnsupportedError
 from .base import MAX_ELEMENTS, _Plan
 from .custom_calls import CustomCalls
@@ -69,7 +70,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         path or ``ll128`` raises ``UnsupportedError``.
         """
         if _is_compiling():
-            from .. import ops
+            from ..collectives import ops
 
             ys = ops.all_reduce(self._per_rank(tensor, "tensor", "all_reduce"), self.comm_id, op, algo, deterministic)
             outs = self._per_rank_opt(out, "out", "all_reduce")
@@ -146,7 +147,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         residual_out=None, fp8_scale=None, fp8_out=None) -> (y, residual_out[, q])``
 
         Fused AllReduce + residual add + RMSNorm with vLLM's ``fused_add_rms_norm`` semantics
-        (sollat/rmsnorm.py has the exact arithmetic): ``x`` is this rank's partial sums
+        (sollat/collectives/rmsnorm.py has the exact arithmetic): ``x`` is this rank's partial sums
         ``[..., hidden]``, ``residual`` the residual of the same shape and dtype, ``weight``
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
@@ -173,7 +174,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                 self._per_rank_opt(fp8_out, "fp8_out", op))
         rmsnorm_checks.no_scale_no_copy(scales, fp8_out)
         if _is_compiling():
-            from .. import ops
+            from ..collectives import ops
 
             if scales is None:
                 flat = ops.all_reduce_rmsnorm(xs, residuals, weights, self.comm_id, float(eps), algo)
@@ -274,8 +275,8 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
 
     def _gs_call(self, kind: str, tensor: Any, out: Any, op: str, algo: str) -> Any:
         xs, outs = self._per_rank(tensor, "tensor", kind), self._per_rank_opt(out, "out", kind)
-        if _is_compiling():  # the custom op (sollat/ops.py), whose eager body comes back to _gs_ranks
-            from .. import ops
+        if _is_compiling():  # the custom op (sollat/collectives/ops.py), whose eager body comes back to _gs_ranks
+            from ..collectives import ops
 
             ys = ops.gather_scatter(xs, self.comm_id, kind, op, algo)
             if outs is None:

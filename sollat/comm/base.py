@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from .. import abi, algorithms, build, driver_launch, launch, layout, registry, select
-from ..algorithms import ALGORITHMS, Algorithm
-from ..dtypes import OPS, DType, lookup
+from ..collectives import algorithms, registry, select
+from ..collectives.algorithms import ALGORITHMS, Algorithm
+from ..device import abi, build, driver_launch, launch, layout
+from ..device.dtypes import OPS, DType, lookup
 from ..errors import CommunicatorFaultedError, UnsupportedError
 from . import agree
 from .fitting import LaunchFitting
@@ -147,7 +148,7 @@ class _CommBase(LaunchFitting, DeviceState):
                            deterministic: bool = False, symmetric: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
         ``"nccl"``, ``"torch_twoshot"``, or with ``symmetric`` (a call in place on a tensor from
-        ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.handover``); never a
+        ``Communicator.empty``) ``"torch_twoshot_zero_copy"``, see ``sollat.collectives.handover``); never a
         library path nor a non-deterministic algorithm on a ``batch_invariant`` communicator."""
         key = (nbytes, dtype, op, deterministic)
         choice = self._choices.get(key)

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..algorithms import CustomAlgorithm
-from ..custom import Collective
-from ..dtypes import DTYPES, DType
+from ..collectives.algorithms import CustomAlgorithm
+from ..collectives.custom import Collective
+from ..device.dtypes import DTYPES, DType
 from ..errors import UnsupportedError
 from .base import _CommBase, _Plan
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .. import launch
+from ..device import launch
 from ..errors import UnsupportedError
 
 CLUSTER_MAX_BLOCKS = 4  # virtual ranks: rank clusters up to this many blocks per rank (_clustered)

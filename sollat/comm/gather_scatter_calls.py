@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .. import gather_scatter
-from ..dtypes import DTYPES, OPS, DType
+from ..collectives import gather_scatter
+from ..collectives.select import NCCL
+from ..device.dtypes import DTYPES, OPS, DType
 from ..errors import UnsupportedError
-from ..select import NCCL
 from .base import _CommBase, _Plan
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..dtypes import DType
+from ..device.dtypes import DType
 from ..errors import UnsupportedError
 from .base import _CommBase
 

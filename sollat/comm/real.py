@@ -12,7 +12,7 @@ communicator state block. Kernels own nothing. Two communicators share one imple
 
 Both work eagerly and under CUDA-graph capture (epochs live in device memory, not in kernel
 arguments), and both are reachable from ``torch.compile`` through the ``sollat::all_reduce``
-custom ops (``sollat/ops.py``).
+custom ops (``sollat/collectives/ops.py``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,10 @@ from typing import Any
 
 import torch
 
-from .. import algorithms, faults, handover, launch, layout, select, topology
-from ..custom import Collective, checked_collectives
-from ..dtypes import DType, lookup
-from ..errors import SollatError, UnsupportedError
-from ..registry import lookup_comm
-from ..validate import (
+from ..collectives import algorithms, handover, select
+from ..collectives.custom import Collective, checked_collectives
+from ..collectives.registry import lookup_comm
+from ..collectives.validate import (
     BATCH_INVARIANT_ENV,
     algorithm_names,
     check_world_size,
@@ -39,6 +37,9 @@ from ..validate import (
     default_timeout_s,
     timeout,
 )
+from ..device import faults, launch, layout, topology
+from ..device.dtypes import DType, lookup
+from ..errors import SollatError, UnsupportedError
 from . import agree
 from .api import CollectiveOps
 from .base import MAX_ELEMENTS
@@ -58,7 +59,7 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
     IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
-    library is faster, ``algo="auto"`` hands the call over (``sollat.handover``): to torch
+    library is faster, ``algo="auto"`` hands the call over (``sollat.collectives.handover``): to torch
     symmetric memory's two-shot (its buffer is sized for the table's largest such message, or
     ``torch_twoshot_bytes`` when larger) or to ``torch.distributed.all_reduce`` on ``group``,
     which also serves everything above the table. ``collectives`` registers user-written
@@ -169,7 +170,7 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
 
     @property
     def handovers(self) -> tuple[str, ...]:
-        """Library paths this communicator can hand a call to (``sollat.handover``)."""
+        """Library paths this communicator can hand a call to (``sollat.collectives.handover``)."""
         return tuple(sorted(self._handovers()))
 
     def _handovers(self) -> frozenset[str]:

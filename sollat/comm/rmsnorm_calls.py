@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from .. import abi, algorithms, driver_launch, layout, rmsnorm, select
-from .. import rmsnorm_epilogue as epilogue
-from ..dtypes import DType
+from ..collectives import algorithms, rmsnorm, select
+from ..collectives import rmsnorm_epilogue as epilogue
+from ..device import abi, driver_launch, layout
+from ..device.dtypes import DType
 from ..errors import UnsupportedError
 from .base import _CommBase, _Plan
 

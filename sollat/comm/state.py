@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import abi, faults, launch, layout
-from ..algorithms import Algorithm, Region, regions
+from ..collectives.algorithms import Algorithm, Region, regions
+from ..device import abi, faults, launch, layout
 
 _STATE_FMT = abi.STATE_FORMAT  # CommState (abi.py, rendered into abi.h)
 

@@ -9,10 +9,8 @@ from typing import Any
 
 import torch
 
-from .. import layout
-from ..custom import Collective, checked_collectives
-from ..errors import UnsupportedError
-from ..validate import (
+from ..collectives.custom import Collective, checked_collectives
+from ..collectives.validate import (
     algorithm_names,
     check_world_size,
     checked_batch_invariant,
@@ -21,6 +19,8 @@ from ..validate import (
     cuda_device,
     timeout,
 )
+from ..device import layout
+from ..errors import UnsupportedError
 from .api import CollectiveOps
 from .state import _record_view, scratch_bytes_per_rank
 

@@ -36,12 +36,12 @@ from typing import Any, Protocol
 
 import torch
 
+from ..collectives.rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
+from ..collectives.rmsnorm import MAX_HIDDEN
 from ..comm.base import MAX_ELEMENTS
-from ..dtypes import DTYPES
+from ..device.dtypes import DTYPES
+from ..device.layout import MAX_RANKS
 from ..errors import UnsupportedError
-from ..layout import MAX_RANKS
-from ..rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
-from ..rmsnorm import MAX_HIDDEN
 
 __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "OPT_IN_ENV", "GroupAdapter", "all_reduce_refusal",
            "domain_refusal", "opted_in", "rmsnorm_refusal", "set_communicator_factory", "sollat_batch_invariant_env",

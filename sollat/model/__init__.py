@@ -2,7 +2,7 @@
 
 The model runs the one-shot, two-shot and LL128-atomic AllReduce kernels (and the exchange of the
 fused RMSNorm two-shot) as thread programs of memory operations (LL, sentinel, epoch-parity double
-buffering, chunked iterations, kernel boundaries), with the slot mapping and geometry taken from :mod:`sollat.layout`. The checker
+buffering, chunked iterations, kernel boundaries), with the slot mapping and geometry taken from :mod:`sollat.device.layout`. The checker
 explores adversarial random schedules and, for tiny configurations, every interleaving; it
 checks exact sums, that no line is overwritten before it is consumed, that no reader accepts
 stale data, and that every run terminates. See ``docs/protocol-model.md``.

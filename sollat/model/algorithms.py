@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sollat.layout import Geometry
+from sollat.device.layout import Geometry
 
 from . import protocols, rules
 from .config import Config, Mutation

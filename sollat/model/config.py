@@ -145,7 +145,7 @@ class Config:
     Sizes are in *model lines*. A model thread stands for a bundle of
     ``layout.MAX_THREADS // threads`` real threads that always act together (see
     :func:`sollat.model.rules.model_geometry`), so the geometry of every call is the one
-    :func:`sollat.layout.plan` chooses, at bundle granularity.
+    :func:`sollat.device.layout.plan` chooses, at bundle granularity.
     """
 
     algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" (rows of one line each)

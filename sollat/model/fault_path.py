@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sollat import layout
+from sollat.device import layout
 
 from .config import Mutation
 from .machine_base import MachineBase

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sollat.layout import Geometry
+from sollat.device.layout import Geometry
 
 from . import rules
 from .config import Config, Mutation

@@ -1,7 +1,7 @@
-"""The protocol rules the model executes, each taken from :mod:`sollat.layout` where it lives there.
+"""The protocol rules the model executes, each taken from :mod:`sollat.device.layout` where it lives there.
 
 Every function names the device code that implements the same rule. Slot mapping, line
-addresses and launch geometry are *imported* from ``sollat/layout.py`` (the single source of
+addresses and launch geometry are *imported* from ``sollat/device/layout.py`` (the single source of
 truth); only the model's own bundling is written here.
 
 Bundles
@@ -21,20 +21,20 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from sollat import layout
-from sollat.layout import Geometry
+from sollat.device import layout
+from sollat.device.layout import Geometry
 
 from .config import EPOCH_FIELD_BITS, Config, Mutation
 
 # Device files the rules below are implemented in (linked from docstrings and the docs).
-DEVICE_LL = "sollat/csrc/include/sollat/protocol_ll.h"
-DEVICE_SENTINEL = "sollat/csrc/include/sollat/protocol_sentinel.h"
-DEVICE_LLBUFFER = "sollat/csrc/include/sollat/ll_buffer.h"
-DEVICE_LLBUFFER_FUNCS = "sollat/csrc/include/sollat/impl/ll_buffer__funcs.h"
-DEVICE_LL128 = "sollat/csrc/include/sollat/ll128.h"
-DEVICE_ONESHOT = "sollat/csrc/kernels/allreduce_oneshot.cu"
-DEVICE_TWOSHOT = "sollat/csrc/kernels/allreduce_twoshot.cu"
-DEVICE_LL128_KERNEL = "sollat/csrc/kernels/allreduce_ll128.cu"
+DEVICE_LL = "sollat/device/csrc/include/sollat/protocol_ll.h"
+DEVICE_SENTINEL = "sollat/device/csrc/include/sollat/protocol_sentinel.h"
+DEVICE_LLBUFFER = "sollat/device/csrc/include/sollat/ll_buffer.h"
+DEVICE_LLBUFFER_FUNCS = "sollat/device/csrc/include/sollat/impl/ll_buffer__funcs.h"
+DEVICE_LL128 = "sollat/device/csrc/include/sollat/ll128.h"
+DEVICE_ONESHOT = "sollat/device/csrc/kernels/allreduce_oneshot.cu"
+DEVICE_TWOSHOT = "sollat/device/csrc/kernels/allreduce_twoshot.cu"
+DEVICE_LL128_KERNEL = "sollat/device/csrc/kernels/allreduce_ll128.cu"
 
 
 def bundle(cfg: Config) -> int:
@@ -157,14 +157,14 @@ def fence_orders_peers(cfg: Config, scope: str) -> bool:
 
 
 def signature(cfg: Config, call_lines: int) -> int:
-    """Odd 32-bit hash of the call's arguments (host: ``sollat.algorithms.signature``)."""
+    """Odd 32-bit hash of the call's arguments (host: ``sollat.collectives.algorithms.signature``)."""
     return zlib.crc32(f"model|{cfg.algorithm}|{cfg.protocol}|{call_lines}".encode()) | 1
 
 
 def chunk_lines(cfg: Config, call_lines: int) -> int:
     """Two-shot: the message is cut in ``nranks`` chunks of ``ceil(n / nranks)`` lines; rank c owns chunk c.
 
-    Host: ``Algorithm.lines_per_rank`` (``sollat/algorithms.py``); device: ``chunk_lines`` in
+    Host: ``Algorithm.lines_per_rank`` (``sollat/collectives/algorithms.py``); device: ``chunk_lines`` in
     ``allreduce_twoshot.cu`` (``units`` in ``allreduce_ll128.cu``). Lines of a chunk past the end of
     the message are sent as zero padding (``load_pack`` is bounded by ``n``), so every (sender,
     receiver) pair carries data in every iteration in which the channel does.

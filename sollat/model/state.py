@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sollat import layout
+from sollat.device import layout
 
 from .program import Instr
 from .scratch import Ghost

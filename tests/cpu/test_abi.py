@@ -1,4 +1,4 @@
-"""The host/device contract (sollat/abi.py) and the header generated from it (abi.h)."""
+"""The host/device contract (sollat/device/abi.py) and the header generated from it (abi.h)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import struct
 import numpy as np
 import pytest
 
-from sollat import abi, abi_header, algorithms, build, layout
-from sollat.algorithms import ALGORITHMS
-from sollat.dtypes import DTYPES
+from sollat.collectives import algorithms
+from sollat.collectives.algorithms import ALGORITHMS
+from sollat.device import abi, abi_header, build, layout
+from sollat.device.dtypes import DTYPES
 
 
 def test_header_is_in_the_cubin_cache_key() -> None:
@@ -121,7 +122,7 @@ def test_no_contract_constant_is_spelled_as_a_literal_in_csrc() -> None:
             continue
         code = "\n".join(line.split("//")[0] for line in f.read_text().splitlines())
         names = {n for decl in _CONSTEXPR.findall(code) for n in _LITERAL.findall(decl)}
-        assert names <= DEVICE_ONLY, f"{f.name}: {sorted(names - DEVICE_ONLY)} belong in sollat/abi.py"
+        assert names <= DEVICE_ONLY, f"{f.name}: {sorted(names - DEVICE_ONLY)} belong in sollat/device/abi.py"
 
 
 def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 
-from sollat import rmsnorm
 from sollat.apps import decode
 from sollat.apps.backends import (
     ReferenceBackend,
@@ -29,6 +28,7 @@ from sollat.apps.backends import (
 from sollat.apps.decode import DecodeSession, compare_logits, parse_args
 from sollat.apps.fused import FUSED_OP, SollatFusedDistBackend, SollatFusedVirtualBackend
 from sollat.apps.llama import TPDecoder, full_logits, preset, rms_norm
+from sollat.collectives import rmsnorm
 
 CPU = torch.device("cpu")
 TINY = preset("tiny")

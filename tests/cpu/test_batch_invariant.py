@@ -20,11 +20,12 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, abi_header, algorithms, build, layout, rmsnorm, select
+from sollat.collectives import algorithms, rmsnorm, select
+from sollat.collectives.validate import BATCH_INVARIANT_ENV, checked_batch_invariant
 from sollat.comm import agree
 from sollat.comm.real import Communicator, VirtualCommunicator
-from sollat.dtypes import DTYPES, OPS
-from sollat.validate import BATCH_INVARIANT_ENV, checked_batch_invariant
+from sollat.device import abi, abi_header, build, layout
+from sollat.device.dtypes import DTYPES, OPS
 
 from .test_faults_host import _run_ranks
 from .test_host_logic import fake_virtual
@@ -382,7 +383,7 @@ def _fake_real(invariant: bool, table: select.Table = _WITH_LIBRARIES) -> Commun
 
 
 def test_a_batch_invariant_communicator_auto_stays_on_sollat(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sollat import handover
+    from sollat.collectives import handover
 
     monkeypatch.setattr(handover, "torch_twoshot_available", lambda: True)
     on, off = _fake_real(True), _fake_real(False)

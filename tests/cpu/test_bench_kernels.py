@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sollat import build
+from sollat.device import build
 
 pytest.importorskip("cuda.core")
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from sollat import build
+from sollat.device import build
 
 cuda_core = pytest.importorskip("cuda.core")
 
@@ -31,7 +31,7 @@ def root(tmp_path, monkeypatch):
 
 
 def test_one_root_for_cubins_and_tables(root) -> None:
-    from sollat import select
+    from sollat.collectives import select
 
     assert build.cache_root() == root
     assert build.cache_dir() == root / "cubin"

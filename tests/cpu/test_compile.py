@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from sollat import build, instantiations
+from sollat.collectives import instantiations
+from sollat.device import build
 
 cuda_core = pytest.importorskip("cuda.core")
 

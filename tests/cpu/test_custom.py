@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sollat import algorithms, build, custom, layout
+from sollat.collectives import algorithms, custom
+from sollat.collectives.custom import Collective
 from sollat.comm.custom_calls import CustomCalls
 from sollat.comm.state import scratch_bytes_per_rank
-from sollat.custom import Collective
-from sollat.dtypes import DTYPES
+from sollat.device import build, layout
+from sollat.device.dtypes import DTYPES
 from sollat.errors import UnsupportedError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -200,7 +201,7 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
     from torch.distributed import HashStore
 
     import sollat
-    from sollat import select
+    from sollat.collectives import select
     from sollat.comm import agree
     from sollat.comm.real import Communicator
 

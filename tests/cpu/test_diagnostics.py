@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from sollat import layout, testing
+from sollat import testing
+from sollat.device import layout
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sollat.driver_launch import BoundLaunch
+from sollat.device.driver_launch import BoundLaunch
 from sollat.errors import SollatError
 
 
@@ -134,7 +134,8 @@ def test_rmsnorm_epilogue_packs_its_pointers_and_tail() -> None:
     FP8 pair null without the copy, then rows, hidden and eps's bits), as the kernel declares them."""
     import torch
 
-    from sollat import abi, rmsnorm_epilogue
+    from sollat.collectives import rmsnorm_epilogue
+    from sollat.device import abi
 
     sizes = [struct_size(p.ctype) for p in abi.ADD_RMSNORM_PARAMS]
     assert sizes == [8] * 7 + [8, 8, 4] and rmsnorm_epilogue.N_PTRS == 7
@@ -153,6 +154,6 @@ def test_rmsnorm_epilogue_packs_its_pointers_and_tail() -> None:
 
 
 def struct_size(ctype: str) -> int:
-    from sollat import abi
+    from sollat.device import abi
 
     return np.dtype(abi.ctype(ctype).np_type).itemsize

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sollat.dtypes import DTYPES, lookup
+from sollat.device.dtypes import DTYPES, lookup
 from sollat.errors import UnsupportedError
 
 INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from sollat import handover, launch
+from sollat.collectives import handover
 from sollat.comm.base import _Plan
 from sollat.comm.real import Communicator
+from sollat.device import launch
 
 
 class _Recorder:
@@ -121,7 +122,7 @@ def test_a_new_stream_is_ordered_before_the_launch(monkeypatch: pytest.MonkeyPat
 def test_torch_compile_traces_the_custom_op_not_the_hot_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under torch.compile the call becomes ``sollat::all_reduce`` (its eager body reaches the
     communicator by id and runs the checked path); the hot path is never traced."""
-    from sollat import registry
+    from sollat.collectives import registry
 
     comm, rec, slow = _fake(monkeypatch)
     comm.comm_id = registry.register(comm)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, faults, layout
 from sollat.comm import agree
+from sollat.device import abi, faults, layout
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True, 1e9])
@@ -62,8 +62,8 @@ def test_max_blocks_is_validated_before_the_gpu_check(monkeypatch, value: object
 
 
 def test_max_blocks_defaults(monkeypatch) -> None:
-    from sollat import layout
-    from sollat.validate import checked_max_blocks
+    from sollat.collectives.validate import checked_max_blocks
+    from sollat.device import layout
 
     monkeypatch.delenv("SOLLAT_MAX_BLOCKS", raising=False)
     assert checked_max_blocks(None, "t", default=16) == 16
@@ -129,7 +129,7 @@ def test_an_unlabelled_record_names_no_collective() -> None:
 
 
 def test_every_collective_of_the_registry_has_a_code() -> None:
-    from sollat.algorithms import (
+    from sollat.collectives.algorithms import (
         ALGORITHMS,
         GATHER_SCATTER_ALGORITHMS,
         RMSNORM_ALGORITHMS,
@@ -137,7 +137,7 @@ def test_every_collective_of_the_registry_has_a_code() -> None:
         collective_name,
         kernel_defines,
     )
-    from sollat.dtypes import DTYPES
+    from sollat.device.dtypes import DTYPES
 
     names = {a: collective_name(a) for a in (*ALGORITHMS.values(), *RMSNORM_ALGORITHMS.values(),
                                              *GATHER_SCATTER_ALGORITHMS.values())}
@@ -204,7 +204,7 @@ def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkey
     rank raise (nobody waits for the setup timeout)."""
     from torch.distributed import HashStore
 
-    from sollat import select
+    from sollat.collectives import select
     from sollat.comm.real import Communicator
 
     store = HashStore()

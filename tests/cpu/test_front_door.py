@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sollat import cli, instantiations
+from sollat import cli
+from sollat.collectives import instantiations
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,7 +109,7 @@ def test_info_without_a_gpu_names_no_arch(capsys: pytest.CaptureFixture[str], mo
 
 def test_info_names_the_nvrtc_it_loads(capsys: pytest.CaptureFixture[str]) -> None:
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
-    from sollat import build
+    from sollat.device import build
 
     if build.nvrtc_missing() is not None:
         pytest.skip("no NVRTC here (the nvrtc extra is not installed)")
@@ -139,7 +140,7 @@ def test_info_without_nvrtc_names_the_extra(capsys: pytest.CaptureFixture[str],
 
 
 def _without_nvrtc(monkeypatch: pytest.MonkeyPatch) -> str:
-    from sollat import build
+    from sollat.device import build
 
     why = ("sollat: NVRTC (libnvrtc), which compiles sollat's kernels, cannot be loaded (DynamicLibNotFoundError); "
            f"install sollat's nvrtc extra: {build.NVRTC_EXTRA}")
@@ -178,7 +179,7 @@ def test_examples_without_nvrtc_end_in_one_line_naming_the_extra(example: str, t
 
 def test_compile_without_nvrtc_raises_the_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("cuda.core")
-    from sollat import build
+    from sollat.device import build
 
     why = _without_nvrtc(monkeypatch)
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))

@@ -9,12 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from sollat import algorithms, build, gather_scatter, layout
-from sollat.comm.state import scratch_bytes_per_rank
-from sollat.comm.virtual import VirtualCommunicator
-from sollat.dtypes import DTYPES
-from sollat.errors import UnsupportedError
-from sollat.gather_scatter import (
+from sollat.collectives import algorithms, gather_scatter
+from sollat.collectives.gather_scatter import (
     LIBRARY_ABOVE_BYTES,
     LL_MAX_BYTES,
     all_gather_reference,
@@ -22,6 +18,11 @@ from sollat.gather_scatter import (
     reduce_scatter_reference,
     resolve,
 )
+from sollat.comm.state import scratch_bytes_per_rank
+from sollat.comm.virtual import VirtualCommunicator
+from sollat.device import build, layout
+from sollat.device.dtypes import DTYPES
+from sollat.errors import UnsupportedError
 
 GS = algorithms.GATHER_SCATTER_ALGORITHMS
 
@@ -245,7 +246,7 @@ def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
     """fullgraph=True (a graph break is an error): both communicators' all_gather and
     reduce_scatter go through the sollat::gather_scatter ops, whose eager body here is the CPU
     reference (a stand-in for the kernel); results and out= writes equal the eager ones."""
-    from sollat import registry
+    from sollat.collectives import registry
     from sollat.comm.real import Communicator
 
     calls: list[str] = []

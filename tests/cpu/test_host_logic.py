@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import sollat
-from sollat import algorithms
+from sollat.collectives import algorithms
 from sollat.comm import real as communicator
 from sollat.comm.real import VirtualCommunicator
-from sollat.dtypes import DTYPES
+from sollat.device.dtypes import DTYPES
 
 
 def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
@@ -94,7 +94,7 @@ def test_impossible_requests_are_clear_errors() -> None:
     # LL128 and the bulk two-shot stop at 8 ranks: named at 9 they are refused, and not enabled by default
     with pytest.raises(sollat.UnsupportedError, match="'ll128' runs on 2 to 8 ranks"):
         algorithms.get("ll128").check_world(9)
-    from sollat.validate import algorithm_names
+    from sollat.collectives.validate import algorithm_names
 
     assert "ll128" in algorithm_names(None, 8) and "ll128" not in algorithm_names(None, 9)
     assert set(algorithm_names(None, 72)) == {"oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel",
@@ -133,7 +133,7 @@ def test_device_fault_records_become_exceptions() -> None:
 
 
 def test_signatures_are_odd_and_distinguish_calls() -> None:
-    from sollat.dtypes import DTYPES
+    from sollat.device.dtypes import DTYPES
 
     a, b = algorithms.get("oneshot_ll"), algorithms.get("oneshot_sentinel")
     f32, bf = DTYPES[torch.float32], DTYPES[torch.bfloat16]

@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from sollat import abi, abi_header, abi_layout, formula, layout
-from sollat.algorithms import ALGORITHMS
+from sollat.collectives.algorithms import ALGORITHMS
+from sollat.device import abi, abi_header, abi_layout, formula, layout
 
 
 @pytest.mark.parametrize("lines", [1, 2, 31, 32, 33, 511, 512, 513, 4096, 8191, 65536, 10**6, 10**7])
@@ -83,13 +83,13 @@ def test_message_lines_cover_each_line_once() -> None:
         assert len(set(seen)) == len(seen) and set(range(lines)) <= set(seen)
 
 
-# ---- the formulas' one declaration (sollat/abi_layout.py) and the two sides derived from it ----
+# ---- the formulas' one declaration (sollat/device/abi_layout.py) and the two sides derived from it ----
 def test_layout_functions_are_the_declared_formulas() -> None:
-    """sollat.layout writes no formula itself: each function is the one compiled from its declaration."""
+    """sollat.device.layout writes no formula itself: each function is the one compiled from its declaration."""
     assert set(layout.DERIVED) == set(abi_layout.BY_NAME)
     for name, fn in abi_layout.FUNCTIONS.items():
         assert getattr(layout, name) is fn, f"layout.{name} is not abi_layout's {name}"
-        assert fn.__code__.co_filename == f"<sollat.abi_layout {name}>"
+        assert fn.__code__.co_filename == f"<sollat.device.abi_layout {name}>"
     assert layout.SIGNATURE_LINES_PER_BLOCK == abi_layout.SIGNATURE_LINES_PER_BLOCK == 2
 
 

@@ -1,4 +1,4 @@
-"""LL128 atomic lane/element mapping (sollat/csrc/include/sollat/ll128.h), mirrored in pure Python.
+"""LL128 atomic lane/element mapping (sollat/device/csrc/include/sollat/ll128.h), mirrored in pure Python.
 
 A warp-unit is 32 lanes x E elements (E = 4 for fp32, 8 for 16-bit) = 4 lines of 128 B. Lane l < 31
 carries user elements [l E, l E + E); lanes 8k put the line-k counter in element 0 and lane 31
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from sollat import abi
+from sollat.device import abi
 
 LANES = abi.WARP
 LANES_PER_LINE = abi.LL128_LINE_BYTES // abi.LINE_BYTES
 LINES = abi.LL128_LINES_PER_UNIT
 DISPLACED_LANE = abi.LL128_DISPLACED_LANE
-HEADER = Path(__file__).resolve().parents[2] / "sollat" / "csrc" / "include" / "sollat" / "ll128.h"
+HEADER = Path(__file__).resolve().parents[2] / "sollat" / "device" / "csrc" / "include" / "sollat" / "ll128.h"
 
 
 def elems_per_lane(elem_bytes: int) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sollat import layout
+from sollat.device import layout
 from sollat.model import (
     BENIGN,
     EXHAUSTIVE,
@@ -310,7 +310,7 @@ def test_config_names_are_unique() -> None:
     assert len(names) == len(set(names))
 
 
-# ---- rules come from sollat.layout -----------------------------------------------------------------
+# ---- rules come from sollat.device.layout -----------------------------------------------------------------
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
 @pytest.mark.parametrize("lines", [1, 2, 3, 5, 9, 17, 40])
 def test_model_geometry_is_layout_plan_at_bundle_granularity(threads: int, lines: int) -> None:

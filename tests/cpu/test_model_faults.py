@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sollat import layout
+from sollat.device import layout
 from sollat.model import Config, Fault, Machine, Mutation, Report, exhaustive, random_runs
 from sollat.model.fault_sweep import (
     FAULT_BENIGN,

@@ -81,8 +81,8 @@ def test_import_sollat_gives_testing_and_a_tidy_dir() -> None:
 def test_reduce_scatter_reference_refuses_an_unknown_op() -> None:
     import torch
 
+    from sollat.collectives.gather_scatter import rank_order_reduce, reduce_scatter_reference
     from sollat.errors import UnsupportedError
-    from sollat.gather_scatter import rank_order_reduce, reduce_scatter_reference
 
     xs = [torch.arange(4.0), torch.arange(4.0) + 10]
     with pytest.raises(UnsupportedError, match=r"one of sum, max, min, got 'bogus'"):
@@ -114,5 +114,5 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
     assert "License-Expression: Apache-2.0" in meta and f"Version: {pyproject()['project']['version']}" in meta
     assert f'Requires-Dist: nvidia-cuda-nvrtc=={nvrtc_pin()}; extra == "nvrtc"' in meta
     assert 'Requires-Dist: matplotlib; extra == "bench"' in meta
-    assert "sollat/csrc/include/sollat/abi.h" in names and "sollat/csrc/kernels/allreduce_oneshot.cu" in names
-    assert any(n.startswith("sollat/tuning/") and n.endswith(".json") for n in names)
+    assert "sollat/device/csrc/include/sollat/abi.h" in names and "sollat/device/csrc/kernels/allreduce_oneshot.cu" in names
+    assert any(n.startswith("sollat/collectives/tuning/") and n.endswith(".json") for n in names)

@@ -14,20 +14,10 @@ import pytest
 import torch
 
 import sollat
-from sollat import (
-    abi,
-    abi_header,
-    algorithms,
-    build,
-    instantiations,
-    layout,
-    ops,
-    registry,
-    rmsnorm,
-    rmsnorm_checks,
-)
+from sollat.collectives import algorithms, instantiations, ops, registry, rmsnorm, rmsnorm_checks
 from sollat.comm.real import Communicator, VirtualCommunicator
-from sollat.dtypes import DTYPES
+from sollat.device import abi, abi_header, build, layout
+from sollat.device.dtypes import DTYPES
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda", 0)

@@ -8,9 +8,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sollat import algorithms, select, tune
+from sollat import tune
+from sollat.collectives import algorithms, select
+from sollat.collectives.select import NCCL, Rule, Table
 from sollat.errors import SollatError, TableMismatchError, UnsupportedError
-from sollat.select import NCCL, Rule, Table
 
 ALL = tuple(algorithms.ALGORITHMS)
 T = Table("test", 4, (Rule(1024, "oneshot_ll"), Rule(1 << 20, "oneshot_sentinel"), Rule(2 << 20, "twoshot_sentinel")))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sollat import handover, select
 from sollat.bench.results import Row
 from sollat.bench.table import best_peer, format_panel
+from sollat.collectives import handover, select
 from sollat.comm.real import Communicator
 
 

@@ -1,4 +1,4 @@
-"""Groups that are not one NVLink domain (sollat.topology): synthetic GPU descriptions."""
+"""Groups that are not one NVLink domain (sollat.device.topology): synthetic GPU descriptions."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import types
 
 import pytest
 
-from sollat import topology
+from sollat.device import topology
+from sollat.device.topology import NCCL, NVLINK, PCIE, SOLLAT, Fabric, GpuDescription
 from sollat.errors import NotOneNVLinkDomainError, UnsupportedError
-from sollat.topology import NCCL, NVLINK, PCIE, SOLLAT, Fabric, GpuDescription
 
 
 def _pci(host: str, i: int) -> str:

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, algorithms, instantiations, layout, select
-from sollat.validate import algorithm_names
+from sollat.collectives import algorithms, instantiations, select
+from sollat.collectives.validate import algorithm_names
+from sollat.device import abi, layout
 
 WIDE = (9, 16, 17, 32, 33, 64, 72)
 Plan = Callable[[int, int, int], layout.Geometry]  # (lines, world size, max blocks) -> cut

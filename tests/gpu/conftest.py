@@ -13,7 +13,7 @@ def _kernels_compiled_in_parallel() -> None:
     test: a cold cache otherwise compiles them one at a time inside the tests (minutes)."""
     if not torch.cuda.is_available():
         return
-    from sollat import instantiations
+    from sollat.collectives import instantiations
 
     t0 = time.monotonic()
     n = instantiations.precompile(jobs=max(1, min(32, os.cpu_count() or 1)))

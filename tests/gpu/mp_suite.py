@@ -51,8 +51,9 @@ import torch
 import torch.distributed as dist
 
 import sollat
-from sollat import layout, select
-from sollat.algorithms import ALGORITHMS, Algorithm
+from sollat.collectives import select
+from sollat.collectives.algorithms import ALGORITHMS, Algorithm
+from sollat.device import layout
 
 try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
     from . import _reference as ref
@@ -484,7 +485,7 @@ def values(s: Suite) -> None:
 def rmsnorm_algos() -> list[str]:
     """The fused algorithms to call: the experimental two-shot only with its variable set (as for
     the communicators, which accept it only then)."""
-    from sollat import algorithms, rmsnorm
+    from sollat.collectives import algorithms, rmsnorm
 
     return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()] + [
         rmsnorm.UNFUSED]
@@ -498,7 +499,7 @@ def rmsnorm_values(s: Suite) -> None:
     The two-shot algorithms (with their variable) the same way, with two input classes and a few
     more rows (fewer rows than ranks, rows not divisible by the ranks, many per block); the unfused
     hand-over (sollat's AllReduce, then the one-GPU epilogue) likewise, its AllReduce included."""
-    from sollat import rmsnorm
+    from sollat.collectives import rmsnorm
 
     comm = s.main
     calls = 0
@@ -536,7 +537,7 @@ def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
     copy bit for bit against sollat.rmsnorm.fp8_reference (every NaN the byte 0x7F), into a
     poisoned fp8_out (every other call one byte into its buffer: misaligned rows) or a new one;
     the scale changes between calls on the same tensor (read on the device, never on the host)."""
-    from sollat import rmsnorm
+    from sollat.collectives import rmsnorm
 
     scale = torch.empty(1, dtype=torch.float32, device=s.dev)
     calls = 0
@@ -581,7 +582,7 @@ def gather_scatter_values(s: Suite) -> None:
     (and across ranks: every rank holds the same bits); reduce_scatter bitwise against the
     rank-order reference of this rank's chunk (a call auto hands to NCCL: max/min bitwise, sum
     within the summation bound)."""
-    from sollat import gather_scatter as gs
+    from sollat.collectives import gather_scatter as gs
 
     comm = s.main
     w = s.world

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import sollat
-from sollat import layout
-from sollat.algorithms import ALGORITHMS
+from sollat.collectives.algorithms import ALGORITHMS
+from sollat.device import layout
 
 from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, assert_within_sum_bound, random_inputs, rank_order_reduce

@@ -42,7 +42,7 @@ TOL = LOGIT_TOL[DTYPE]
 
 def sollat_algorithms(world: int, dtype: torch.dtype) -> list[str]:
     import sollat
-    from sollat.algorithms import ALGORITHMS
+    from sollat.collectives.algorithms import ALGORITHMS
 
     names = sollat.VirtualCommunicator(world, DEV).algorithms
     return [a for a in names if dtype in ALGORITHMS[a].dtypes]
@@ -115,7 +115,7 @@ def test_decode_virtual_tp_matches_unsharded(tp: int, unsharded: tuple[list[torc
 
 
 def fused_specs() -> list[str]:
-    from sollat import algorithms, rmsnorm
+    from sollat.collectives import algorithms, rmsnorm
 
     names = rmsnorm.ALGOS if algorithms.rmsnorm_twoshot_enabled() else rmsnorm.AUTO_ALGOS  # two-shot: opt-in
     return ["sollat_fused"] + [f"sollat_fused:{a}" for a in (*names, rmsnorm.UNFUSED)]
@@ -127,7 +127,7 @@ def test_decode_virtual_tp_fused_matches_unsharded(tp: int,
     """sollat_fused (AllReduce + residual add + next RMSNorm in one kernel, CUDA graphs) against the
     unsharded model: within the tolerance, never required bitwise (its sum of squares is sollat's
     pairwise tree, not torch's rms_norm order)."""
-    from sollat import rmsnorm
+    from sollat.collectives import rmsnorm
 
     base, inputs = unsharded
     model = new_model(tp)
@@ -194,7 +194,7 @@ def test_decode_torchrun_two_gpus_fused(tmp_path: Path) -> None:
     fused = data["results"]["sollat_fused"]
     ops = [c["op"] for c in fused["allreduce_calls"]]
     assert ops == [FUSED_OP] * 4 + ["max", "min"]
-    from sollat import rmsnorm
+    from sollat.collectives import rmsnorm
 
     # batch rows of the model's hidden size: auto's choice (rmsnorm.auto_choice), never the two-shot
     assert fused["allreduce_calls"][0]["algorithm"] in (*rmsnorm.AUTO_ALGOS, rmsnorm.UNFUSED)

@@ -3,7 +3,7 @@ batch it travels in, whichever algorithm ``auto`` picks at that batch size, eage
 graph, on every rank, and they must be the host reference's bits.
 
 Row 0 of every input is fixed and the batch size B moves across every switch point: every rule of
-every shipped tuning table (sollat/tuning/*.json; the one a virtual communicator of R ranks finds,
+every shipped tuning table (sollat/collectives/tuning/*.json; the one a virtual communicator of R ranks finds,
 and the real-rank table forced onto a 2-rank virtual communicator), ``rmsnorm.auto_choice``'s row
 threshold (fused one-shot for one or two wide rows, ``unfused`` above), every batch size at which
 ``rmsnorm.row_geometry`` / ``unfused_geometry`` cut a row differently (row clusters, slots,
@@ -33,8 +33,8 @@ import pytest
 import torch
 
 import sollat
-from sollat import algorithms, gather_scatter, rmsnorm, select
-from sollat.dtypes import DTYPES as DTYPE_INFO
+from sollat.collectives import algorithms, gather_scatter, rmsnorm, select
+from sollat.device.dtypes import DTYPES as DTYPE_INFO
 
 from ._reference import rank_order_reduce, raw_bits, same_bits
 

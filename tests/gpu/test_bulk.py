@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, layout, testing
+from sollat import testing
+from sollat.device import abi, layout
 
 from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, nan_or_exact_bad, random_inputs, rank_order_reduce

@@ -9,7 +9,7 @@ import torch
 
 import sollat
 from sollat import testing
-from sollat.algorithms import ALGORITHMS
+from sollat.collectives.algorithms import ALGORITHMS
 
 from ._reference import assert_bitwise, assert_within_sum_bound, random_inputs, rank_order_reduce
 

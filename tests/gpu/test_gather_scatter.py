@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import sollat
-from sollat import algorithms, layout, testing
-from sollat import gather_scatter as gs
-from sollat.dtypes import DTYPES
+from sollat import testing
+from sollat.collectives import algorithms
+from sollat.collectives import gather_scatter as gs
+from sollat.device import layout
+from sollat.device.dtypes import DTYPES
 
 from ._faults import assert_absent_rank_refuses_until_reset
 from ._graphs import check_eagerly_then_in_a_graph

@@ -1,7 +1,7 @@
 """GPU correctness of the fused AllReduce + residual add + RMSNorm on virtual ranks.
 
 How results are compared, and why: the arithmetic is defined exactly and is the same for every
-algorithm (sollat/rmsnorm.py, csrc/include/sollat/rmsnorm_math.h, docs/design.md "Arithmetic and
+algorithm (sollat/collectives/rmsnorm.py, csrc/include/sollat/rmsnorm_math.h, docs/design.md "Arithmetic and
 batch invariance"): rank-order fp32 sum rounded to the dtype, + residual, rounded again; the sum of
 squares one pairwise tree over the row, zero-padded to a power of two, whatever the launch
 geometry; IEEE div and sqrt (not rsqrt.approx); every add and multiply one rounding, no FMA.
@@ -23,7 +23,9 @@ import pytest
 import torch
 
 import sollat
-from sollat import abi, algorithms, rmsnorm, testing
+from sollat import testing
+from sollat.collectives import algorithms, rmsnorm
+from sollat.device import abi
 
 from ._reference import assert_bitwise
 
@@ -34,7 +36,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # oneshot_ll, oneshot_sentinel, twoshot_sentinel: every algorithm gives rmsnorm.reference's bits,
 # so every test runs each of them the same way.
 # The two-shot is experimental (slower on 2 GPUs; a fault may name the wrong peer:
-# sollat/algorithms.py): its tests run only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1, which also
+# sollat/collectives/algorithms.py): its tests run only with SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT=1, which also
 # lets the communicators built here accept it.
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 # unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against the same

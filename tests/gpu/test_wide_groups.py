@@ -11,9 +11,11 @@ import pytest
 import torch
 
 import sollat
-from sollat import gather_scatter as gs
-from sollat import layout, rmsnorm, testing
-from sollat.algorithms import ALGORITHMS
+from sollat import testing
+from sollat.collectives import gather_scatter as gs
+from sollat.collectives import rmsnorm
+from sollat.collectives.algorithms import ALGORITHMS
+from sollat.device import layout
 
 from ._examples import load_example
 from ._faults import assert_absent_rank_fault

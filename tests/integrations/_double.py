@@ -39,7 +39,7 @@ class RankOrderDouble:
                            algo: str = "auto", *, fp8_scale: torch.Tensor | None = None,
                            **kwargs: Any) -> tuple[torch.Tensor, ...]:
         self.calls.append(("all_reduce_rmsnorm", tuple(x.shape), str(x.dtype), fp8_scale is not None))
-        r = (self._sum(x) + residual.to(torch.float64)).to(x.dtype)  # sollat/rmsnorm.py's arithmetic
+        r = (self._sum(x) + residual.to(torch.float64)).to(x.dtype)  # sollat/collectives/rmsnorm.py's arithmetic
         rf = r.float()
         y = (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
         if fp8_scale is None:

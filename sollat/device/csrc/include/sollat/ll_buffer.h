@@ -1,0 +1,203 @@
+// sollat/ll_buffer.h - the low-latency buffer: sollat's device API for barrier-free collectives.
+//
+// An LLBuffer is one thread's view of a region of symmetric scratch memory, in LL or sentinel
+// mode (the Proto template parameter: ProtoLL from protocol_ll.h, ProtoSentinel from
+// protocol_sentinel.h). It mirrors the paper's ncclLLBuffer: thread-level send, recv,
+// recvUnrolled, recvReduce, bcast and advanceEpoch. Collectives are written with it; see
+// kernels/allreduce_oneshot.cu for a complete example.
+//
+// Line-channels and epochs (the rules, shared with sollat/device/layout.py and the protocol model):
+//   * A thread owns kSlots line-channels: slot indices  s_i = (block * MAX_SLOTS + i) * MAX_THREADS
+//     + threadIdx.x,  i < kSlots. Channel s on rank r talks only to channel s on every peer
+//     (one exception, sendToSlot: the wide one-shot pairs channels of different threads; why its
+//     epochs still agree is argued in kernels/allreduce_oneshot_wide.cu).
+//   * Every channel has its own epoch counter per rank (in device memory, so CUDA graphs replay
+//     correctly). The constructor loads it, commit() stores it. advanceEpoch() increments the
+//     counters of the channels used since the last advance; unused channels keep theirs. Since
+//     every rank runs the same calls cut the same way, counters agree across ranks.
+//   * Double buffering: a line exists in two parities (epoch & 1). The sender writes parity
+//     e & 1 into the receiver's region at [parity][source = sender][slot].
+//
+// Why reuse is safe without a barrier (the credit argument): a sender writes a channel's line of
+// parity p at epoch e+2 only after it received epoch e+1 on that channel from the same peer; the
+// peer sent e+1 only after it finished reading (and, in sentinel mode, resetting) epoch e. PTX
+// orders neither a load before a later store of the same thread by a control dependency nor
+// stores to different addresses, so both steps need a fence: between a thread's completed
+// receive and its next send in the same kernel it issues fence.acq_rel at the peer scope
+// (fence<peer_scope()>(): .sys on real ranks, .gpu on virtual ranks, memory.h). The peer's fence
+// (after its read, before its e+1 send) and the sender's (after it read e+1, before its e+2
+// send) synchronise through the e+1 line, so the peer's read and reset of e happen before the
+// e+2 store. The first send of a kernel needs none: the kernel boundary (griddepcontrol.wait
+// under PDL) orders the previous call's receives before it.
+//
+// The fence, as implemented (each buffer on its own):
+//   * `received`: set when a recv* of this buffer completes; a send/bcast of this buffer issues
+//     fence<peer_scope()>() first if it is set, and clears it. So a fence sits between every
+//     receive and the next send of the same buffer, exactly once, and nowhere else (none before
+//     the first send of a kernel, none in a one-pass call).
+//   * Where credit crosses buffers (a receive on buffer A is what lets a peer write a line that
+//     this thread's send on buffer B frees), the kernel calls A.releaseReceives() before B's send:
+//     kernels/allreduce_rmsnorm.cu's two-shot does, and LL128 before its adds into the owners'
+//     accumulator lines. A.releaseReceivesWith(B) fences once for both buffers (the two-shot
+//     AllReduce calls it at the top of every pass: one fence, not one per buffer).
+//
+// Signature words (sentinel buffers; Proto::kSignatureLine): sentinel lines are pure payload, so
+// a peer that made a different call with the same line count would be summed. The block's
+// channel 0 (slot index 0 of thread 0) therefore carries a signature word beside its line 0: with
+// a line-0 send to peer q it first stores SignatureWord::make(sig, epoch[0]) (8 bytes, one
+// volatile store, single-copy atomic) into q's (parity, source = own rank) part at line
+// signature_line(block) (layout.h: its own 32-byte sector), then the data; q's channel 0 polls
+// that word in the same loop as its line-0 data from this rank, so it costs no round trip of its
+// own. A word with this epoch and another signature is a call mismatch (recorded like an LL one:
+// every rank raises CallMismatchError, the signature seen exactly). Like an LL line the word is
+// never cleared: it holds only epochs e, e-2, ... of channel 0 in its parity, and its reuse rests
+// on the credit and fence of the line-0 data line it travels with (same writer thread, same
+// reader thread, same pass, same parity).
+// Which sends carry one (SigPeers): Every line-0 send (the default, right for any exchange
+// pattern), or in Ring mode only those to rank + 1 (and receives from rank - 1). Ring is for
+// kernels whose channel 0 exchanges line 0 with every peer whenever it has data (the built-in
+// one-shot, two-shot, AllGather, ReduceScatter, fused one-shot): if the ranks' calls are not all
+// the same, some rank and rank + 1 differ, and both run channel 0 of every block the calls share
+// (a block one of them lacks leaves the other waiting: a timeout, never a sum). Ring costs
+// channel 0 one 8-byte store and one 8-byte load per poll round, whatever the world size (one
+// per peer made the 8-rank sentinel one-shot 1.18-1.38x slower at 4-128 B: docs/benchmarks.md).
+//
+// Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
+// base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
+// (a peer's base is one cached load) and a receive from every peer (recvReduce, recvEach) walks
+// the peers in windows of kPeerWindow, in rank order: each window's loads are in flight together
+// and complete before the next window is polled; recvReduce folds each window into the running
+// rank-order result, so the bits are those of the unwindowed sum. bcast stores to every peer
+// back to back, as before. Signature words: Every mode polls each window's words with its lines,
+// Ring mode rank - 1's word with the window that holds rank - 1. Orders are unchanged: a window
+// is a pollAll of its own, and the fence rules above hold for every receive of the buffer.
+//
+// Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
+//   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
+//                protocol's order (Order::Volatile, Scope::Sys); channel 0 of a sentinel buffer also
+//                stores its signature word (volatile, 8 bytes) with every line-0 send to each peer.
+//   recv*        polls with 16-byte loads (Proto::load, volatile) until the protocol says the line is
+//                complete (LL: both 8-byte words carry the wanted flag); every spin is bounded
+//                (fault.h): on timeout, a mismatch or another thread's fault they return false and
+//                the kernel must stop. Sentinel lines are reset as soon as their poll has read them
+//                (signature words never are). A fault record names the first line still missing (or
+//                the wrong one): its slot and epoch. Sets `received`.
+//   releaseReceives  the send() fence on its own, if this buffer received since its last fence.
+//   advanceEpoch no memory access.
+//   commit       plain stores of the epoch counters; the kernel boundary orders them before the
+//                next call (which reads them only after griddepcontrol.wait).
+#ifndef SOLLAT_LL_BUFFER_H_
+#define SOLLAT_LL_BUFFER_H_
+
+#include "sollat/fault.h"
+#include "sollat/layout.h"
+#include "sollat/protocol_ll.h"
+#include "sollat/protocol_sentinel.h"
+#include "sollat/impl/ll_buffer__types.h"
+
+namespace sollat {
+
+// Which peers a sentinel buffer's signature words go to ("Signature words" above): Every (each
+// line-0 send carries one; right for any exchange pattern, the default) or Ring (only sends to
+// rank + 1 and receives from rank - 1: for kernels in which channel 0 exchanges line 0 with every
+// peer whenever it has data, where the ring already sees any two calls that differ).
+enum class SigPeers { Every, Ring };
+
+template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers = SigPeers::Every>
+class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
+ public:
+  static constexpr int kPayload = Proto::kPayloadBytes;
+  // A wide group (more ranks than kPeerWindow): peers walked in windows of kWin (see "Wide groups").
+  static constexpr bool kWide = BufferDesc<kMaxRanks>::kWide;
+  static constexpr int kWin = kWide ? kPeerWindow : kMaxRanks;
+  static constexpr bool kSig = Proto::kSignatureLine;
+  template <typename T> using PackT = Pack<T, kPayload>;
+  template <typename T> using AccT = AccPack<T, kPayload>;
+
+  // Loads the epochs of this thread's kSlots channels (slot_i = slot0 + i * kSlotStride).
+  __device__ LLBuffer(const BufferDesc<kMaxRanks>& desc, const FaultSink& fault, int slot0);
+
+  // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
+  template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);
+  // send() to every peer but self. Returns the pack as every peer receives it (the sentinel
+  // protocol canonicalises NaNs on the wire): a rank that uses its own contribution in a result
+  // uses this, so every rank's result has the same bits, NaN payloads included.
+  template <typename T> __device__ PackT<T> bcast(int i, const PackT<T>& v);
+
+  // Polls peer's line i until complete. Returns false on fault (kernel must stop).
+  template <typename T> __device__ bool recv(int peer, int i, PackT<T>& v);
+  // Receives lines 0..n-1 (n <= kSlots) from `peer` with all loads in flight together.
+  template <typename T> __device__ bool recvUnrolled(int peer, int n, PackT<T> (&v)[kSlots]);
+  // Receives lines 0..n-1 from every peer (all (peer, line) loads in flight together) and
+  // reduces them with this rank's own values in rank order 0..nranks-1, so every rank computes
+  // bitwise the same result. Returns false on fault.
+  template <typename T, class Op>
+  __device__ bool recvReduce(int n, const PackT<T> (&own)[kSlots], AccT<T> (&out)[kSlots]);
+
+  // Receives lines 0..n-1 from the peers w0 .. w0 + kWin - 1 (all loads in flight together) and
+  // hands each to fn(peer, i, pack); the own rank is skipped. Returns false on fault. One window
+  // of recvEach (same pollAll: same orders, bounded spin, `received` set and channels 0..n-1
+  // marked used even when the window holds no peer).
+  template <typename T, class Fn>
+  __device__ bool recvWindow(int n, int w0, Fn&& fn);
+  // Channel 0's line to `peer`, stored at slot index `slot` of the peer's (parity, source = own
+  // rank) part instead of this thread's own slot: for kernels in which the peer's reader of this
+  // line is another thread than this one's counterpart (kernels/allreduce_oneshot_wide.cu). The
+  // credit rule is the caller's to keep: the reader of that slot must be the thread whose line
+  // this thread receives before its next send to `peer` (LL only: no signature words).
+  template <typename T> __device__ void sendToSlot(int peer, int slot, const PackT<T>& v);
+
+  // Receives lines 0..n-1 from every peer (all loads in flight together) into got[peer][line];
+  // got[own rank] is left untouched. Returns false on fault. Not in a wide group (use recvEach).
+  template <typename T>
+  __device__ bool recvGather(int n, PackT<T> (&got)[kMaxRanks][kSlots]);
+  // Like recvGather, but hands each received line to fn(peer, i, pack) instead of storing it
+  // (no second array: fewer registers when the caller writes the data straight out).
+  template <typename T, class Fn>
+  __device__ bool recvEach(int n, Fn&& fn);
+
+  // The fence a send of this buffer would issue (if it received since its last fence), on its
+  // own: for a kernel whose credit crosses buffers, before another buffer's send (see above).
+  __device__ void releaseReceives() { beforeSend(); }
+  // One fence for this buffer and `other` (if either received since its last fence).
+  template <class Other> __device__ void releaseReceivesWith(Other& other);
+
+  // Moves every channel used since the last call to its next epoch (and the other parity).
+  __device__ void advanceEpoch();
+  // Stores the epochs back to device memory; call once at the end of the kernel (not on fault).
+  __device__ void commit();
+
+  // Whether a receive completed since this buffer's last fence (releaseReceivesWith's test).
+  __device__ bool owesFence() const { return this->received; }
+  __device__ void fenced() { this->received = false; }
+
+ private:
+  static constexpr int kSigIndex = -1;  // lineAt/mismatch: the signature word, not a data line
+  static constexpr int kSigBad = 64;    // pollAll's `bad`: signature word of peer (bad - kSigBad)
+  __device__ long long sendOffset(int i) const;
+  __device__ Line* peerLine(int peer, int i) const;
+  __device__ Line* ownLine(int src, int i) const;
+  __device__ bool sigChannel() const;
+  __device__ bool sigTo(int peer) const;
+  __device__ int ringPrev() const;
+  __device__ SignatureWord::Word* sigWord(Line* base, int src) const;
+  __device__ void sendSignature(Line* peerBase) const;
+  __device__ SignatureWord::Word loadSignature(int src) const;
+  __device__ u32 epochOf(int i) const;
+  __device__ FaultAt lineAt(int peer, int i) const;
+  __device__ FaultAt firstMissing(unsigned pending, unsigned sigPending, int w0) const;
+  __device__ void mismatch(int peer, int i) const;
+  __device__ void beforeSend();
+  template <typename T> __device__ bool recvLines(int peer, int first, int last, PackT<T> (&v)[kSlots]);
+  __device__ int windowsEnd() const;
+  template <typename T> __device__ bool pollAll(int n, Line (&lines)[kWin][kSlots], int w0);
+  __device__ void issuePolls(unsigned pending, Line (&lines)[kWin][kSlots], int w0) const;
+  template <typename T>
+  __device__ void checkPolls(unsigned& pending, const Line (&lines)[kWin][kSlots], int& bad, int w0) const;
+};
+
+}  // namespace sollat
+
+#include "sollat/impl/ll_buffer__funcs.h"
+
+#endif  // SOLLAT_LL_BUFFER_H_

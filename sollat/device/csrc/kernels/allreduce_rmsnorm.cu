@@ -1,0 +1,503 @@
+// Fused AllReduce + residual add + RMSNorm (vLLM's fused_add_rms_norm after a tensor-parallel
+// AllReduce), one-shot, push mode, barrier-free, written with the LLBuffer device API.
+//
+// Inputs per rank: x [rows, hidden] (this rank's partial sums), residual [rows, hidden], weight
+// [hidden], eps. Every rank computes, for every row, the arithmetic of sollat/rmsnorm_math.h
+// (stated once in docs/design.md, "Arithmetic and batch invariance"):
+//   s   = round_T(x_0 + x_1 + ... + x_{R-1})        rank-order fp32 sum, rounded to T
+//   r   = round_T(float(s) + float(residual))        (the unfused path's two roundings)
+//   out = round_T( (float(r) * rstd) * float(weight) ),  rstd = 1 / sqrt(ss / hidden + eps)
+// and writes r into res_out (which may be the residual itself). ss is the pairwise tree over
+// float(r_e)^2 of the row, zero-padded to a power of two: the same bits whatever the cut below, the
+// world size or the algorithm, and the same as kernels/add_rmsnorm.cu's (unfused), so every rank's
+// outputs are bitwise identical, a row's bits do not depend on the batch it travels in, and
+// rmsnorm.reference reproduces them bit for bit (tests/gpu/test_rmsnorm.py, test_batch_invariance.py).
+//
+// Cut: a row belongs to one thread-block cluster of k blocks (k = the launch's cluster width in x,
+// 1, 2, 4 or 8; rmsnorm.row_geometry picks it): cluster c takes rows c, c + clusters, ...; a row is
+// row_lines lines (line = kElems elements of the row), and line ((p * k + j) * kSlots + i) *
+// blockDim.x + threadIdx.x belongs to pass p, block j of the cluster, slot i of the thread. Each
+// pass is one epoch of the thread's line-channels: bcast the own lines, recvReduce in rank order
+// (exactly as allreduce_oneshot.cu), round, add the residual. The sum of squares of a row:
+//   * per line: square_tree (the pairwise tree over its kElems squares: a subtree);
+//   * per warp, slot and pass: warp_tree_sum over its 32 lines, which are lines 32c .. 32c + 31 of
+//     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree;
+//   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums (DSMEM for k > 1),
+//     then one barrier (__syncthreads_or; with k > 1 the cluster barrier of the fault exchange),
+//     and every warp of every block sums the row's chunks by chunk_tree_sum (the tree over the
+//     chunks, zero-padded): the row's whole tree, computed redundantly with the same bits.
+// Every add and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into
+// an FMA); the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
+//
+// Faults: refused() at entry (NaN into every output this thread owns, nothing sent; a cluster of
+// k > 1 votes first, so its blocks refuse together or not at all); a thread
+// whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending and receiving
+// (it still runs the row's passes, sending nothing, so that every lane of its warp reaches each
+// chunk's butterfly), and the block learns of it at the row's __syncthreads_or and the cluster at
+// the row's exchange: then
+// every thread of the cluster writes NaN into its lines of both outputs from that row on, and
+// nobody commits epochs. A block never leaves while a sibling may still store into its shared
+// memory: every exit is after a cluster barrier that all of the cluster's stores precede.
+//
+// FP8 copy (module define SOLLAT_RMSNORM_FP8=1; vLLM's fused_add_rms_norm_static_fp8_quant): the
+// epilogue also writes, per element, the float8_e4m3fn byte
+//   q = e4m3_satfinite_rn( float(out) / scale )        scale = *fp8_scale (float32), read each launch
+// i.e. the output AFTER its rounding to T (vLLM quantises the value it would have stored), divided
+// by the scale with div.rn (vLLM multiplies by a rounded 1 / scale instead: that can differ by one
+// e4m3 step where the quotient lies within an fp32 ulp of a rounding tie), then converted by
+// cvt.rn.satfinite.e4m3x2.f32 (what cuda_fp8.h's __nv_cvt_float_to_fp8(v, __NV_SATFINITE,
+// __NV_E4M3) is on sm_89+; that header is not reachable under NVRTC here): round to nearest even,
+// everything beyond +-448 (+-Inf included) saturates to +-448, which equals clamping to +-448 first.
+// Every NaN is written as kFp8E4M3NaN (0x7F, whatever the sign): the instruction's NaN bits are
+// not relied on (vLLM's fminf/fmaxf clamp turns a NaN into 448; torch.clamp + .to(float8_e4m3fn)
+// keeps the sign, 0xFF for a negative NaN). rmsnorm.fp8_reference replays it. A faulted or refused
+// call writes 0x7F into the copy too. The define only adds code: without it the module is the
+// plain kernel, instruction for instruction.
+//
+// Two-shot (module define SOLLAT_RMSNORM_TWOSHOT=1; algorithm rmsnorm_twoshot_sentinel):
+// the same cut, the same arithmetic and the same epilogue; only each pass's exchange differs. Row
+// `row` is owned by rank row % R (strided, sollat/collectives/rmsnorm.py row_owner; with fewer rows than ranks
+// the ranks >= rows own none). In every pass, on the thread's channels:
+//   reduce-scatter (buffer 0): a non-owner sends its x lines to the owner only; the owner receives
+//                  every peer's and sums them in rank order 0..R-1 in fp32 (recvReduce: exactly
+//                  the one-shot's sum);
+//   all-gather     (buffer 1): the owner bcasts that fp32 sum (a 16-bit line's sums take two
+//                  lines: kWiden) and keeps the bits the peers receive; a non-owner receives it.
+// Then every rank rounds that sum to T, adds ITS OWN residual and rounds again (r, as in the
+// one-shot: residual_add), stores r into res_out and puts its lines' squares into the row's chunks,
+// and after the last pass runs the one-shot's sum of squares and normalisation on its r: y and the FP8 copy are computed on every rank, not gathered. So the
+// results are the one-shot's bit for bit (rmsnorm.reference), whatever
+// the ranks' residuals and weights. Gathering the sum, not y, is also what keeps the exchange per
+// pass: y needs the whole row's ss, i.e. every pass of a row in flight without credit. Per line of
+// a row each rank receives R - 1 lines (owner) or kWiden lines (the others) instead of R - 1.
+//
+// Credit across the two buffers (ll_buffer.h's argument, per pair): in every pass an owner o and a
+// non-owner s make one round trip, s -> o on buffer 0, then o -> s on buffer 1, and o sends its
+// buffer-1 line only after its buffer-0 receive (program order, data dependence); two non-owners
+// exchange nothing (their lines are other lines: one per source). So when s writes buffer 0's
+// line of parity p again (epoch e+2, whoever owns that row), it has received o's buffer-1 line of
+// epoch e, sent after o read s's epoch e; when o writes buffer 1's line again at e+2, it has
+// received s's buffer-0 line of epoch e+2, sent after s read o's epoch e. Each buffer alone
+// carries traffic one way only: its credit is the other's. Sentinel: the resets of one buffer are
+// fenced (releaseReceives) before the other buffer's send that frees them for the peer. Every rank
+// uses the thread's channels in every pass (as sender or receiver), so the epochs agree.
+//
+// Module defines (sollat/collectives/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_PROTO
+// (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8), SOLLAT_SLOTS (1, 2, 4), SOLLAT_RMSNORM_FP8
+// (0 or absent, 1), SOLLAT_RMSNORM_TWOSHOT (0 or absent, 1); SOLLAT_OP is OpSum and not used.
+// Kernels: ar_rmsnorm (parameters: abi.h SOLLAT_RMSNORM_PARAMS), with SOLLAT_RMSNORM_FP8 instead
+// ar_rmsnorm_fp8 (SOLLAT_RMSNORM_FP8_PARAMS); the two-shot's are named ar_rmsnorm_twoshot and
+// ar_rmsnorm_twoshot_fp8 (abi.rmsnorm_entry), with the same parameters.
+#include "sollat/collective.h"
+#include "sollat/rmsnorm_math.h"
+
+#ifndef SOLLAT_RMSNORM_FP8
+#define SOLLAT_RMSNORM_FP8 0
+#endif
+#ifndef SOLLAT_RMSNORM_TWOSHOT
+#define SOLLAT_RMSNORM_TWOSHOT 0
+#endif
+
+using namespace sollat;
+
+// abi.h (sollat/device/abi.py KERNELS): the one-shot runs on one buffer, the two-shot on two.
+constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? kArRmsnormTwoshotBuffers : kArRmsnormBuffers;
+constexpr int kMaxRowBlocks = kRmsnormMaxRowBlocks;  // abi.h (sollat/device/abi.py): the widest row cluster
+
+namespace {
+
+// The row's thread-block cluster (PTX special registers, sm_90): k = blocks per row (1 when the
+// launch has no cluster or a cluster across virtual ranks only), j = this block's place in it.
+__device__ __forceinline__ int row_cluster_width() {
+  u32 v; asm("mov.u32 %0, %%cluster_nctaid.x;" : "=r"(v)); return (int)v;
+}
+__device__ __forceinline__ int row_cluster_index() {
+  u32 v; asm("mov.u32 %0, %%cluster_ctaid.x;" : "=r"(v)); return (int)v;
+}
+__device__ __forceinline__ u32 cluster_block_rank() {
+  u32 v; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v)); return v;
+}
+
+// Store v into the same __shared__ word of block `rank` of this cluster (DSMEM). Ordering: the
+// cluster barrier below (arrive.release / wait.acquire) makes it visible to that block's reads.
+__device__ __forceinline__ void st_cluster(u32* local_word, u32 rank, u32 v) {
+  const u32 local = (u32)__cvta_generic_to_shared(local_word);
+  u32 remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+}
+
+// Every thread of every block of the cluster: the release orders this thread's earlier (DSMEM)
+// stores before the arrival, the acquire orders the reads after the wait behind every arrival.
+// Not .aligned: callers arrive straight from a branch on threadIdx.x (no convergence promised).
+__device__ __forceinline__ void cluster_barrier() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// One word from every block of a k-block cluster to all of them: block j's `mine` lands in slot
+// [j] of every block's `slots` (threads 0..k-1 of block j each store to one block), then one
+// cluster barrier. Every thread of the cluster must call it.
+__device__ __forceinline__ void cluster_all_gather(u32* slots, int k, int j, u32 mine) {
+  const u32 first = cluster_block_rank() - (u32)j;  // x is the fastest cluster dimension
+  if ((int)threadIdx.x < k) st_cluster(&slots[j], first + threadIdx.x, mine);
+  cluster_barrier();
+}
+
+// The one-shot's stand-in for the two-shot's second buffer: nothing, no code (the two-shot's
+// exchange, which names recvUnrolled and bcast, is never called in the one-shot).
+struct NoBuffer {
+  template <class... Args> __device__ __forceinline__ explicit NoBuffer(const Args&...) {}
+  template <typename T, class V> __device__ __forceinline__ V bcast(int, const V& v) { return v; }
+  template <typename T, class... Args> __device__ __forceinline__ bool recvUnrolled(const Args&...) { return false; }
+  __device__ __forceinline__ void releaseReceives() {}
+  __device__ __forceinline__ void advanceEpoch() {}
+  __device__ __forceinline__ void commit() {}
+};
+template <bool kOn, class B> struct SecondBuffer { typedef NoBuffer type; };
+template <class B> struct SecondBuffer<true, B> { typedef B type; };
+
+}  // namespace
+
+template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8, bool kTwoShot>
+__device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
+                                           const T* res, T* res_out, const T* weight, Fp8Out fp8) {
+  // The one-shot's line 0 goes to every peer, so the ring of signature words sees a mismatch; in
+  // the two-shot a row's exchange is only with its owner, so every line-0 send carries one.
+  constexpr SigPeers kSigPeers = kTwoShot ? SigPeers::Every : SigPeers::Ring;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers> Buf;
+  typedef typename Buf::template PackT<T> P;
+  typedef typename Buf::template AccT<T> A;
+  constexpr int kElems = P::kElems;
+  constexpr int kBytes = (int)sizeof(P);
+  // Two-shot: the all-gather carries fp32 sums (each rank rounds them and adds its own residual,
+  // as in the one-shot): kWiden lines of kPiece floats per line of T.
+  constexpr int kWiden = (int)(sizeof(float) / sizeof(T));
+  static_assert(!kTwoShot || kSlots * kWiden <= kMaxSlotsPerThread, "the all-gather's channels per thread");
+  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden, kSigPeers> AgBuf;
+  typedef typename AgBuf::template PackT<float> F;
+  constexpr int kPiece = F::kElems;
+  static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
+  constexpr int kChunks = RmsnormChunks<T, kBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
+  static_assert(kChunks <= kRmsnormMaxChunks, "chunk_tree_sum covers the row");
+  // By row parity: a fast block's next row never overwrites sums a slow one has not read yet (the
+  // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
+  // that holds it (into every block of the cluster).
+  __shared__ u32 chunk_sums[2][kChunks];
+  __shared__ u32 block_faults[2][kMaxRowBlocks];  // by row parity: [j] from block j
+
+  const u64 rows = a.n / hidden;
+  const int k = row_cluster_width();
+  const int j = row_cluster_index();
+  const u32 row_step = gridDim.x / (u32)k;  // clusters in the grid
+  const int row_lines = (int)((hidden + kElems - 1) / kElems);
+  const int n_chunks = (row_lines + kWarpSize - 1) / kWarpSize;  // chunks holding lines of the row
+  const int threads = (int)blockDim.x;  // a multiple of 32 (rmsnorm.row_geometry)
+  const int passes = (row_lines + k * threads * kSlots - 1) / (k * threads * kSlots);  // as rmsnorm.row_geometry
+  const int lane = (int)threadIdx.x & (kWarpSize - 1);
+  const int warp = (int)threadIdx.x / kWarpSize;
+  const u32 first_block = cluster_block_rank() - (u32)j;  // block 0 of this row cluster (x is the fastest dimension)
+  const int pass_lines = k * kSlots * threads;                     // lines of a row per pass
+  const int line0 = j * kSlots * threads + (int)threadIdx.x;        // this thread's first line
+  auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
+  // The first line of this warp's chunk of slot i in pass p (a multiple of 32; the same in every lane).
+  auto chunk_line = [&](int p, int i) { return p * pass_lines + (j * kSlots + i) * threads + warp * kWarpSize; };
+  // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
+  auto active_in = [&](int p) {
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (line_of(p, i) < row_lines) n = i + 1;
+    return n;
+  };
+  // Line `line` of row `row` of a [rows, hidden] tensor (zeros past the row's end). Rows need not
+  // be line-aligned (odd hidden sizes): a misaligned row takes the element path.
+  auto load_row = [&](const T* base, u64 row, int line) {
+    const T* r = base + row * hidden;
+    return load_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes));
+  };
+  auto store_row = [&](T* base, u64 row, int line, const P& v) {
+    T* r = base + row * hidden;
+    store_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes), v);
+  };
+  auto store_q = [&](u64 row, int line, u64 word) {
+    store_fp8<kElems>(fp8.q + row * hidden, (u64)line * kElems, hidden, word);
+  };
+  // A faulted or refused call: NaN into this thread's lines of every output from row `first` on.
+  auto poison_from = [&](u64 first) {
+    const P nan = nan_pack<T, kBytes>();
+    for (u64 row = first; row < rows; row += row_step)
+      for (int p = 0; p < passes; ++p)
+#pragma unroll
+        for (int i = 0; i < kSlots; ++i) {
+          const int line = line_of(p, i);
+          if (line < row_lines) {
+            store_row(out, row, line, nan);
+            store_row(res_out, row, line, nan);
+            if constexpr (kFp8) store_q(row, line, 0x0101010101010101ull * (u64)kFp8E4M3NaN);
+          }
+        }
+  };
+
+  // The first input loads go out before the buffer is set up (as in the one-shot AllReduce).
+  const u32 first_row = blockIdx.x / (u32)k;
+  P own[kSlots];
+  int active = active_in(0);
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i)
+    if (i < active) own[i] = load_row(in, first_row, line_of(0, i));
+  if (k == 1) {
+    if (refused(a)) return poison_from(first_row);
+  } else {  // the whole cluster refuses or none of it (a block must not leave while siblings run)
+    const bool block_refuses = __syncthreads_or(refused(a));
+    cluster_all_gather(block_faults[1], k, j, block_refuses ? 1u : 0u);  // parity 1: the first row uses 0
+    bool any = false;
+    for (int b = 0; b < k; ++b) any |= block_faults[1][b] != 0u;
+    if (any) return poison_from(first_row);
+  }
+  const FaultSink fault = make_fault(a);
+  Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
+          slot_index(blockIdx.x, 0, threadIdx.x));
+  // Two-shot: buffer 1, the all-gather of the fp32 sums: kWiden lines per line of T (a 16-bit
+  // line's sums fill two lines), on channels slot0 + c * kSlotStride, c < kSlots * kWiden (the
+  // first kSlots of them are buffer 0's channel numbers, in buffer 1's own region and epochs).
+  typename SecondBuffer<kTwoShot, AgBuf>::type ag(make_desc<kMaxRanks>(a, 1, region_bytes(a.nranks, a.lines_per_src)),
+                                                 fault, slot_index(blockIdx.x, 0, threadIdx.x));
+  // The scale, on the device at every launch (a graph replay sees its current value); the load
+  // has the whole exchange to arrive.
+  float scale = 0.0f;
+  if constexpr (kFp8) scale = *fp8.scale;
+
+  // Two-shot: one pass's exchange of row `row` (see the top of the file): r of each active line
+  // into rs[i], on every rank the bits the one-shot computes there; the last pass also loads the
+  // weight into wt. False on a fault (recorded; nothing more may be sent). (Not a generic lambda:
+  // NVRTC 13.0 takes a generic lambda's operator() for a host function.)
+  auto twoshot_pass = [&](u64 row, int p, bool last, int active, const P (&mine)[kSlots], P (&wt)[kSlots],
+                          P (&rs)[kSlots]) -> bool {
+    const int owner = (int)(row % (u64)a.nranks);  // rmsnorm.row_owner
+    if (owner != a.rank) {
+      // Sentinel: the buffer-1 lines reset so far land before this send, which frees them for the owner.
+      ag.releaseReceives();
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) buf.template send<T>(owner, i, mine[i]);
+    }
+    P r_in[kSlots];  // this rank's residual (and the weight) load while the lines travel
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i)
+      if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
+    if (last) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
+    }
+    F sums[kSlots * kWiden];  // the fp32 sums of the pass's lines: piece w of line i at [i * kWiden + w]
+    if (owner != a.rank) {
+      if (!ag.template recvUnrolled<float>(owner, active * kWiden, sums)) return false;
+    } else {
+      A acc[kSlots];
+      if (!buf.template recvReduce<T, OpSum>(active, mine, acc)) return false;
+      // Sentinel: the buffer-0 lines just reset land before the bcast, which frees them for the peers.
+      buf.releaseReceives();
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+#pragma unroll
+        for (int w = 0; w < kWiden; ++w) {
+          if (i >= active) continue;
+          F f;
+#pragma unroll
+          for (int e = 0; e < kPiece; ++e) f.v[e] = acc[i].v[w * kPiece + e];
+          sums[i * kWiden + w] = ag.template bcast<float>(i * kWiden + w, f);  // as the peers receive it
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (i >= active) continue;
+      P r;  // the one-shot's r: the rank-order fp32 sum rounded to T, plus this rank's residual, rounded
+#pragma unroll
+      for (int w = 0; w < kWiden; ++w)
+#pragma unroll
+        for (int e = 0; e < kPiece; ++e)
+          r.v[w * kPiece + e] = residual_add<T>(sums[i * kWiden + w].v[e], r_in[i].v[w * kPiece + e]);
+      rs[i] = r;
+    }
+    return true;
+  };
+
+  // Chunk c's sum into slot [c] of every block of the row cluster. Ordering: a plain shared store
+  // (k == 1) or a DSMEM store per block (k > 1), each made visible to the readers by the row's
+  // barrier below (__syncthreads_or, resp. the cluster barrier's arrive.release / wait.acquire),
+  // which every such store precedes in its thread's program order.
+  auto put_chunk = [&](int parity, int c, float v) {
+    if (k == 1) {
+      if (lane == 0) chunk_sums[parity][c] = __float_as_uint(v);
+    } else if (lane < k) {
+      st_cluster(&chunk_sums[parity][c], first_block + (u32)lane, __float_as_uint(v));
+    }
+  };
+
+  int parity = 0;
+  for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
+    bool ok = true;
+    P kept[kSlots];  // the last pass's r and weight stay in registers for the normalisation
+    P wt[kSlots];
+    for (int p = 0; p < passes; ++p) {
+      float part[kSlots];  // square_tree of each slot's line (0: no line, or after a fault)
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) part[i] = 0.0f;
+      // A thread that met a fault sends and receives nothing more (no early exit: it still joins
+      // its warp's butterflies below, which need every lane).
+      if (ok) {
+        if (p > 0 || row != (u64)first_row) {
+          active = active_in(p);
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) own[i] = load_row(in, row, line_of(p, i));
+        }
+      }
+      // No line in this pass: the thread's channels keep their epochs (nothing sent or received).
+      if (ok && active > 0) {
+        // r of line i of this pass, as every rank has it: into res_out and the line's squares.
+        auto take = [&](int i, const P& r) {
+          store_row(res_out, row, line_of(p, i), r);
+          part[i] = square_tree(r);  // past the row's end: +0 elements, +0 squares
+          kept[i] = r;
+        };
+        if constexpr (kTwoShot) {
+          P rs[kSlots];
+          if (twoshot_pass(row, p, p == passes - 1, active, own, wt, rs)) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+              if (i < active) take(i, rs[i]);
+            buf.advanceEpoch();
+            ag.advanceEpoch();
+          } else {
+            ok = false;  // fault recorded
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
+          // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
+          P r_in[kSlots];
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
+          if (p == passes - 1) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i)
+              if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
+          }
+          A acc[kSlots];
+          if (buf.template recvReduce<T, OpSum>(active, own, acc)) {
+#pragma unroll
+            for (int i = 0; i < kSlots; ++i) {
+              if (i >= active) continue;
+              P r;
+#pragma unroll
+              for (int e = 0; e < kElems; ++e) r.v[e] = residual_add<T>(acc[i].v[e], r_in[i].v[e]);
+              take(i, r);
+            }
+            buf.advanceEpoch();
+          } else {
+            ok = false;  // fault recorded
+          }
+        }
+      }
+      // The chunks of this pass: chunk_line is the same in every lane, so the whole warp takes the
+      // branch together and every lane joins the butterfly.
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const int first = chunk_line(p, i);
+        if (first < row_lines) put_chunk(parity, first / kWarpSize, warp_tree_sum(part[i]));
+      }
+    }
+
+    // Whether any thread of the block met a fault; the barrier also makes this block's chunk sums
+    // (k == 1) visible to all its threads.
+    bool bad = __syncthreads_or(!ok);
+    if (k > 1) {  // over the cluster: every block gets every block's fault bit
+      // Its cluster barrier (release / acquire) also orders every block's DSMEM chunk stores of this
+      // row (put_chunk, before it in program order) before the reads of chunk_sums below.
+      cluster_all_gather(block_faults[parity], k, j, bad ? 1u : 0u);
+      for (int b = 0; b < k; ++b) bad |= block_faults[parity][b] != 0u;
+    }
+    if (bad) return poison_from(row);
+    // Parity reuse: chunk_sums[parity] is written again two rows on, after the next row's barrier,
+    // which no thread of the cluster passes before every thread has read this row's sums here.
+    const float total = chunk_tree_sum(chunk_sums[parity], n_chunks);
+    const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
+
+    for (int p = 0; p < passes; ++p) {
+      const bool last = p == passes - 1;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const int line = line_of(p, i);
+        if (line >= row_lines) continue;
+        // Earlier passes read back what this thread stored into res_out (same thread, same
+        // address: program order), the last one is still in registers.
+        const P r = last ? kept[i] : load_row(res_out, row, line);
+        const P w = last ? wt[i] : load_row(weight, 0, line);
+        P y;
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) y.v[e] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[e]), rstd), to_acc(w.v[e])));
+        store_row(out, row, line, y);
+        if constexpr (kFp8) {  // the stored (rounded) y, divided by the scale, to e4m3
+          store_q(row, line, e4m3_word(y, scale));
+        }
+      }
+    }
+  }
+  buf.commit();
+  ag.commit();
+}
+
+__device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u32 eps_bits, const void* in,
+                                                void* out, const void* res, void* res_out, const void* weight,
+                                                Fp8Out fp8 = Fp8Out{nullptr, nullptr}) {
+  typedef SOLLAT_T T;
+  ar_rmsnorm<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0, SOLLAT_RMSNORM_TWOSHOT != 0>(
+      a, hidden, bit_cast<float>(eps_bits), (const T*)in, (T*)out, (const T*)res, (T*)res_out, (const T*)weight, fp8);
+}
+
+// Entry points, as SOLLAT_DEFINE_ENTRY_POINTS (collective.h) defines them for the AllReduce, with
+// three more tensors per rank in the rank table (five with the FP8 copy and its scale) and the
+// row length and eps after the common tail. The FP8 module has only the FP8 entry, the plain
+// module only the plain; both run one body (the macro below), the FP8 one with the Fp8Out
+// argument appended.
+#define SOLLAT_RMSNORM_BODY(...)                                                                              \
+  const int y = sollat::launch_rank();                                                                        \
+  const int rank = rank_base + y;                                                                             \
+  const void* in = (const void*)ptrs.at(sollat::kListIn, y);                                                  \
+  void* out = (void*)ptrs.at(sollat::kListOut, y);                                                            \
+  const void* res = (const void*)ptrs.at(sollat::kListRes, y);                                                \
+  void* res_out = (void*)ptrs.at(sollat::kListResOut, y);                                                     \
+  const void* weight = (const void*)ptrs.at(sollat::kListWeight, y);                                          \
+  sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;                 \
+  sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                              \
+  if (!sollat::prologue(st, rank, in, out, res, weight, rank_epochs, rec)) return;                            \
+  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
+  sollat::CallArgs a{st, n, region_off, rank_epochs, lines_per_src, sollat::call_signature(st, sig, rank),     \
+                     rank, nranks, rec, prior};                                                               \
+  ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
+
+// Entry-point names by variant (abi.rmsnorm_entry): ar_rmsnorm[_twoshot][_fp8].
+#if SOLLAT_RMSNORM_TWOSHOT
+#define SOLLAT_RMSNORM_ENTRY ar_rmsnorm_twoshot
+#define SOLLAT_RMSNORM_FP8_ENTRY ar_rmsnorm_twoshot_fp8
+#else
+#define SOLLAT_RMSNORM_ENTRY ar_rmsnorm
+#define SOLLAT_RMSNORM_FP8_ENTRY ar_rmsnorm_fp8
+#endif
+
+#if SOLLAT_RMSNORM_FP8
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+SOLLAT_RMSNORM_FP8_ENTRY(SOLLAT_RMSNORM_FP8_PARAMS) {
+  SOLLAT_RMSNORM_BODY(, Fp8Out{(unsigned char*)ptrs.at(sollat::kListFp8Out, y),
+                               (const float*)ptrs.at(sollat::kListFp8Scale, y)})
+}
+#else
+extern "C" __global__ void __launch_bounds__(sollat::kRmsnormMaxThreads, 1)
+SOLLAT_RMSNORM_ENTRY(SOLLAT_RMSNORM_PARAMS) {
+  SOLLAT_RMSNORM_BODY()
+}
+#endif
