@@ -47,7 +47,9 @@ def _arch(text: str) -> str:
 
 def _precompile(argv: list[str]) -> int:
     import time
+    from functools import partial
 
+    from .bench.progress import Progress
     from .collectives import instantiations
 
     p = Parser(prog=f"{PROG} precompile", description=VERBS["precompile"])
@@ -58,7 +60,7 @@ def _precompile(argv: list[str]) -> int:
     a = p.parse_args(argv)
     t = time.time()
     try:
-        n = instantiations.precompile(a.arch, a.jobs, progress=not a.no_progress)
+        n = instantiations.precompile(a.arch, a.jobs, progress=partial(Progress, enabled=not a.no_progress))
     except instantiations.PrecompileError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import re
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import AbstractContextManager
+from typing import Any
 
 from ..device import build
 from ..device.dtypes import DTYPES
@@ -78,13 +80,33 @@ def _first_error(log: str) -> str:
     return (errors or lines or ["no compile log"])[0]
 
 
-def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False,
+#: ``progress(total, description)`` of precompile: a context manager with ``advance(note=...)``.
+ProgressBar = Callable[[int, str], AbstractContextManager[Any]]
+
+
+class _NoProgress:
+    """precompile's progress when none is asked for."""
+
+    def __init__(self, total: int, description: str) -> None:
+        pass
+
+    def __enter__(self) -> _NoProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def advance(self, note: str = "") -> None:
+        pass
+
+
+def precompile(arch: str | None = None, jobs: int = 8, *, progress: ProgressBar | None = None,
                files: Collection[str] | None = None) -> int:
     """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count.
     ``files``: only the instantiations of these kernel files (``allreduce_oneshot_wide.cu`` ...).
 
-    ``progress``: a progress bar on stderr (``sollat.bench.progress``: rich on a terminal, a line
-    every 10 % or 20 s otherwise), one step per module. Raises ValueError for an arch sollat cannot
+    ``progress(total, description)``: a context manager whose ``advance(note=...)`` is called once
+    per module (the CLI passes ``sollat.bench.progress.Progress``); None: no progress shown. Raises ValueError for an arch sollat cannot
     use and PrecompileError when NVRTC is missing or compiling fails."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -97,11 +119,9 @@ def precompile(arch: str | None = None, jobs: int = 8, *, progress: bool = False
     missing = build.nvrtc_missing()
     if missing is not None:
         raise PrecompileError(missing.removeprefix("sollat: "))
-    from ..bench.progress import Progress
-
     work = [(f, d, arch) for f, d in all_instantiations() if files is None or f in files]
     try:
-        with Progress(len(work), f"precompile {arch}", enabled=progress) as bar:
+        with (progress or _NoProgress)(len(work), f"precompile {arch}") as bar:
             if jobs == 1:
                 for w in work:
                     bar.advance(note=_compile_one(w))

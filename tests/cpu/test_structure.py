@@ -131,3 +131,57 @@ def test_modules_at_most_400_lines() -> None:
     short = {f"{path} ({lengths[path]} lines)" for path in OVER_LIMIT_FOR_NOW
              if lengths[path] <= MAX_LINES}
     assert not short, f"take these from the allowlist, they are short enough now: {', '.join(sorted(short))}"
+
+
+# ---- layers ------------------------------------------------------------------------------------
+#: What each layer may import (besides itself): the folders show the layers, and imports run
+#: downward only. Modules at the package root and the top folders (bench, apps, model, the CLI,
+#: testing, tune) may import any layer below them.
+LAYERS: dict[str, set[str]] = {
+    "sollat.errors": set(),
+    "sollat.cli_args": set(),
+    "sollat.device": {"sollat.errors"},
+    "sollat.collectives": {"sollat.device", "sollat.errors"},
+    "sollat.comm": {"sollat.collectives", "sollat.device", "sollat.errors"},
+    "sollat.integrations": {"sollat.comm", "sollat.collectives", "sollat.device", "sollat.errors"},
+    "sollat.model": {"sollat.device", "sollat.errors", "sollat.cli_args"},
+}
+
+
+def layer_of(module: str) -> str | None:
+    """The layer a module belongs to (the longest LAYERS key it is, or is inside), or None (top)."""
+    hits = [key for key in LAYERS if module == key or module.startswith(key + ".")]
+    return max(hits, key=len) if hits else None
+
+
+def upward_imports(graph: Graph) -> list[str]:
+    bad = []
+    for module, edges in sorted(graph.items()):
+        layer = layer_of(module)
+        if layer is None:
+            continue
+        allowed = LAYERS[layer] | {layer}
+        for target, line in sorted(edges.items()):
+            target_layer = layer_of(target)
+            if target_layer not in allowed and target != "sollat":
+                bad.append(f"{module} (line {line}) imports {target}, a layer above {layer}")
+            elif target == "sollat":
+                bad.append(f"{module} (line {line}) imports the package itself (its public names are the top)")
+    return bad
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "sollat"
+    for sub in ("device", "comm"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "comm" / "real.py").write_text("from ..device import build\n")
+    (pkg / "device" / "build.py").write_text("def f():\n    from ..comm import real\n")
+    bad = upward_imports(import_graph(pkg))
+    assert bad == ["sollat.device.build (line 2) imports sollat.comm.real, a layer above sollat.device"]
+
+
+def test_imports_run_down_the_layers() -> None:
+    bad = upward_imports(import_graph())
+    assert not bad, "upward imports:\n" + "\n".join(bad)
