@@ -33,8 +33,16 @@ from .select import TORCH_TWOSHOT, handover_serves
 VECTOR_BYTES = 16
 
 
-def torch_twoshot_available() -> bool:
-    """Whether this torch has the two-shot op (torch >= 2.6 built with CUDA)."""
+#: The world sizes torch's symmetric-memory one- and two-shot kernels are built for: on any other
+#: the op raises "Not implemented for world_size=N" from inside, so sollat never hands it a call there.
+TORCH_SYMM_WORLD_SIZES = (2, 4, 8)
+
+
+def torch_twoshot_available(world_size: int) -> bool:
+    """Whether this torch has the two-shot op (torch >= 2.6 built with CUDA) and runs it on
+    ``world_size`` ranks (TORCH_SYMM_WORLD_SIZES)."""
+    if world_size not in TORCH_SYMM_WORLD_SIZES:
+        return False
     try:
         return hasattr(torch.ops.symm_mem, "two_shot_all_reduce_out")
     except (AttributeError, RuntimeError):

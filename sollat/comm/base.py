@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..collectives import algorithms, registry, select
+from ..collectives import algorithms, handover, registry, select
 from ..collectives.algorithms import ALGORITHMS, Algorithm
 from ..device import abi, build, driver_launch, launch, layout
 from ..device.dtypes import OPS, DType, lookup
@@ -194,8 +194,11 @@ class _CommBase(LaunchFitting, DeviceState):
         if algo in select.HANDOVERS:
             if algo not in self._handovers():
                 here = ", ".join(sorted(self._handovers()))
+                why = (f"; torch's two-shot runs on {', '.join(map(str, handover.TORCH_SYMM_WORLD_SIZES))} ranks "
+                       f"(this group has {self.world_size}) with a CUDA build of torch"
+                       if algo == select.TORCH_TWOSHOT and here else "")
                 raise UnsupportedError(f"all_reduce: algo={algo!r} is not available on this communicator: "
-                                       + (f"its library paths are {here}" if here else
+                                       + (f"its library paths are {here}{why}" if here else
                                           "a library path needs a process group (Communicator), not a VirtualCommunicator"))
             return algo
         alg = algorithms.get(algo)

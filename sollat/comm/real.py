@@ -132,9 +132,9 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
 
     def _torch_twoshot_capacity(self, asked: int) -> int:
         """Bytes of the torch two-shot buffer: the table's largest torch_twoshot message or
-        ``asked``, whichever is larger (0 when this torch has no two-shot op, or in batch-invariant
-        mode, which never uses it)."""
-        if self._batch_invariant or not handover.torch_twoshot_available():
+        ``asked``, whichever is larger (0 when this torch has no two-shot op or runs none on this
+        world size, or in batch-invariant mode, which never uses it)."""
+        if self._batch_invariant or not handover.torch_twoshot_available(self.world_size):
             return 0
         try:
             need = self._selection_table().handover_bytes(select.TORCH_TWOSHOT)
@@ -190,7 +190,7 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
             return name
         if ((algo == "auto" and name in select.LARGE_MESSAGE_PATHS
              or algo == select.TORCH_TWOSHOT and name in select.HANDOVERS)
-                and handover.torch_twoshot_available()
+                and handover.torch_twoshot_available(self.world_size)
                 and select.handover_serves(select.TORCH_TWOSHOT_ZERO_COPY, dtype, op, nbytes)):
             return select.TORCH_TWOSHOT_ZERO_COPY
         return name

@@ -12,7 +12,8 @@ Each rank describes its own GPU (``describe_local``), the ranks exchange the des
 functions decide from the one list every rank holds, so every rank decides alike:
 ``unreachable_pairs``, ``check_nvlink_domain`` (raises ``NotOneNVLinkDomainError``) and
 ``outside_domain_path`` (``Communicator(outside_domain="error" | "nccl")``: refuse, or hand every
-call of the group to NCCL). docs/design.md, "Groups that are not one NVLink domain".
+call of the group to NCCL), and ``check_shared_gpus`` (ranks on one GPU need torch's overlap
+variable on every rank). docs/design.md, "Groups that are not one NVLink domain".
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from typing import Any
 from ..errors import NotOneNVLinkDomainError, UnsupportedError
 
 ALLOW_PCIE_ENV = "SOLLAT_ALLOW_PCIE_PEERS"
+# torch's symmetric memory refuses two ranks on one device unless this is "1" in every process
+# (its test mode: the processes' kernels then time-slice on the GPU, docs/testing.md).
+ALLOW_OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
 OUTSIDE_DOMAIN = ("error", "nccl")  # Communicator(outside_domain=...): refuse, or NCCL for every call
 SOLLAT, NCCL = "sollat", "nccl"  # what outside_domain_path returns
 
@@ -56,6 +60,7 @@ class GpuDescription:
     fabric: Fabric | None
     links: tuple[tuple[str, str], ...] = ()  # (PCI bus id of another GPU of this host, link kind)
     allow_pcie: bool = False  # SOLLAT_ALLOW_PCIE_PEERS=1 on this rank
+    allow_overlap: bool = False  # TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 on this rank
 
     def where(self) -> str:
         return f"rank {self.rank} ({self.host}, cuda:{self.device}, {self.pci_bus_id})"
@@ -74,6 +79,31 @@ def pci_id(domain: int, bus: int, device: int) -> str:
 
 def allow_pcie_from_env() -> bool:
     return os.environ.get(ALLOW_PCIE_ENV, "").strip() == "1"
+
+
+def allow_overlap_from_env() -> bool:
+    return os.environ.get(ALLOW_OVERLAP_ENV, "").strip() == "1"
+
+
+def check_shared_gpus(descriptions: Sequence[GpuDescription], rank: int) -> None:
+    """Raises UnsupportedError (the same message on every rank) when ranks share a GPU and not
+    every rank has ALLOW_OVERLAP_ENV=1: torch's symmetric memory would refuse them later, from
+    inside the allocation, with a message that names neither the ranks nor the variable."""
+    if all(d.allow_overlap for d in descriptions):
+        return
+    by_gpu: dict[tuple[str, str], list[GpuDescription]] = {}
+    for d in descriptions:
+        by_gpu.setdefault((d.host, d.pci_bus_id), []).append(d)
+    shared = [ds for ds in by_gpu.values() if len(ds) > 1]
+    if not shared:
+        return
+    where = "; ".join(f"ranks {', '.join(str(d.rank) for d in ds)} on {ds[0].host} {ds[0].pci_bus_id}" for ds in shared)
+    missing = [d.rank for d in descriptions if not d.allow_overlap]
+    raise UnsupportedError(
+        f"sollat (rank {rank}): ranks share a GPU ({where}), and torch's symmetric memory accepts that only with "
+        f"{ALLOW_OVERLAP_ENV}=1 in every process (not set on rank(s) {', '.join(map(str, missing))}). Ranks on one "
+        "GPU are a test mode: their kernels time-slice, so it proves processes, memory sharing and faults, never "
+        "speed. For one rank per GPU, give each process its own device (torch.cuda.set_device(LOCAL_RANK)).")
 
 
 def _link(a: GpuDescription, b: GpuDescription) -> str:
@@ -257,7 +287,7 @@ def describe_local(device: int, rank: int) -> GpuDescription:
     fabric, nvml_links = _nvml_view(pcis[device])
     links = {**_cuda_links(device, pcis), **nvml_links}
     return GpuDescription(rank, socket.gethostname(), device, pcis[device], fabric, tuple(sorted(links.items())),
-                          allow_pcie_from_env())
+                          allow_pcie_from_env(), allow_overlap_from_env())
 
 
 def gather_descriptions(group: Any, device: int) -> list[GpuDescription]:
@@ -276,4 +306,6 @@ def check_group(group: Any, device: int, outside_domain: str) -> str:
     import torch.distributed as dist
 
     checked_outside_domain(outside_domain)
-    return outside_domain_path(gather_descriptions(group, device), dist.get_rank(group), outside_domain)
+    descriptions = gather_descriptions(group, device)
+    check_shared_gpus(descriptions, dist.get_rank(group))
+    return outside_domain_path(descriptions, dist.get_rank(group), outside_domain)

@@ -375,6 +375,7 @@ def test_choose_raises_where_no_sollat_algorithm_serves() -> None:
 def _fake_real(invariant: bool, table: select.Table = _WITH_LIBRARIES) -> Communicator:
     c = Communicator.__new__(Communicator)
     c._batch_invariant = invariant
+    c.world_size = 4
     c._algos = tuple(algorithms.ALGORITHMS)
     c._choices = {}
     c._torch_twoshot = object()  # type: ignore[assignment]  # as if torch's two-shot buffer existed
@@ -385,7 +386,7 @@ def _fake_real(invariant: bool, table: select.Table = _WITH_LIBRARIES) -> Commun
 def test_a_batch_invariant_communicator_auto_stays_on_sollat(monkeypatch: pytest.MonkeyPatch) -> None:
     from sollat.collectives import handover
 
-    monkeypatch.setattr(handover, "torch_twoshot_available", lambda: True)
+    monkeypatch.setattr(handover, "torch_twoshot_available", lambda world_size: True)
     on, off = _fake_real(True), _fake_real(False)
     assert on.handovers == () and set(off.handovers) == {"nccl", "torch_twoshot"}
     for nbytes in _sizes(_WITH_LIBRARIES):

@@ -51,15 +51,30 @@ def test_zero_copy_needs_a_held_allocation_in_place_and_16_byte_aligned() -> Non
 def test_auto_takes_the_zero_copy_two_shot_where_it_would_hand_over(
         monkeypatch: pytest.MonkeyPatch, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str,
         want: str) -> None:
-    monkeypatch.setattr(handover, "torch_twoshot_available", lambda: True)
+    monkeypatch.setattr(handover, "torch_twoshot_available", lambda world_size: True)
     comm = Communicator.__new__(Communicator)  # the rule needs no process group
+    comm.world_size = 4
     assert comm._symmetric_path(name, algo, nbytes, dtype, op) == want
 
 
 def test_without_torchs_two_shot_the_handover_stays(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(handover, "torch_twoshot_available", lambda: False)
+    monkeypatch.setattr(handover, "torch_twoshot_available", lambda world_size: False)
     comm = Communicator.__new__(Communicator)
+    comm.world_size = 4
     assert comm._symmetric_path("nccl", "auto", 64 << 20, torch.float32, "sum") == "nccl"
+
+
+@pytest.mark.parametrize("world_size", [3, 5, 6, 7, 9, 16])
+def test_torchs_symmetric_ops_are_never_chosen_where_they_raise(world_size: int) -> None:
+    """torch's one- and two-shot kernels exist for 2, 4 and 8 ranks only ("Not implemented for
+    world_size=3" from inside the op): at other sizes no two-shot buffer, no zero-copy path."""
+    assert not handover.torch_twoshot_available(world_size)
+    comm = Communicator.__new__(Communicator)
+    comm.world_size = world_size
+    assert comm._symmetric_path("nccl", "auto", 64 << 20, torch.float32, "sum") == "nccl"
+    assert comm._symmetric_path("torch_twoshot", "torch_twoshot", 8 << 20, torch.float32, "sum") == "torch_twoshot"
+    comm._batch_invariant = False
+    assert comm._torch_twoshot_capacity(64 << 20) == 0
 
 
 def _row(impl: str, algo: str, nbytes: int, us: float, check: str = "ok") -> Row:

@@ -166,3 +166,22 @@ def test_nvml_view_reads_fabric_info_and_links(monkeypatch) -> None:
     assert topology._nvml_view("0000:19:00.0")[0] is None
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: CUDA's view alone
     assert topology._nvml_view("0000:19:00.0") == (None, {})
+
+
+def _on(rank: int, pci: str, overlap: bool, host: str = "h") -> GpuDescription:
+    return GpuDescription(rank, host, 0, pci, None, (), False, overlap)
+
+
+def test_ranks_on_one_gpu_need_the_overlap_variable_on_every_rank() -> None:
+    from sollat.device.topology import ALLOW_OVERLAP_ENV, check_shared_gpus
+
+    gpu0 = "0000:1b:00.0"
+    check_shared_gpus([_on(0, gpu0, True), _on(1, gpu0, True), _on(2, gpu0, True)], 0)  # the test mode: accepted
+    check_shared_gpus([_on(0, gpu0, False), _on(1, "0000:2c:00.0", False)], 0)  # one GPU each: nothing to say
+    check_shared_gpus([_on(0, gpu0, False), _on(1, gpu0, False, host="other")], 0)  # same bus id, two hosts
+    for r in range(3):  # every rank raises the same words, naming the ranks, the GPU and the variable
+        with pytest.raises(UnsupportedError) as e:
+            check_shared_gpus([_on(0, gpu0, True), _on(1, gpu0, False), _on(2, "0000:2c:00.0", True)], r)
+        msg = str(e.value)
+        assert ALLOW_OVERLAP_ENV in msg and f"rank {r})" in msg
+        assert f"ranks 0, 1 on h {gpu0}" in msg and "not set on rank(s) 1" in msg

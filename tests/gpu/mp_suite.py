@@ -56,8 +56,10 @@ from sollat.collectives.algorithms import ALGORITHMS, Algorithm
 from sollat.device import layout
 
 try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
+    from . import _procs
     from . import _reference as ref
 except ImportError:
+    import _procs  # type: ignore[no-redef]
     import _reference as ref  # type: ignore[no-redef]
 
 NAN = float("nan")
@@ -69,7 +71,8 @@ SKEW_TIMEOUT_S = 3.0
 SKEW_SLEEP_S = 5.0
 STRAGGLER_SLEEP_S = 1.5
 FAULT_SLACK_S = 5.0  # a fault must be raised within timeout_s + this
-NCCL_TIMEOUT_S = 1800  # NCCL's own watchdog: later than ours, which names the section
+NCCL_TIMEOUT_S = 1800  # the process group's own watchdog: later than ours, which names the section
+SHARED_GRAPH_REPLAYS = 20  # ranks on one GPU: 20 replays of 100 calls (2000 graph-replayed calls)
 SUM_CLASSES = ("nan", "inf", "negzero", "denormal", "huge", "bits", "mix")
 
 
@@ -148,14 +151,16 @@ class Section:
     fn: Callable[[Suite], None]
     budget_s: float
     default: bool
+    needs_gpus: str = ""  # why it needs one GPU per rank (NCCL between distinct GPUs); "" runs anywhere
 
 
 SECTIONS: dict[str, Section] = {}
 
 
-def section(name: str, budget_s: float, default: bool = True) -> Callable[[Callable[[Suite], None]], Callable[[Suite], None]]:
+def section(name: str, budget_s: float, default: bool = True,
+            needs_gpus: str = "") -> Callable[[Callable[[Suite], None]], Callable[[Suite], None]]:
     def deco(fn: Callable[[Suite], None]) -> Callable[[Suite], None]:
-        SECTIONS[name] = Section(name, fn, budget_s, default)
+        SECTIONS[name] = Section(name, fn, budget_s, default, needs_gpus)
         return fn
 
     return deco
@@ -196,9 +201,12 @@ class Watchdog(threading.Thread):
 class Suite:
     """Per-rank state: communicators, the current section's failures and output digests."""
 
-    def __init__(self, rank: int, world: int, dev: torch.device, store: Any) -> None:
+    def __init__(self, rank: int, world: int, dev: torch.device, store: Any, shared: bool = False) -> None:
         self.rank, self.world, self.dev = rank, world, dev
         self.store = store
+        # Every rank on one GPU (gloo): the kernels time-slice, a call takes milliseconds; budgets
+        # scale with the ranks and the graph section replays fewer times (SHARED_* below).
+        self.shared = shared
         self.comm: sollat.Communicator | None = None  # main communicator (timeout MAIN_TIMEOUT_S)
         self._fast: sollat.Communicator | None = None
         self.second: sollat.Communicator | None = None  # two_comms' second world communicator
@@ -212,7 +220,7 @@ class Suite:
         self.passed = 0
         self.failed = 0
         self.aborted = False
-        self.scale = env_float("SOLLAT_MP_BUDGET_SCALE", 1.0)
+        self.scale = env_float("SOLLAT_MP_BUDGET_SCALE", float(world) if shared else 1.0)
         self.watchdog = Watchdog(self)
 
     # -- reporting
@@ -754,7 +762,7 @@ def graphs(s: Suite) -> None:
     """One CUDA graph of 100 mixed calls, replayed >= 100 times with fresh inputs: >= 10,000 calls."""
     comm = s.main
     algos = comm.algorithms
-    replays = int(env_float("SOLLAT_MP_GRAPH_REPLAYS", 100))
+    replays = int(env_float("SOLLAT_MP_GRAPH_REPLAYS", SHARED_GRAPH_REPLAYS if s.shared else 100))
     sizes = (1, 7, 128, 1000, 4097, 20000, 65536)
     calls: list[GCall] = []
     for k in range(100):
@@ -1235,7 +1243,8 @@ def tear_lines() -> int:
     return int(env_float("SOLLAT_MP_TEAR_LINES", 1e9))
 
 
-@section("tear", 120)
+@section("tear", 120, needs_gpus="its side traffic is NCCL between distinct GPUs, and 1e9 LL lines take hours "
+                                 "when the ranks' kernels time-slice on one GPU")
 def tear(s: Suite) -> None:
     """oneshot_ll fp32 with payloads that change every call (small integers: exact sums), >= 1e9 LL
     lines, NCCL all_reduce traffic on a side stream meanwhile; a torn line gives a wrong sum."""
@@ -1337,25 +1346,34 @@ def selected(only: str | None) -> list[str]:
     return [x for x in names if x not in skip]
 
 
+def runnable(names: list[str], shared: bool) -> tuple[list[str], list[str]]:
+    """(the sections to run, "name: why" of those skipped): with the ranks sharing one GPU, the
+    sections that need one GPU per rank are skipped by name."""
+    if not shared:
+        return names, []
+    return ([x for x in names if not SECTIONS[x].needs_gpus],
+            [f"{x}: {SECTIONS[x].needs_gpus}" for x in names if SECTIONS[x].needs_gpus])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", default=None, help="comma list of sections (default: all but skew)")
     args = p.parse_args(argv)
-    names = selected(args.only)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    for var, want in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        if os.environ.get(var) != want:
-            emit(f"RANK {rank} FAIL init: {var} must be {want} (NVLink multicast stays off)")
-            emit(f"RANK {rank} SUMMARY passed=0 failed=1")
-            return 1
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
-    dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=NCCL_TIMEOUT_S))
+    rank = int(os.environ["RANK"])
+    try:
+        rank, world, dev, shared = _procs.init_ranks(NCCL_TIMEOUT_S)
+    except RuntimeError as e:
+        emit(f"RANK {rank} FAIL init: {e}")
+        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+        return 1
+    names, skipped = runnable(selected(args.only), shared)
     store = dist.PrefixStore("sollat-mp-suite", dist.distributed_c10d._get_default_store())
-    s = Suite(rank, world, dev, store)
-    emit(f"RANK {rank} PLAN {','.join(names)} (world {world}, {torch.cuda.get_device_name(dev)}, "
-          f"torch {torch.__version__})")
+    s = Suite(rank, world, dev, store, shared)
+    mode = (f"{world} processes sharing {torch.cuda.get_device_name(dev)} (gloo)" if shared
+            else f"world {world}, one {torch.cuda.get_device_name(dev)} per rank (NCCL)")
+    emit(f"RANK {rank} PLAN {','.join(names)} ({mode}, torch {torch.__version__})")
+    for why in skipped:
+        emit(f"RANK {rank} SKIP {why}")
     s.watchdog.start()
     s.section = "init"
     s.watchdog.arm("init", 600)

@@ -1,50 +1,37 @@
-"""Real ranks (one process per GPU under torchrun, sollat.Communicator): the suite in mp_suite.py
-on every visible GPU, then its compile-skew section in a second launch with an empty kernel cache.
-Every rank must print PASS for every section of its PLAN and SUMMARY failed=0. Skips with fewer
-than 2 GPUs."""
+"""Real ranks (processes, sollat.Communicator): the suite in mp_suite.py at 2, 3 and 4 ranks, then
+its compile-skew section in a launch of its own with an empty kernel cache.
+
+Where the host has a GPU per rank, each rank is one process per GPU over NCCL. With fewer GPUs
+than ranks (one GPU: every launch here), the processes share GPU 0 over a gloo group
+(``_procs``): the suite then proves processes, symmetric memory between them, faults seen by
+other processes, stream and call ordering, and skips by name the sections that need NCCL between
+distinct GPUs. A host with more GPUs also runs the suite on all of them. Every rank must print
+PASS for every section of its PLAN and SUMMARY failed=0.
+"""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.multigpu, pytest.mark.slow]
+from . import _procs
 
-ROOT = Path(__file__).parents[2]
+pytestmark = [pytest.mark.gpu]
+
 SUITE = Path(__file__).with_name("mp_suite.py")
-# never let a child use NVLink multicast
-SAFETY = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MAIN_TIMEOUT_S = 1500
 SKEW_TIMEOUT_S = 400
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+WORLDS = sorted({2, 3, 4} | ({GPUS} if GPUS > 4 else set()))
 
-needs_two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                    reason="needs >= 2 GPUs")
+needs_a_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 
 
 def launch(nproc: int, args: list[str], extra_env: dict[str, str], timeout_s: int) -> tuple[int, str]:
-    """torchrun the suite; (exit status, stdout + stderr). The whole process group is killed on timeout."""
-    env = dict(os.environ)
-    env.update(extra_env)
-    env.update(SAFETY)
-    env["PYTHONUNBUFFERED"] = "1"
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", str(SUITE), *args]
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        return -9, (out or "") + f"\n[launcher] killed after {timeout_s} s"
-    return p.returncode, out
+    return _procs.launch(SUITE, nproc, args, _procs.child_env(nproc, GPUS, extra_env), timeout_s)
 
 
 def assert_all_passed(rc: int, out: str, nproc: int) -> list[str]:
@@ -63,18 +50,20 @@ def assert_all_passed(rc: int, out: str, nproc: int) -> list[str]:
     return sections
 
 
-@needs_two_gpus
-def test_real_rank_suite() -> None:
-    n = torch.cuda.device_count()
-    rc, out = launch(n, [], {}, MAIN_TIMEOUT_S)
-    assert_all_passed(rc, out, n)
+@needs_a_gpu
+@pytest.mark.parametrize("nproc", WORLDS)
+def test_real_rank_suite(nproc: int) -> None:
+    rc, out = launch(nproc, [], {}, MAIN_TIMEOUT_S)
+    sections = assert_all_passed(rc, out, nproc)
+    if _procs.shares_gpu(nproc, GPUS):  # skipped by name, never silently
+        assert "tear" not in sections and "RANK 0 SKIP tear: " in out
 
 
-@needs_two_gpus
-def test_real_rank_compile_skew(tmp_path: Path) -> None:
-    n = torch.cuda.device_count()
+@needs_a_gpu
+@pytest.mark.parametrize("nproc", WORLDS)
+def test_real_rank_compile_skew(tmp_path: Path, nproc: int) -> None:
     cache = tmp_path / "empty-cache"
     cache.mkdir()
-    rc, out = launch(n, ["--only", "skew"], {"SOLLAT_CACHE_DIR": str(cache), "SOLLAT_MP_SECTIONS": "",
-                                             "SOLLAT_MP_SKIP": ""}, SKEW_TIMEOUT_S)
-    assert assert_all_passed(rc, out, n) == ["skew"]
+    rc, out = launch(nproc, ["--only", "skew"], {"SOLLAT_CACHE_DIR": str(cache), "SOLLAT_MP_SECTIONS": "",
+                                                 "SOLLAT_MP_SKIP": ""}, SKEW_TIMEOUT_S)
+    assert assert_all_passed(rc, out, nproc) == ["skew"]

@@ -1,0 +1,88 @@
+"""Real ranks as processes: the launcher the multi-process GPU tests share, and the set-up each
+child runs.
+
+With one GPU per rank, a child is one process per GPU over NCCL. With fewer GPUs than ranks, all
+N processes share GPU 0 over a gloo process group (NCCL refuses two ranks on one GPU) with
+``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1`` (torch's symmetric memory refuses ranks on one
+device without it). That mode proves processes, IPC through symmetric memory, faults seen by
+other processes, stream and call ordering; it never measures speed: the processes' kernels
+time-slice on the GPU (docs/testing.md).
+
+Used by the launcher (pytest) and imported by the child scripts run under torchrun (as
+``_procs`` from this folder).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+#: Never let a child use NVLink multicast.
+SAFETY = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
+#: Set by the launcher: the children share GPU 0 (fewer GPUs than ranks).
+SHARED_ENV = "SOLLAT_TEST_SHARED_GPU"
+
+
+def shares_gpu(nproc: int, gpus: int) -> bool:
+    """Whether ``nproc`` ranks must share GPU 0: fewer GPUs than ranks."""
+    return gpus < nproc
+
+
+def child_env(nproc: int, gpus: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launch: this one, the safety variables, the checkout on PYTHONPATH,
+    and in shared mode the variables that let N processes be ranks on one GPU."""
+    env = dict(os.environ)
+    env.update(extra or {})
+    env.update(SAFETY)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    if shares_gpu(nproc, gpus):
+        env[OVERLAP_ENV] = "1"
+        env[SHARED_ENV] = "1"
+    else:
+        env.pop(SHARED_ENV, None)
+    return env
+
+
+def launch(script: Path, nproc: int, args: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """torchrun ``script`` on ``nproc`` processes; (exit status, stdout + stderr). The whole
+    process group is killed on timeout (status -9, the output so far kept)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(script), *args]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return -9, (out or "") + f"\n[launcher] killed after {timeout_s:.0f} s"
+    return p.returncode, out
+
+
+def init_ranks(timeout_s: float) -> tuple[int, int, object, bool]:
+    """In a child: the process group and this rank's device. Returns (rank, world size, device,
+    shared). Shared (the launcher's SHARED_ENV): every rank on GPU 0, a gloo group; else rank r on
+    GPU LOCAL_RANK, NCCL. Raises if the safety variables are not set."""
+    import torch
+    import torch.distributed as dist
+
+    for var, want in SAFETY.items():
+        if os.environ.get(var) != want:
+            raise RuntimeError(f"{var} must be {want} (NVLink multicast stays off)")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    shared = os.environ.get(SHARED_ENV) == "1"
+    dev = torch.device("cuda", 0 if shared else local)
+    torch.cuda.set_device(dev)
+    if shared:
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    else:
+        dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=timeout_s))
+    return rank, world, dev, shared
