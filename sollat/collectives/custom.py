@@ -85,6 +85,11 @@ class Collective:
             raise UnsupportedError(f"Collective {name!r}: output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if max_slots not in _SLOT_CHOICES or isinstance(max_slots, bool):
             raise UnsupportedError(f"Collective {name!r}: max_slots must be 1, 2 or 4, got {max_slots!r}")
+        if proto == "sentinel" and max_slots > layout.SIGNATURE_SLOT:
+            raise UnsupportedError(f"Collective {name!r}: a sentinel collective takes at most "
+                                   f"{max(c for c in _SLOT_CHOICES if c <= layout.SIGNATURE_SLOT)} slots per thread "
+                                   f"(max_slots={max_slots}): its signature words use the last slot's lines "
+                                   "(docs/custom-collectives.md)")
         if output == "gather" and two_shot:
             raise UnsupportedError(f"Collective {name!r}: output='gather' cuts the message per rank; two_shot must be False")
         dts = tuple(DTYPES) if dtypes is None else tuple(dtypes)

@@ -53,18 +53,20 @@ class DeviceState:
 
     def _init_scratch(self, views: Sequence[torch.Tensor]) -> None:
         """Control block (fault record) at 0; each region at its protocol's rest byte (abi.REST_BYTE:
-        LL 0, as flag 0 is never valid; sentinel all ones, empty in every dtype), except the
-        signature lines at the end of every (parity, source) part (layout.signature_lines), which
-        are 0 in every region: an empty sentinel signature word is 0 (ll_buffer.h)."""
+        LL 0, as flag 0 is never valid; sentinel all ones, empty in every dtype), except a sentinel
+        region's signature words (the SIGNATURE_SLOT lines of every block of every (parity,
+        source) part, layout.signature_word), which are 0: an empty signature word is 0
+        (ll_buffer.h)."""
         for v in views:
             v[:layout.CONTROL_BYTES].zero_()
             for reg in self._regions:
                 off = self._region_off[reg.name]
                 region = v[off:off + reg.alg.scratch_bytes(self.world_size, reg.blocks)]
                 region.fill_(abi.REST_BYTE[reg.alg.proto])
-                lps, sig = layout.lines_per_src(reg.blocks), layout.signature_lines(reg.blocks)
-                parts = region.view(-1, lps * layout.LINE_BYTES)  # buffers x parities x sources parts
-                parts[:, (lps - sig) * layout.LINE_BYTES:].zero_()
+                if abi.REST_BYTE[reg.alg.proto] != 0:
+                    # parts x blocks x slots x (threads' lines): the signature slot of every block
+                    slots = region.view(-1, reg.blocks, layout.MAX_SLOTS, layout.MAX_THREADS * layout.LINE_BYTES)
+                    slots[:, :, layout.SIGNATURE_SLOT].zero_()
 
     def check(self, sync: bool = True) -> None:
         """Raise the fault recorded by an earlier call of any rank, if any.

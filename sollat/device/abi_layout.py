@@ -22,8 +22,10 @@ from .generated_header import GeneratedHeader, framed
 HEADER_PATH = Path(__file__).parent / "csrc" / "include" / "sollat" / "layout.h"
 REGENERATE = "python -m sollat.device.abi_layout > sollat/device/csrc/include/sollat/layout.h"
 
-# One 32-byte sector (2 lines) per block for its 8-byte signature word: no two writers share a sector.
-SIGNATURE_LINES_PER_BLOCK = 2
+# The slot whose lines hold a sentinel buffer's signature words instead of data: the last one. A
+# sentinel buffer's channels use the slots below it (kSlots <= SIGNATURE_SLOT: 1 or 2), and every
+# thread's 8-byte word sits in the first half of this slot's lines of its block (two words a line).
+SIGNATURE_SLOT = abi.MAX_SLOTS - 1
 
 # The constants a formula may name: Python name -> (C++ spelling, value). abi.h declares all but
 # the last, layout.h that one (a test checks every spelling against the rendered headers).
@@ -34,9 +36,9 @@ CONSTANTS: dict[str, tuple[str, int]] = {
     "LINE_BYTES": ("kLineBytes", abi.LINE_BYTES),
     "WARP": ("kWarpSize", abi.WARP),
     "PEER_WINDOW": ("kPeerWindow", abi.PEER_WINDOW),
-    "SIGNATURE_LINES_PER_BLOCK": ("kSignatureLinesPerBlock", SIGNATURE_LINES_PER_BLOCK),
+    "SIGNATURE_SLOT": ("kSignatureSlot", SIGNATURE_SLOT),
 }
-LAYOUT_CONSTANTS = ("SIGNATURE_LINES_PER_BLOCK",)  # declared in layout.h, not abi.h
+LAYOUT_CONSTANTS = ("SIGNATURE_SLOT",)  # declared in layout.h, not abi.h
 
 _INT3 = Signature((("block", "int"), ("slot", "int"), ("thread", "int")))
 
@@ -63,11 +65,13 @@ FORMULAS: tuple[Formula, ...] = (
             "group * peer_group_lines + line): on rank r it receives line `line` from the ranks of group "
             "`group`; a rank sends that line to peer q in q's channel (group of r, line).",
             device=(Signature((("block", "int"), ("group", "int"), ("line", "int"), ("nranks", "int"))),)),
-    Formula("signature_line", ("block", "lines_per_src"), "lines_per_src - SIGNATURE_LINES_PER_BLOCK * (block + 1)",
-            "the line whose first 8 bytes hold block `block`'s signature word (sentinel buffers, ll_buffer.h) "
-            "in a receiver's (parity, source) part, one 32-byte sector per block: counted from the end of "
-            "the part, past every data slot (layout.lines_per_src leaves room for max_blocks blocks; a grid "
-            "never has more).", device=(Signature((("block", "int"), ("lines_per_src", "int"))),)),
+    Formula("signature_word", ("block", "thread"), "2 * slot_index(block, SIGNATURE_SLOT, 0) + thread",
+            "the 8-byte word, counted from the start of a receiver's (parity, source) part, that holds the "
+            "signature word of thread `thread` of block `block` (sentinel buffers, ll_buffer.h): the first "
+            "half of the block's SIGNATURE_SLOT lines, two threads' words a line, a warp's words contiguous. "
+            "LL128 puts its reduce-scatter words at signature_word(block, warp * WARP + source) of its "
+            "accumulator buffer's source-1 part.",
+            device=(Signature((("block", "int"), ("thread", "int"))),)),
     Formula("ll128_acc_slot", ("block", "thread"), "block * MAX_THREADS + thread",
             "LL128's accumulator slot (and epoch index) of (block, thread); its 16-byte line is "
             "line_index(parity, 0, acc_slot).", device=(Signature((("block", "int"), ("thread", "int"))),)),
@@ -88,16 +92,10 @@ FORMULAS: tuple[Formula, ...] = (
             "line_base(parity, src, nranks, lines_per_src) + slot",
             "Line of (parity, source, slot) inside a receiver's region; device: ``line_base`` + slot "
             "(``layout.h``)."),
-    Formula("signature_lines", ("max_blocks",), "(SIGNATURE_LINES_PER_BLOCK * max_blocks + WARP - 1) // WARP * WARP",
-            "Lines at the end of every (parity, source) part of a region for the sentinel buffers' signature "
-            "words (``ll_buffer.h``, \"Signature words\"): SIGNATURE_LINES_PER_BLOCK per block, rounded up to "
-            "whole warp-units (WARP lines, 512 bytes), so every part stays 512-byte aligned (LL128's "
-            "warp-units, the region offsets). Every region has them (LL and bulk ones leave them unused and "
-            "zero), so the layout is one formula."),
-    Formula("lines_per_src", ("max_blocks",), "max_blocks * MAX_SLOTS * MAX_THREADS + signature_lines(max_blocks)",
-            "Slot indices per (parity, source) part of a region: every data slot of ``max_blocks`` blocks, "
-            "then the signature lines. Also the length of each buffer's epoch array (the kernels' "
-            "``lines_per_src`` argument)."),
+    Formula("lines_per_src", ("max_blocks",), "max_blocks * MAX_SLOTS * MAX_THREADS",
+            "Slot indices per (parity, source) part of a region: every slot of ``max_blocks`` blocks (a "
+            "sentinel region keeps its signature words in the SIGNATURE_SLOT lines, ``signature_word``). "
+            "Also the length of each buffer's epoch array (the kernels' ``lines_per_src`` argument)."),
     Formula("region_bytes", ("nranks", "max_blocks"), "region_bytes_of_lines(nranks, lines_per_src(max_blocks))",
             "Bytes of one LLBuffer region on one rank: PARITIES x nranks sources x lines. Device: "
             "``region_bytes(nranks, lines_per_src)`` (``layout.h``)."),
@@ -147,7 +145,7 @@ def header_text() -> str:
     """``csrc/include/sollat/layout.h``: the device formulas as C++."""
     consts = [f"{CONSTANTS[k][0]} = {CONSTANTS[k][1]}" for k in LAYOUT_CONSTANTS]
     body: list[str] = [
-        "// Lines per block for its 8-byte signature word: one 32-byte sector (layout.SIGNATURE_LINES_PER_BLOCK).",
+        "// The slot whose lines hold a sentinel buffer's signature words (layout.SIGNATURE_SLOT).",
         f"enum SignatureLayout : int {{ {', '.join(consts)} }};",
     ]
     for f in FORMULAS:

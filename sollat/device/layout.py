@@ -18,8 +18,8 @@ slot index    s = (b * MAX_SLOTS + i) * MAX_THREADS + t   (consecutive threads: 
 parity        epoch & 1: two copies of every line (double buffering, no barrier).
 line address  in receiver d's region of a buffer:
               line = (parity * nranks + src) * lines_per_src + s
-signature     sentinel buffers: one 8-byte word per (receiver, parity, source, block), in its own
-words         32-byte sector (2 lines) after the data slots of that (parity, source) part (``signature_line``)
+signature     sentinel buffers: one 8-byte word per (receiver, parity, source, block, thread), in the
+words         lines of slot SIGNATURE_SLOT of the thread's block, two words a line (``signature_word``)
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ FAULT_WORDS = abi.FAULT_WORDS
 FAULT_OK, FAULT_TIMEOUT, FAULT_MISMATCH, FAULT_CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
 
 
-SIGNATURE_LINES_PER_BLOCK = abi_layout.SIGNATURE_LINES_PER_BLOCK  # one 32-byte sector per block's signature word
+SIGNATURE_SLOT = abi_layout.SIGNATURE_SLOT  # the slot whose lines hold the signature words (sentinel)
 
 # The layout formulas, each compiled from its one declaration in abi_layout.py (which renders the
 # device side, layout.h, from the same declarations): no formula is written here.
@@ -85,16 +85,14 @@ slot_index: Callable[[int, int, int], int] = _F["slot_index"]
 line_base: Callable[[int, int, int, int], int] = _F["line_base"]
 line_index: Callable[..., int] = _F["line_index"]  # (parity, src, slot, *, nranks, lines_per_src)
 ll128_acc_slot: Callable[[int, int], int] = _F["ll128_acc_slot"]
-signature_line: Callable[[int, int], int] = _F["signature_line"]
-signature_lines: Callable[[int], int] = _F["signature_lines"]
+signature_word: Callable[[int, int], int] = _F["signature_word"]  # (block, thread) -> 8-byte word in a part
 lines_per_src: Callable[[int], int] = _F["lines_per_src"]
 region_bytes_of_lines: Callable[[int, int], int] = _F["region_bytes_of_lines"]
 region_bytes: Callable[[int, int], int] = _F["region_bytes"]  # (nranks, max_blocks)
 peer_groups: Callable[[int], int] = _F["peer_groups"]
 peer_group_lines: Callable[[int], int] = _F["peer_group_lines"]
 peer_group_slot: Callable[[int, int, int, int], int] = _F["peer_group_slot"]  # (block, group, line, nranks)
-DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_line", "signature_lines",
-           "lines_per_src", "region_bytes_of_lines", "region_bytes", "peer_groups", "peer_group_lines",
+DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_word", "lines_per_src", "region_bytes_of_lines", "region_bytes", "peer_groups", "peer_group_lines",
            "peer_group_slot")
 
 

@@ -73,9 +73,8 @@ def test_regions_are_shared_per_protocol_and_sized_for_few_blocks() -> None:
     for ws, blocks in ((2, 128), (4, 64), (8, 32), (8, 16)):
         extra = (scratch_bytes_per_rank(ws, ["oneshot_ll"], blocks, (), True)
                  - scratch_bytes_per_rank(ws, ["oneshot_ll"], blocks))
-        # 2 x nranks MiB of data lines, plus the signature lines (layout.signature_lines)
-        assert extra == gather_scatter.region_cost(ws, blocks) == 2 * layout.region_bytes(ws, 16) == \
-            ws * (2**21 + 2 * 2 * layout.signature_lines(16) * layout.LINE_BYTES)
+        # 2 x nranks MiB (the sentinel region's signature words live in its signature slot)
+        assert extra == gather_scatter.region_cost(ws, blocks) == 2 * layout.region_bytes(ws, 16) == ws * 2**21
 
 
 # ---- the size rule ------------------------------------------------------------------------------

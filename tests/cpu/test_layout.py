@@ -57,21 +57,29 @@ def test_line_index_regions_do_not_overlap() -> None:
 @pytest.mark.parametrize("nranks", [2, 3, 4, 8])
 def test_scratch_sizing(name: str, nranks: int) -> None:
     alg = ALGORITHMS[name]
-    lps = alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS + layout.signature_lines(alg.max_blocks)
+    lps = alg.max_blocks * layout.MAX_SLOTS * layout.MAX_THREADS
     per_region = 2 * nranks * lps * layout.LINE_BYTES
     assert alg.scratch_bytes(nranks) == alg.buffers * per_region
     assert alg.epoch_words() == alg.buffers * lps
 
 
 @pytest.mark.parametrize("max_blocks", [1, 4, 16, 17, 32, 100, 128])
-def test_signature_lines_follow_every_data_slot_and_keep_parts_aligned(max_blocks: int) -> None:
+def test_signature_words_fill_the_signature_slot_and_no_data_channel(max_blocks: int) -> None:
+    """One 8-byte word per (block, thread) of a (parity, source) part, inside the part, each once,
+    in the SIGNATURE_SLOT lines of its own block; a warp's 32 words are 256 contiguous bytes; the
+    data channels of a sentinel buffer (slots below SIGNATURE_SLOT) never reach them."""
     lps = layout.lines_per_src(max_blocks)
-    last_data = layout.slot_index(max_blocks - 1, layout.MAX_SLOTS - 1, layout.MAX_THREADS - 1)
-    sig = [layout.signature_line(b, lps) + k for b in range(max_blocks) for k in range(layout.SIGNATURE_LINES_PER_BLOCK)]
-    assert len(set(sig)) == len(sig), "two blocks share a signature line"
-    assert min(sig) > last_data and max(sig) == lps - 1
-    assert lps - layout.signature_lines(max_blocks) <= min(sig)  # inside the part's signature tail
-    assert layout.SIGNATURE_LINES_PER_BLOCK * layout.LINE_BYTES == 32  # one 32-byte sector per block: one writer each
+    words = [layout.signature_word(b, t) for b in range(max_blocks) for t in range(layout.MAX_THREADS)]
+    assert len(set(words)) == len(words), "two threads share a signature word"
+    assert max(words) < 2 * lps  # inside the part
+    for b in (0, max_blocks - 1):
+        lines = {layout.signature_word(b, t) // 2 for t in range(layout.MAX_THREADS)}
+        assert lines == set(range(layout.slot_index(b, layout.SIGNATURE_SLOT, 0),
+                                  layout.slot_index(b, layout.SIGNATURE_SLOT, 0) + layout.MAX_THREADS // 2))
+        data = {layout.slot_index(b, i, t) for i in range(layout.SIGNATURE_SLOT) for t in range(layout.MAX_THREADS)}
+        assert not lines & data
+    assert [layout.signature_word(0, t) for t in range(32)] == list(range(words[0], words[0] + 32))
+    assert layout.SIGNATURE_SLOT == layout.MAX_SLOTS - 1
     assert (lps * layout.LINE_BYTES) % 512 == 0  # every (parity, source) part stays 512-byte aligned (LL128)
 
 
@@ -90,18 +98,17 @@ def test_layout_functions_are_the_declared_formulas() -> None:
     for name, fn in abi_layout.FUNCTIONS.items():
         assert getattr(layout, name) is fn, f"layout.{name} is not abi_layout's {name}"
         assert fn.__code__.co_filename == f"<sollat.device.abi_layout {name}>"
-    assert layout.SIGNATURE_LINES_PER_BLOCK == abi_layout.SIGNATURE_LINES_PER_BLOCK == 2
+    assert layout.SIGNATURE_SLOT == abi_layout.SIGNATURE_SLOT == 3
 
 
 def test_layout_spot_values() -> None:
     assert layout.slot_index(1, 2, 3) == (1 * 4 + 2) * 512 + 3 == 3075
     assert layout.ll128_acc_slot(3, 5) == 3 * 512 + 5
-    assert layout.signature_line(0, 100) == 98 and layout.signature_line(3, 100) == 92
+    assert layout.signature_word(0, 0) == 2 * 3 * 512 and layout.signature_word(1, 7) == 2 * (4 + 3) * 512 + 7
     assert layout.line_base(1, 2, 4, 10) == 60 and layout.line_index(1, 2, 3, nranks=4, lines_per_src=10) == 63
-    assert [layout.signature_lines(b) for b in (1, 16, 17, 128)] == [32, 32, 64, 256]
-    assert layout.lines_per_src(16) == 16 * 4 * 512 + 32
+    assert layout.lines_per_src(16) == 16 * 4 * 512
     assert layout.region_bytes_of_lines(4, 10) == 2 * 4 * 10 * 16
-    assert layout.region_bytes(4, 16) == 2 * 4 * (16 * 4 * 512 + 32) * 16
+    assert layout.region_bytes(4, 16) == 2 * 4 * (16 * 4 * 512) * 16
 
 
 def test_device_signatures_and_precisions() -> None:
@@ -109,7 +116,7 @@ def test_device_signatures_and_precisions() -> None:
     the operands are narrower than the result)."""
     text = abi_layout.header_text()
     for line in ("__device__ __forceinline__ int slot_index(int block, int slot, int thread) {",
-                 "__device__ __forceinline__ int signature_line(int block, int lines_per_src) {",
+                 "__device__ __forceinline__ int signature_word(int block, int thread) {",
                  "__device__ __forceinline__ int ll128_acc_slot(int block, int thread) {",
                  "__device__ __forceinline__ long long line_base(int parity, int src, int nranks, int lines_per_src) {",
                  "  return (long long)(parity * nranks + src) * lines_per_src;",

@@ -20,6 +20,16 @@
 //   512-byte aligned if the region is). Zero at rest (the host zero-fills it once).
 //   Epochs: buffer 0's epoch array, index ll128_acc_slot(...) (all lanes of a
 //   warp hold the same value); parity = epoch & 1.
+// Signature words (the reduce-scatter's call check; the all-gather is LL, whose flags carry the
+// signature): the adds carry no signature, so an owner would sum a differing rank's adds once its
+// counters read R and pass them on under its own signature. So in every iteration lane c of each
+// warp stores SignatureWord::make(sig, epoch) (protocol_sentinel.h: 8 bytes, one volatile store)
+// into owner c's buffer 0 at part (parity, source 1) (which the accumulator lines, in part
+// (parity, 0), never use), word signature_word(blockIdx.x, warp * 32 + own rank) (layout.h); the
+// owner's lane q polls source q's word with its counter and completes only when it equals this
+// call's (sig, epoch); this epoch with another signature is a call mismatch. Reuse: as the
+// accumulator lines' (a source writes word e+2 after the owner's all-gather of e+1, sent after the
+// owner's lanes read word e + 1 and, through the __syncwarp after the poll, every word of e).
 // Buffer 1: a regular LLBuffer<ProtoLL, R, 2> region.
 // Both regions are 2 * nranks * lines_per_src * 16 bytes; lines_per_src >= max_blocks * 2048.
 //
@@ -101,6 +111,15 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   };
   const u64 warp0 = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
   if (refused(a)) return poison_from(warp0);
+  // This warp's signature words: lane q's (source q's) in this rank's part, and where this rank's
+  // word goes in owner `lane`'s part (layout.h signature_word, counted from the part's start).
+  const int warp_thread0 = (int)(threadIdx.x & ~31u);
+  const int word_in = signature_word(blockIdx.x, warp_thread0 + lane);
+  const int word_out = signature_word(blockIdx.x, warp_thread0 + a.rank);
+  const bool word_lane = lane < R && lane != a.rank;  // this lane carries source / owner `lane`'s word
+  auto word_part = [&](Line* base, u64 parity) {
+    return (SignatureWord::Word*)(base + line_base(parity, 1, R, (u64)a.lines_per_src));
+  };
 
   for (u64 j = warp0; j < units; j += nwarps) {
     const u64 loff = line_base((u64)(epoch & 1), 0, R, (u64)a.lines_per_src) + acc_slot;  // this lane's 16 B in any owner
@@ -111,7 +130,11 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     // by a fence. None in the first iteration (the kernel boundary orders the previous call).
     ag.releaseReceives();
 
-    // ---- reduce-scatter: one vector add per chunk into its owner's line -------------------
+    // ---- reduce-scatter: this call's signature word to owner `lane`, then one vector add per
+    // chunk into its owner's line (the word first: it lands no later than the adds)
+    if (word_lane)
+      st<Order::Volatile, Scope::Sys>(word_part(select_base(acc, lane), epoch & 1) + word_out,
+                                      SignatureWord::make(a.sig, epoch));
 #pragma unroll
     for (int c = 0; c < kMaxRanks; ++c) {
       if (c >= R) continue;
@@ -142,24 +165,36 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
       }
     }
 
-    // ---- owner: wait for R on the 4 counters (each lane polls its line's counter) ---------
+    // ---- owner: wait for R on the 4 counters (each lane polls its line's counter) and for the
+    // peers' signature words (lane q polls source q's) ---------------------------------------
     Line* const my = own_acc + loff;
     {
       const u32* ctr = (const u32*)(own_acc + (loff & ~(u64)(ll128::kLanesPerLine - 1)));
+      const SignatureWord::Word* word = word_part(own_acc, epoch & 1) + word_in;
+      bool word_ok = !word_lane;
       Spin spin(fault);
       for (;;) {
         const u32 cw = ld<Order::Volatile, Scope::Sys>(ctr);  // a poll: never cached, never elided
+        int wr = 1;
+        if (!word_ok) {
+          wr = SignatureWord::check(ld<Order::Volatile, Scope::Sys>(word), a.sig, epoch);  // with the counter poll
+          word_ok = wr > 0;
+        }
         const float cv = ll128::counter_value(tag, cw);
-        const bool done = cv == (float)R;
+        const bool done = cv == (float)R && word_ok;
         if (__all_sync(kFull, done)) break;
         const bool over = cv > (float)R;  // some rank added twice: a call mismatch
-        if (__any_sync(kFull, over)) {
+        if (__any_sync(kFull, over || wr < 0)) {  // another call's counter or signature
           if (over) fault.raise(kMismatch, a.rank, -1, acc_slot, epoch, cw);
+          else if (wr < 0) fault.raise(kMismatch, a.rank, lane, word_in / 2, epoch, SignatureWord::sig(ld<Order::Volatile, Scope::Sys>(word)));
           return poison_from(j);
         }
-        const bool go = spin.again(a.rank, -1, acc_slot, epoch);
+        const bool go = spin.again(a.rank, [&]() { return FaultAt{word_ok ? -1 : lane, word_ok ? acc_slot : word_in / 2, epoch}; });
         if (!__all_sync(kFull, go)) return poison_from(j);
       }
+      // Every lane's word and counter reads before any lane's zeroing fence and all-gather sends
+      // (which let the sources write this parity again): bar.warp.sync orders the lanes' accesses.
+      __syncwarp();
     }
     if (kSplit) fence<peer_scope()>();  // split: acquire side of the counter, before the data read (the adders' scope)
     W4 r = bit_cast<W4>(ld<Order::Volatile, Scope::Sys>(my));  // fused: after the poll that saw R, same line

@@ -150,6 +150,7 @@ struct NoBuffer {
   template <typename T, class V> __device__ __forceinline__ V bcast(int, const V& v) { return v; }
   template <typename T, class... Args> __device__ __forceinline__ bool recvUnrolled(const Args&...) { return false; }
   __device__ __forceinline__ void releaseReceives() {}
+  __device__ __forceinline__ void shareSignatures(int) {}
   __device__ __forceinline__ void advanceEpoch() {}
   __device__ __forceinline__ void commit() {}
 };
@@ -161,10 +162,7 @@ template <class B> struct SecondBuffer<true, B> { typedef B type; };
 template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8, bool kTwoShot>
 __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
                                            const T* res, T* res_out, const T* weight, Fp8Out fp8) {
-  // The one-shot's line 0 goes to every peer, so the ring of signature words sees a mismatch; in
-  // the two-shot a row's exchange is only with its owner, so every line-0 send carries one.
-  constexpr SigPeers kSigPeers = kTwoShot ? SigPeers::Every : SigPeers::Ring;
-  typedef LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers> Buf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
@@ -173,7 +171,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // as in the one-shot): kWiden lines of kPiece floats per line of T.
   constexpr int kWiden = (int)(sizeof(float) / sizeof(T));
   static_assert(!kTwoShot || kSlots * kWiden <= kMaxSlotsPerThread, "the all-gather's channels per thread");
-  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden, kSigPeers> AgBuf;
+  typedef LLBuffer<Proto, kMaxRanks, kSlots * kWiden> AgBuf;
   typedef typename AgBuf::template PackT<float> F;
   constexpr int kPiece = F::kElems;
   static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
@@ -201,6 +199,12 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
   // The first line of this warp's chunk of slot i in pass p (a multiple of 32; the same in every lane).
   auto chunk_line = [&](int p, int i) { return p * pass_lines + (j * kSlots + i) * threads + warp * kWarpSize; };
+  // The lanes of this warp with a line in pass p: lanes 0..k-1 (lines grow with the lane), which
+  // make the same sends and receives in the pass: they share the signature words (ll_buffer.h).
+  auto warp_lanes = [&](int p) {
+    const int lane0 = line_of(p, 0) - lane;
+    return lane0 >= row_lines ? 0 : (row_lines - lane0 < kWarpSize ? row_lines - lane0 : kWarpSize);
+  };
   // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
   auto active_in = [&](int p) {
     int n = 0;
@@ -354,7 +358,11 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
             if (i < active) own[i] = load_row(in, row, line_of(p, i));
         }
       }
+      buf.shareSignatures(warp_lanes(p));
+      ag.shareSignatures(warp_lanes(p));
       // No line in this pass: the thread's channels keep their epochs (nothing sent or received).
+      // After a fault `ok` is false in every lane that received in the pass (their vote), which
+      // are all lanes with a line in any later pass of the row (fewer lines each pass).
       if (ok && active > 0) {
         // r of line i of this pass, as every rank has it: into res_out and the line's squares.
         auto take = [&](int i, const P& r) {
@@ -475,7 +483,7 @@ __device__ __forceinline__ void ar_rmsnorm_body(const CallArgs& a, u64 hidden, u
   sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;                 \
   sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                              \
   if (!sollat::prologue(st, rank, in, out, res, weight, rank_epochs, rec)) return;                            \
-  const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec); /* as collective.h */ \
+  const sollat::u32 prior = __shfl_sync(0xFFFFFFFFu, sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec), 0); \
   sollat::CallArgs a{st, n, region_off, rank_epochs, lines_per_src, sollat::call_signature(st, sig, rank),     \
                      rank, nranks, rec, prior};                                                               \
   ar_rmsnorm_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);

@@ -18,13 +18,19 @@ constexpr int kBuffers = kReduceScatterBuffers;  // abi.h (sollat/device/abi.py 
 
 template <typename T, class Op, class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void reduce_scatter(const CallArgs& a, const T* in, T* out) {
-  typedef LLBuffer<Proto, kMaxRanks, kSlots, SigPeers::Ring> Buf;  // line 0 goes to every peer: the ring sees a mismatch
+  typedef LLBuffer<Proto, kMaxRanks, kSlots> Buf;
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   const u64 m = ceil_div_ranks<kMaxRanks>(a.n, a.nranks);  // exact: the host passes n divisible by nranks
   const u64 lines = (m + P::kElems - 1) / P::kElems, step = (u64)gridDim.x * blockDim.x * kSlots;
   const bool oa = is_aligned(out, sizeof(P));
   auto line = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
+  // The lanes of this warp with a line in the pass from `base`: lanes 0..k-1 (lines grow with the
+  // lane), which make the same sends and receives: they share the signature words (ll_buffer.h).
+  auto warp_lanes = [&](u64 base) {
+    const u64 lane0 = line(base, 0) - (threadIdx.x & (kWarpSize - 1));
+    return lane0 >= lines ? 0 : (int)(lines - lane0 < (u64)kWarpSize ? lines - lane0 : (u64)kWarpSize);
+  };
   auto poison_from = [&](u64 base) {  // a faulted call: NaN in every line this thread still owns
     for (u64 b = base; b < lines; b += step)
       for (int i = 0; i < kSlots; ++i)
@@ -35,6 +41,7 @@ __device__ __forceinline__ void reduce_scatter(const CallArgs& a, const T* in, T
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), make_fault(a),
           slot_index(blockIdx.x, 0, threadIdx.x));
   for (u64 base = 0; line(base, 0) < lines; base += step) {  // one epoch per pass
+    buf.shareSignatures(warp_lanes(base));
     P own[kSlots];
     A acc[kSlots];
     int active = 0;

@@ -202,7 +202,9 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // y's rank, tensors, epoch counters and fault record (launch rank 0's is `rec0`, launch rank y's
 // `rank_stride` bytes further: virtual ranks' scratches are laid back to back). The record's code
 // is loaded right after the wait, so the load travels together with the input and descriptor loads
-// (relaxed: a nonzero code only makes the kernel refuse; no detail word is read). The parameter
+// (relaxed: a nonzero code only makes the kernel refuse; no detail word is read), and lane 0's
+// value is every lane's: the lanes of a warp refuse together (the kernels that share signature
+// words vote among lanes, which must all be running). Every lane is here: blocks are whole warps. The parameter
 // list is sollat/device/abi.py's (abi.h SOLLAT_PARAMS), which the host packs in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name(SOLLAT_PARAMS) {               \
@@ -213,7 +215,7 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
     sollat::u32* rank_epochs = epochs + (sollat::u64)y * (sollat::u64)lines_per_src * kBuffers;            \
     sollat::u32* rec = (sollat::u32*)((char*)rec0 + (sollat::u64)y * rank_stride);                         \
     if (!sollat::prologue(st, rank, in, out, rank_epochs, rec)) return;                                    \
-    const sollat::u32 prior = sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec);                 \
+    const sollat::u32 prior = __shfl_sync(0xFFFFFFFFu, sollat::ld<sollat::Order::Relaxed, sollat::Scope::Sys>(rec), 0); \
     sollat::CallArgs a{st, n, region_off, rank_epochs, lines_per_src, sollat::call_signature(st, sig, rank), \
                        rank, nranks, rec, prior};                                                          \
     BODY(a, (const T*)in, (T*)out);                                                                        \

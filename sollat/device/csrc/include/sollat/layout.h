@@ -11,8 +11,8 @@
 
 namespace sollat {
 
-// Lines per block for its 8-byte signature word: one 32-byte sector (layout.SIGNATURE_LINES_PER_BLOCK).
-enum SignatureLayout : int { kSignatureLinesPerBlock = 2 };
+// The slot whose lines hold a sentinel buffer's signature words (layout.SIGNATURE_SLOT).
+enum SignatureLayout : int { kSignatureSlot = 3 };
 
 // layout.slot_index: line-channel `slot` (< kMaxSlotsPerThread) of (block, thread): consecutive
 // threads get consecutive lines.
@@ -40,12 +40,13 @@ __device__ __forceinline__ int peer_group_slot(int block, int group, int line, i
   return slot_index(block, 0, group * peer_group_lines(nranks) + line);
 }
 
-// layout.signature_line: the line whose first 8 bytes hold block `block`'s signature word (sentinel
-// buffers, ll_buffer.h) in a receiver's (parity, source) part, one 32-byte sector per block:
-// counted from the end of the part, past every data slot (layout.lines_per_src leaves room for
-// max_blocks blocks; a grid never has more).
-__device__ __forceinline__ int signature_line(int block, int lines_per_src) {
-  return lines_per_src - kSignatureLinesPerBlock * (block + 1);
+// layout.signature_word: the 8-byte word, counted from the start of a receiver's (parity, source)
+// part, that holds the signature word of thread `thread` of block `block` (sentinel buffers,
+// ll_buffer.h): the first half of the block's SIGNATURE_SLOT lines, two threads' words a line, a
+// warp's words contiguous. LL128 puts its reduce-scatter words at signature_word(block, warp * WARP
+// + source) of its accumulator buffer's source-1 part.
+__device__ __forceinline__ int signature_word(int block, int thread) {
+  return 2 * slot_index(block, kSignatureSlot, 0) + thread;
 }
 
 // layout.ll128_acc_slot: LL128's accumulator slot (and epoch index) of (block, thread); its 16-byte

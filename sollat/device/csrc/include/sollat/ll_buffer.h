@@ -42,25 +42,29 @@
 //     AllReduce calls it at the top of every pass: one fence, not one per buffer).
 //
 // Signature words (sentinel buffers; Proto::kSignatureLine): sentinel lines are pure payload, so
-// a peer that made a different call with the same line count would be summed. The block's
-// channel 0 (slot index 0 of thread 0) therefore carries a signature word beside its line 0: with
-// a line-0 send to peer q it first stores SignatureWord::make(sig, epoch[0]) (8 bytes, one
-// volatile store, single-copy atomic) into q's (parity, source = own rank) part at line
-// signature_line(block) (layout.h: its own 32-byte sector), then the data; q's channel 0 polls
-// that word in the same loop as its line-0 data from this rank, so it costs no round trip of its
-// own. A word with this epoch and another signature is a call mismatch (recorded like an LL one:
-// every rank raises CallMismatchError, the signature seen exactly). Like an LL line the word is
-// never cleared: it holds only epochs e, e-2, ... of channel 0 in its parity, and its reuse rests
-// on the credit and fence of the line-0 data line it travels with (same writer thread, same
-// reader thread, same pass, same parity).
-// Which sends carry one (SigPeers): Every line-0 send (the default, right for any exchange
-// pattern), or in Ring mode only those to rank + 1 (and receives from rank - 1). Ring is for
-// kernels whose channel 0 exchanges line 0 with every peer whenever it has data (the built-in
-// one-shot, two-shot, AllGather, ReduceScatter, fused one-shot): if the ranks' calls are not all
-// the same, some rank and rank + 1 differ, and both run channel 0 of every block the calls share
-// (a block one of them lacks leaves the other waiting: a timeout, never a sum). Ring costs
-// channel 0 one 8-byte store and one 8-byte load per poll round, whatever the world size (one
-// per peer made the 8-rank sentinel one-shot 1.18-1.38x slower at 4-128 B: docs/benchmarks.md).
+// a peer that made a different call with the same line count would be summed. So every thread's
+// channel 0 carries a signature word: with a line-0 send to peer q the thread first stores
+// SignatureWord::make(sig, epoch[0]) (8 bytes, one volatile store, single-copy atomic) into q's
+// (parity, source = own rank) part at layout.h signature_word(block, thread) (the lines of slot
+// kSignatureSlot, which no data channel of a sentinel buffer uses: kSlots < kSignatureSlot), then
+// the data; every receive from q polls q's word for this thread in the same loop as the data and
+// completes only when it equals this call's (sig, epoch[0]). A word with this epoch and another
+// signature is a call mismatch (recorded like an LL one: every rank raises CallMismatchError, the
+// signature seen exactly; the receive returns false and the kernel writes NaN). Like an LL line the
+// word is never cleared: it holds only epochs e, e-2, ... of channel 0 in its parity, and its reuse
+// rests on the credit and fence of the channel-0 line it travels with (same writer thread, same
+// reader thread, same pass, same parity). Why this is enough: a thread writes outputs only after
+// its receive succeeded, and a peer's word of this pass vouches for every line that peer sent in
+// this pass (one kernel launch sends them all; if the peer's call has other arguments, its word
+// carries another signature, or it never writes the word of this epoch and the receive times out).
+// The contract for kernels: a thread that sends a peer any line in a pass sends it line 0 too.
+// Sharing the words (shareSignatures(L)): in the built-in kernels, lanes 0..L-1 of a warp make the
+// same sends and receives in a pass. Then lane (index of the sender among the receiver's peers)
+// mod L alone stores and polls the word of that pair (sender and receiver compute the same lane),
+// and every receive ends in a vote of the L lanes (agree): one lane's mismatch or timeout fails
+// the receive of all. With L >= peers every lane carries at most one word, where each would carry
+// one per peer. The vote moves a register value only; each word's reuse still rests on its own
+// thread's credit, because the pair's lanes exchange channel-0 data in every pass.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
 // base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
@@ -68,20 +72,21 @@
 // the peers in windows of kPeerWindow, in rank order: each window's loads are in flight together
 // and complete before the next window is polled; recvReduce folds each window into the running
 // rank-order result, so the bits are those of the unwindowed sum. bcast stores to every peer
-// back to back, as before. Signature words: Every mode polls each window's words with its lines,
-// Ring mode rank - 1's word with the window that holds rank - 1. Orders are unchanged: a window
-// is a pollAll of its own, and the fence rules above hold for every receive of the buffer.
+// back to back. Each window polls its peers' signature words with its lines and ends in its own
+// vote. A window is a pollAll of its own, and the fence rules above hold for every receive.
 //
 // Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
 //   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
-//                protocol's order (Order::Volatile, Scope::Sys); channel 0 of a sentinel buffer also
-//                stores its signature word (volatile, 8 bytes) with every line-0 send to each peer.
+//                protocol's order (Order::Volatile, Scope::Sys); a sentinel buffer's line-0 send to a
+//                peer is preceded by this thread's signature word (volatile, 8 bytes), unless another
+//                lane carries that pair's word (shareSignatures).
 //   recv*        polls with 16-byte loads (Proto::load, volatile) until the protocol says the line is
 //                complete (LL: both 8-byte words carry the wanted flag); every spin is bounded
 //                (fault.h): on timeout, a mismatch or another thread's fault they return false and
 //                the kernel must stop. Sentinel lines are reset as soon as their poll has read them
 //                (signature words never are). A fault record names the first line still missing (or
-//                the wrong one): its slot and epoch. Sets `received`.
+//                the wrong one): its slot and epoch. Sets `received`. With shared signature words
+//                every receive ends in the sharing lanes' vote (a convergence point of those lanes).
 //   releaseReceives  the send() fence on its own, if this buffer received since its last fence.
 //   advanceEpoch no memory access.
 //   commit       plain stores of the epoch counters; the kernel boundary orders them before the
@@ -97,13 +102,7 @@
 
 namespace sollat {
 
-// Which peers a sentinel buffer's signature words go to ("Signature words" above): Every (each
-// line-0 send carries one; right for any exchange pattern, the default) or Ring (only sends to
-// rank + 1 and receives from rank - 1: for kernels in which channel 0 exchanges line 0 with every
-// peer whenever it has data, where the ring already sees any two calls that differ).
-enum class SigPeers { Every, Ring };
-
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers = SigPeers::Every>
+template <class Proto, int kMaxRanks, int kSlots>
 class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
  public:
   static constexpr int kPayload = Proto::kPayloadBytes;
@@ -111,11 +110,20 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   static constexpr bool kWide = BufferDesc<kMaxRanks>::kWide;
   static constexpr int kWin = kWide ? kPeerWindow : kMaxRanks;
   static constexpr bool kSig = Proto::kSignatureLine;
+  static_assert(!kSig || kSlots < kSignatureSlot, "a sentinel buffer's data channels stay below its signature slot");
   template <typename T> using PackT = Pack<T, kPayload>;
   template <typename T> using AccT = AccPack<T, kPayload>;
 
-  // Loads the epochs of this thread's kSlots channels (slot_i = slot0 + i * kSlotStride).
+  // Loads the epochs of this thread's kSlots channels (slot_i = slot0 + i * kSlotStride). slot0 is
+  // slot_index(block, 0, thread): a sentinel buffer's signature word is the (block, thread)'s.
   __device__ LLBuffer(const BufferDesc<kMaxRanks>& desc, const FaultSink& fault, int slot0);
+
+  // From now on (until called again), lanes 0..lanes-1 of this warp share the signature words
+  // ("Signature words" above). The caller guarantees that those lanes make the same sends and
+  // receives (every one of them calls each receive), in this pass and until the next call; 0 (the
+  // default): every thread stores and polls every peer's word, for any pattern of calls. LL
+  // buffers carry no words: a no-op.
+  __device__ void shareSignatures(int lanes) { this->shareLanes = lanes; }
 
   // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
   template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);
@@ -172,14 +180,15 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ void fenced() { this->received = false; }
 
  private:
-  static constexpr int kSigIndex = -1;  // lineAt/mismatch: the signature word, not a data line
-  static constexpr int kSigBad = 64;    // pollAll's `bad`: signature word of peer (bad - kSigBad)
+  // Poll results, one set of codes: kPollClean, no line of another call seen; kSigWord, the
+  // signature word where a line index is expected (lineAt, mismatch, recvLines); in pollAll's
+  // window, data line p * kSlots + i, and peer p's signature word kSigBad + p.
+  enum PollCode : int { kPollClean = -2, kSigWord = -1, kSigBad = kWin * kSlots };
   __device__ long long sendOffset(int i) const;
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
-  __device__ bool sigChannel() const;
-  __device__ bool sigTo(int peer) const;
-  __device__ int ringPrev() const;
+  __device__ bool sigDuty(int sender, int receiver) const;
+  __device__ bool agree(bool ok) const;
   __device__ SignatureWord::Word* sigWord(Line* base, int src) const;
   __device__ void sendSignature(Line* peerBase) const;
   __device__ SignatureWord::Word loadSignature(int src) const;

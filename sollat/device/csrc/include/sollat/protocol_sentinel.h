@@ -27,7 +27,7 @@
 // asks when the observer runs on another GPU.
 //
 // Sentinel lines carry no call signature, so a sentinel LLBuffer adds a signature word per
-// (sending block, receiving rank) and call (kSignatureLine, SignatureWord below; ll_buffer.h,
+// (sending thread, receiving rank) and pass (kSignatureLine, SignatureWord below; ll_buffer.h,
 // "Signature words"): a peer that made another call is a call mismatch here too, never a sum.
 #ifndef SOLLAT_PROTOCOL_SENTINEL_H_
 #define SOLLAT_PROTOCOL_SENTINEL_H_
@@ -103,7 +103,7 @@ struct SentinelLine<T, true> {
 struct ProtoSentinel {
   static constexpr int kPayloadBytes = kPayloadBytesSentinel;
   static constexpr bool kNeedsReset = true;
-  static constexpr bool kSignatureLine = true;  // LLBuffer adds one signature word per block, peer and call
+  static constexpr bool kSignatureLine = true;  // LLBuffer adds a signature word per thread, peer and pass
 
   // The 16 bytes a sender stores: the elements with every NaN canonicalised (computed once per
   // line, whatever the number of peers).
@@ -135,11 +135,12 @@ struct ProtoSentinel {
 };
 
 // A sentinel buffer's signature word (ll_buffer.h, "Signature words"): one aligned 8-byte word per
-// (receiver, parity, source, block), sig << 32 | epoch, where epoch is the 32-bit epoch of the
-// block's channel 0 that the word travels with. One store, single-copy atomic: the reader sees
-// the signature and the epoch of the same store. Like an LL line it needs no reset: a word in
-// parity p only ever holds epochs e, e-2, ... of its channel, and its signature half is 0 only at
-// rest (signatures are odd; the host zeroes the words).
+// (receiver, parity, source, block, thread), sig << 32 | epoch, where epoch is the 32-bit epoch of
+// the thread's channel 0 that the word travels with (LL128's reduce-scatter words have the same
+// form). One store, single-copy atomic: the reader sees the signature and the epoch of the same
+// store. Like an LL line it needs no reset: a word in parity p only ever holds epochs e, e-2, ...
+// of its channel, and its signature half is 0 only at rest (signatures are odd; the host zeroes
+// the words).
 struct SignatureWord {
   typedef u64 Word;
   static constexpr int kEpochBits = 4 * (int)sizeof(Word);  // the low half: the epoch; the high half: the signature

@@ -16,8 +16,8 @@ __device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int
   return b;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::LLBuffer(const BufferDesc<kMaxRanks>& desc,
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const BufferDesc<kMaxRanks>& desc,
                                                                          const FaultSink& f, int s0) {
   this->d = desc;
   this->fault = &f;
@@ -25,72 +25,82 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::LLBuff
   this->slot0 = s0;
   this->used = 0;
   this->received = false;  // the kernel boundary orders the previous call's receives (ll_buffer.h)
+  this->shareLanes = 0;    // every thread writes and checks every peer's signature word (shareSignatures)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];  // weak: see commit()
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendOffset(int i) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ long long LLBuffer<Proto, kMaxRanks, kSlots>::sendOffset(int i) const {
   // (parity, src = self, slot): the same line in every peer's region
   const int parity = this->epoch[i] & 1;
   return line_base(parity, this->d.rank, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::peerLine(int peer, int i) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::peerLine(int peer, int i) const {
   return select_base(this->d, peer) + sendOffset(i);
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::ownLine(int src, int i) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int src, int i) const {
   const int parity = this->epoch[i] & 1;
   return this->own + (line_base(parity, src, this->d.nranks, this->d.lines_per_src) + this->slot0 + i * kSlotStride);
 }
 
 // ---- signature words (sentinel buffers; ll_buffer.h, "Signature words") ----------------------
-// The channel that carries a block's signature word: slot index 0 of thread 0 (this buffer's
-// channel 0 when slot0 is a block's first slot). Channels talk only to the same channel on every
-// peer, so the word is sent and polled by matching threads by construction.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigChannel() const {
-  return kSig && this->slot0 % kSlotsPerBlock == 0;
+// This thread's lane in its warp (blockDim.x is a multiple of the warp size in every launch).
+__device__ __forceinline__ int warp_lane() { return (int)(threadIdx.x & (kWarpSize - 1)); }
+
+// Whether this thread carries the signature word of `sender`'s channel to `receiver` (it stores it
+// when it is the sender, polls it when it is the receiver): always, unless the warp shares the
+// words (shareSignatures), then the lane (index of sender among receiver's peers) mod shareLanes.
+// Sender and receiver compute the same lane from the same two ranks and the same lane count.
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::sigDuty(int sender, int receiver) const {
+  if (!kSig) return false;
+  if (this->shareLanes <= 0) return true;
+  const int idx = sender < receiver ? sender : sender - 1;
+  return idx % this->shareLanes == warp_lane();
 }
 
-// Ring mode: the word goes to rank + 1 only (and comes from rank - 1).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigTo(int peer) const {
-  return kSigPeers == SigPeers::Every || peer == (this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1);
-}
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::ringPrev() const {
-  return this->d.rank == 0 ? this->d.nranks - 1 : this->d.rank - 1;
-}
-
-// The signature word of source `src` for this block in the region at `base`, in channel 0's
-// parity: the first 8 bytes of its own 32-byte sector (layout.h signature_line), so no two
-// writers share a sector.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ SignatureWord::Word* LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sigWord(Line* base, int src) const {
-  return (SignatureWord::Word*)(base + line_base(this->epoch[0] & 1, src, this->d.nranks, this->d.lines_per_src) +
-                signature_line(this->slot0 / kSlotsPerBlock, this->d.lines_per_src));
+// Source `src`'s signature word for this thread in the region at `base`, in channel 0's parity:
+// layout.h signature_word, in the SIGNATURE_SLOT lines of this thread's block (no data slot of a
+// sentinel buffer reaches them: kSlots < kSignatureSlot).
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ SignatureWord::Word* LLBuffer<Proto, kMaxRanks, kSlots>::sigWord(Line* base, int src) const {
+  Line* const part = base + line_base(this->epoch[0] & 1, src, this->d.nranks, this->d.lines_per_src);
+  return (SignatureWord::Word*)part + signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads);
 }
 
-// With a line-0 store to `peer`: the signature word, one aligned 8-byte volatile store (single-copy
-// atomic: the reader sees the signature and the epoch of one store). No order of its own: its
-// reuse rests on the credit and fence of the line-0 data line it travels with (ll_buffer.h).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendSignature(Line* peerBase) const {
+// With a line-0 store to a peer: this thread's signature word, one aligned 8-byte volatile store
+// (single-copy atomic: the reader sees the signature and the epoch of one store). No order of its
+// own: its reuse rests on the credit and fence of the channel-0 line it travels with (ll_buffer.h).
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::sendSignature(Line* peerBase) const {
   st<Order::Volatile, Scope::Sys>(sigWord(peerBase, this->d.rank), SignatureWord::make(this->d.sig, this->epoch[0]));
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ SignatureWord::Word LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::loadSignature(int src) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ SignatureWord::Word LLBuffer<Proto, kMaxRanks, kSlots>::loadSignature(int src) const {
   return ld<Order::Volatile, Scope::Sys>(sigWord(this->own, src));  // 8 bytes, single-copy atomic
 }
 
+// The end of every receive: with shared signature words, the lanes that share them agree (each
+// checked only its share of the peers' words, and a peer's word vouches for all of that peer's
+// lines of the pass). Converges lanes 0..shareLanes-1, which all make this receive (the contract
+// of shareSignatures). A register vote: it orders no memory access and needs none (each word's
+// reuse rests on its own thread's credit).
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::agree(bool ok) const {
+  if (!kSig || this->shareLanes <= 0) return ok;
+  const unsigned lanes = this->shareLanes >= kWarpSize ? 0xFFFFFFFFu : (1u << this->shareLanes) - 1u;
+  return __all_sync(lanes, ok);
+}
+
 // ---- where a wait is stuck (computed only for a fault record) ---------------------------------
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::epochOf(int i) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots>::epochOf(int i) const {
   u32 e = this->epoch[0];
 #pragma unroll
   for (int k = 1; k < kSlots; ++k)  // a select, not an indexed access (which would go to local memory)
@@ -98,34 +108,35 @@ __device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::ep
   return e;
 }
 
-// Line `i` from `peer` (i >= 0), or the signature word from `peer` (i == kSigIndex: named by
-// the line that holds it and channel 0's epoch).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::lineAt(int peer, int i) const {
-  if (i == kSigIndex) return FaultAt{peer, signature_line(this->slot0 / kSlotsPerBlock, this->d.lines_per_src), this->epoch[0]};
+// Line `i` from `peer` (i >= 0), or the signature word from `peer` (i == kSigWord: named by
+// the line that holds it, signature_word / 2, and channel 0's epoch).
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::lineAt(int peer, int i) const {
+  if (i == kSigWord)
+    return FaultAt{peer, signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads) / 2, this->epoch[0]};
   return FaultAt{peer, this->slot0 + i * kSlotStride, epochOf(i)};
 }
 
 // The first line still missing of a pollAll of the window from w0: data (peer order, then line
 // order) before signature words.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::firstMissing(unsigned pending,
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::firstMissing(unsigned pending,
                                                                                     unsigned sigPending,
                                                                                     int w0) const {
   if (pending) {
     const int b = __ffs(pending) - 1;
     return lineAt(w0 + b / kSlots, b % kSlots);
   }
-  return lineAt(w0 + __ffs(sigPending) - 1, kSigIndex);
+  return lineAt(w0 + __ffs(sigPending) - 1, kSigWord);
 }
 
-// Records a call mismatch on line `i` from `peer` (kSigIndex: its signature word). The signature
+// Records a call mismatch on line `i` from `peer` (kSigWord: its signature word). The signature
 // seen is read again here (the line or word is left as it was found), so the poll loops carry none.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::mismatch(int peer, int i) const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::mismatch(int peer, int i) const {
   const FaultAt at = lineAt(peer, i);
   u32 seen;
-  if (i == kSigIndex) {
+  if (i == kSigWord) {
     seen = SignatureWord::sig(loadSignature(peer));
   } else {
     const Line* l = this->own + (line_base(at.epoch & 1, peer, this->d.nranks, this->d.lines_per_src) + at.slot);
@@ -135,8 +146,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::m
 }
 
 // ---- sends -------------------------------------------------------------------------------------
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::beforeSend() {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::beforeSend() {
   // A receive completed since the last fence: its loads (and sentinel resets) must be performed
   // before this send, because this send is what lets the peer write those lines again (ll_buffer.h,
   // the credit argument; PTX orders neither by a control dependency).
@@ -146,9 +157,9 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::b
   }
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <class Other>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::releaseReceivesWith(Other& other) {
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::releaseReceivesWith(Other& other) {
   if (this->received || other.owesFence()) {
     fence<peer_scope()>();  // one acq_rel fence orders every earlier access of this thread: both buffers' receives
     this->received = false;
@@ -156,43 +167,41 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
   }
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::send(int peer, int i, const PackT<T>& v) {
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
   // The signature word first: it then lands no later than the data the receiver polls with it.
-  if (kSig && i == 0 && sigChannel() && sigTo(peer)) sendSignature(select_base(this->d, peer));
+  if (kSig && i == 0 && sigDuty(this->d.rank, peer)) sendSignature(select_base(this->d, peer));
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   Proto::store(peerLine(peer, i), l);  // the protocol's order (no fence: see beforeSend)
   this->used |= 1u << i;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::template PackT<T>
-LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::bcast(int i, const PackT<T>& v) {
+__device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots>::template PackT<T>
+LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   beforeSend();
   // Encoded and addressed once; then all peers' stores are issued back to back (fire and
-  // forget), so they travel concurrently. Channel 0's signature words go first (to rank + 1
-  // only in Ring mode), so they land no later than the data they are polled with.
+  // forget), so they travel concurrently. A channel-0 line's signature word goes to each peer
+  // just before its data, so it lands no later than the data it is polled with.
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   const long long off = sendOffset(i);
-  const bool sig = kSig && i == 0 && sigChannel();
-  if (sig && kSigPeers == SigPeers::Ring)
-    sendSignature(select_base(this->d, this->d.rank + 1 == this->d.nranks ? 0 : this->d.rank + 1));
+  const bool sig = kSig && i == 0;
   if constexpr (kWide) {  // every peer's base from the table, in rank order (stores do not wait)
 #pragma unroll 4  // four peers' table loads in flight together
     for (int p = 0; p < this->d.nranks; ++p)
       if (p != this->d.rank) {
         Line* const b = wide_base(this->d, p);
-        if (sig && kSigPeers == SigPeers::Every) sendSignature(b);
+        if (sig && sigDuty(this->d.rank, p)) sendSignature(b);
         Proto::store(b + off, l);
       }
   } else {
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
       if (p < this->d.nranks && p != this->d.rank) {
-        if (sig && kSigPeers == SigPeers::Every) sendSignature(this->d.base[p]);
+        if (sig && sigDuty(this->d.rank, p)) sendSignature(this->d.base[p]);
         Proto::store(this->d.base[p] + off, l);
       }
   }
@@ -203,9 +212,9 @@ LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::bcast(int i, const PackT<T>& v) {
 // ---- receives ----------------------------------------------------------------------------------
 // Every wait below keeps only bit masks of what is still missing in its loop; a mismatch ends the
 // loop and is recorded after it, and a timeout names the first missing line (firstMissing).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recv(int peer, int i, PackT<T>& v) {
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recv(int peer, int i, PackT<T>& v) {
   PackT<T> got[kSlots];
   if (!recvLines<T>(peer, i, i + 1, got)) return false;
 #pragma unroll
@@ -214,27 +223,28 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvUnrolled(int peer, int n,
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled(int peer, int n,
                                                                                   PackT<T> (&v)[kSlots]) {
   return recvLines<T>(peer, 0, n, v);
 }
 
 // Lines first..last-1 from `peer` (recv: one line; recvUnrolled: 0..n-1), every load in flight
-// before any is checked; thread 0 of a sentinel buffer also polls the peer's signature word with
-// its first line-0 receive from it.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+// before any is checked; a sentinel buffer also polls the peer's signature word for this thread
+// in the same loop (unless the warp shares the words and another lane carries it), and the
+// receive ends in the sharing lanes' vote (agree).
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvLines(int peer, int first, int last,
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(int peer, int first, int last,
                                                                                PackT<T> (&v)[kSlots]) {
   unsigned pending = 0;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i >= first && i < last) pending |= 1u << i;
-  bool sigWait = kSig && first == 0 && last > 0 && sigChannel() &&
-                 (kSigPeers == SigPeers::Every || peer == ringPrev());
-  int bad = -2;  // a line of another call: its index, or kSigIndex (-1) for the signature word
+  bool sigWait = kSig && last > first && sigDuty(peer, this->d.rank);
+  int bad = kPollClean;  // a line of another call: its index, or kSigWord for the signature word
+  bool ok = true;
   Line lines[kSlots];
   Spin spin(*this->fault);
   while (pending || sigWait) {
@@ -248,22 +258,25 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
       if (!(pending & (1u << i))) continue;
       const int r = Proto::template check<T>(lines[i], this->d.sig, this->epoch[i]);
       if (r > 0) pending &= ~(1u << i);
-      if (r < 0 && bad == -2) bad = i;
+      if (r < 0 && bad == kPollClean) bad = i;
     }
     if (sigWait) {
       const int r = SignatureWord::check(s, this->d.sig, this->epoch[0]);
       if (r > 0) sigWait = false;
-      if (r < 0 && bad == -2) bad = kSigIndex;
+      if (r < 0 && bad == kPollClean) bad = kSigWord;
     }
-    if (bad != -2) break;
+    if (bad != kPollClean) break;
     if ((pending || sigWait) &&
-        !spin.again(this->d.rank, [&]() { return lineAt(peer, pending ? __ffs(pending) - 1 : kSigIndex); }))
-      return false;
+        !spin.again(this->d.rank, [&]() { return lineAt(peer, pending ? __ffs(pending) - 1 : kSigWord); })) {
+      ok = false;
+      break;
+    }
   }
-  if (bad != -2) {
+  if (bad != kPollClean) {
     mismatch(peer, bad);
-    return false;
+    ok = false;
   }
+  if (!agree(ok)) return false;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i >= first && i < last) {
@@ -276,8 +289,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
 }
 
 // Issues a poll load for every pending (peer, line) of `lines`.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::issuePolls(unsigned pending,
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(unsigned pending,
                                                                               Line (&lines)[kWin][kSlots], int w0) const {
 #pragma unroll
   for (int p = 0; p < kWin; ++p)
@@ -288,9 +301,9 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::i
 
 // Checks every pending line of `lines` (peers w0 + p): clears the bits of complete ones and resets
 // those lines (sentinel). A line of another call sets `bad` (p * kSlots + i), once.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::checkPolls(unsigned& pending,
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
                                                                               const Line (&lines)[kWin][kSlots],
                                                                               int& bad, int w0) const {
 #pragma unroll
@@ -306,7 +319,7 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::c
         // is ordered after the load that saw the data), so the resets of early arrivals overlap
         // the wait for later ones instead of all trailing the last arrival.
         Proto::reset(ownLine(w0 + p, i));
-      } else if (r < 0 && bad < 0) {
+      } else if (r < 0 && bad == kPollClean) {
         bad = p * kSlots + i;
       }
     }
@@ -314,12 +327,13 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::c
 
 // Polls lines 0..n-1 of the peers w0 .. w0 + kWin - 1 (every peer: w0 = 0 when not wide) until all
 // are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
-// (checkPolls). Thread 0 of a sentinel buffer polls the window's signature words in the same
-// loop (Ring: rank - 1's, in the window that holds it). Only the polled lines are kept; payloads
-// are extracted by the caller. Every bit and `bad` index is relative to w0.
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+// (checkPolls). A sentinel buffer polls, in the same loop, the signature word of every peer of the
+// window it carries (sigDuty), and the receive ends in the sharing lanes' vote (agree). Only the
+// polled lines are kept; payloads are extracted by the caller. Every bit and `bad` code is relative
+// to w0: a data line p * kSlots + i, the signature word of peer p kSigBad + p.
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::pollAll(int n, Line (&lines)[kWin][kSlots],
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kWin][kSlots],
                                                                              int w0) {
   static_assert(kWin * kSlots <= 32, "pending mask is 32 bits");
   unsigned pending = 0, sigPending = 0;
@@ -329,48 +343,41 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::p
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
       if (i < n) pending |= 1u << (p * kSlots + i);
-    if (kSig && n > 0 && kSigPeers == SigPeers::Every) sigPending |= 1u << p;
+    if (kSig && n > 0 && sigDuty(w0 + p, this->d.rank)) sigPending |= 1u << p;
   }
-  constexpr bool kRing = kSigPeers == SigPeers::Ring;
-  const int prev = ringPrev();
-  if (kSig && kRing && n > 0 && (!kWide || (prev >= w0 && prev < w0 + kWin))) sigPending = 1u << (prev - w0);
-  if (!sigChannel()) sigPending = 0;
 
   // Every outstanding load is in flight before any is checked. (A second poll set issued half a
-  // round trip later, to see arrivals sooner, measured 0.03-0.36 us slower at R = 2 and 4,
-  // 128 B - 16 KiB: docs/benchmarks.md run 12.)
-  int bad = -1;  // a line of another call: p * kSlots + i, or kSigBad + p (signature word)
+  // round trip later, to see arrivals sooner, measured slower at R = 2 and 4, 128 B - 16 KiB:
+  // docs/benchmarks.md.)
+  int bad = kPollClean;
+  bool ok = true;
   Spin spin(*this->fault);
   while (pending | sigPending) {
     issuePolls(pending, lines, w0);
-    // The signature words with the data polls, checked after them (Ring: one word, rank - 1's).
-    SignatureWord::Word sw[kRing ? 1 : kWin];
-    if (kSig && kRing && sigPending) sw[0] = loadSignature(prev);
+    SignatureWord::Word sw[kWin];  // the words with the data polls, checked after them
 #pragma unroll
     for (int p = 0; p < kWin; ++p)
-      if (kSig && !kRing && (sigPending & (1u << p))) sw[p] = loadSignature(w0 + p);
+      if (kSig && (sigPending & (1u << p))) sw[p] = loadSignature(w0 + p);
     checkPolls<T>(pending, lines, bad, w0);
-    if (kSig && kRing && sigPending) {
-      const int r = SignatureWord::check(sw[0], this->d.sig, this->epoch[0]);
-      if (r > 0) sigPending = 0;
-      if (r < 0 && bad < 0) bad = kSigBad + prev - w0;
-    }
 #pragma unroll
     for (int p = 0; p < kWin; ++p)
-      if (kSig && !kRing && (sigPending & (1u << p))) {
+      if (kSig && (sigPending & (1u << p))) {
         const int r = SignatureWord::check(sw[p], this->d.sig, this->epoch[0]);
         if (r > 0) sigPending &= ~(1u << p);
-        if (r < 0 && bad < 0) bad = kSigBad + p;
+        if (r < 0 && bad == kPollClean) bad = kSigBad + p;
       }
-    if (bad >= 0) break;
-    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending, w0); }))
-      return false;
+    if (bad != kPollClean) break;
+    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending, w0); })) {
+      ok = false;
+      break;
+    }
   }
-  if (bad >= 0) {
-    if (bad >= kSigBad) mismatch(w0 + bad - kSigBad, kSigIndex);
+  if (bad != kPollClean) {
+    if (bad >= kSigBad) mismatch(w0 + bad - kSigBad, kSigWord);
     else mismatch(w0 + bad / kSlots, bad % kSlots);
-    return false;
+    ok = false;
   }
+  if (!agree(ok)) return false;
   if (n > 0) this->received = true;  // the next send fences (checkPolls also reset every sentinel line it accepted)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
@@ -380,33 +387,24 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::p
 
 // The windows of a receive from every peer: one (w0 = 0, every peer) unless the group is wide,
 // then kWin peers at a time in rank order (each window's loads in flight together).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::windowsEnd() const {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ int LLBuffer<Proto, kMaxRanks, kSlots>::windowsEnd() const {
   return kWide ? this->d.nranks : 1;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T, class Fn>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvEach(int n, Fn&& fn) {
-  for (int w0 = 0; w0 < windowsEnd(); w0 += kWin) {
-    Line lines[kWin][kSlots];
-    if (!pollAll<T>(n, lines, w0)) return false;
-#pragma unroll
-    for (int p = 0; p < kWin; ++p)
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (w0 + p < this->d.nranks && w0 + p != this->d.rank && i < n)
-          fn(w0 + p, i, Proto::template payload<T>(lines[p][i]));
-  }
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvEach(int n, Fn&& fn) {
+  for (int w0 = 0; w0 < windowsEnd(); w0 += kWin)
+    if (!recvWindow<T>(n, w0, fn)) return false;
   return true;
 }
 
-// One window of recvEach on its own (the wide one-shot, whose threads each poll one peer group):
-// the same pollAll, so the same orders and bounded spin; recvEach keeps its own loop (its code
-// for the built-in kernels stays as it was).
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+// One window of recvEach: the peers w0 .. w0 + kWin - 1 (the wide one-shot calls it on its own:
+// its threads each poll one peer group).
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T, class Fn>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvWindow(int n, int w0, Fn&& fn) {
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvWindow(int n, int w0, Fn&& fn) {
   Line lines[kWin][kSlots];
   if (!pollAll<T>(n, lines, w0)) return false;
 #pragma unroll
@@ -417,11 +415,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::sendToSlot(int peer, int slot,
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::sendToSlot(int peer, int slot,
                                                                                const PackT<T>& v) {
-  static_assert(!kSig, "sendToSlot: the signature words of a sentinel buffer travel on the own slot");
+  static_assert(!kSig, "sendToSlot: a sentinel buffer's signature words travel on the thread's own slot");
   beforeSend();  // the fence of ll_buffer.h's credit argument, as send()
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[0]);
   const long long off = line_base(this->epoch[0] & 1, this->d.rank, this->d.nranks, this->d.lines_per_src) + slot;
@@ -429,17 +427,17 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::s
   this->used |= 1u;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvGather(int n,
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvGather(int n,
                                                                                 PackT<T> (&got)[kMaxRanks][kSlots]) {
   static_assert(!kWide, "recvGather holds every peer's lines: in a wide group use recvEach");
   return recvEach<T>(n, [&](int p, int i, const PackT<T>& v) { got[p][i] = v; });
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
+template <class Proto, int kMaxRanks, int kSlots>
 template <typename T, class Op>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::recvReduce(int n, const PackT<T> (&own)[kSlots],
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
                                                                                 AccT<T> (&out)[kSlots]) {
   for (int w0 = 0; w0 < windowsEnd(); w0 += kWin) {
     Line lines[kWin][kSlots];
@@ -468,16 +466,16 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::r
   return true;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::advanceEpoch() {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::advanceEpoch() {
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (this->used & (1u << i)) this->epoch[i] += 1;
   this->used = 0;
 }
 
-template <class Proto, int kMaxRanks, int kSlots, SigPeers kSigPeers>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots, kSigPeers>::commit() {
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::commit() {
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)  // weak stores: the kernel boundary orders them before the next call's loads
     this->d.epochs[this->slot0 + i * kSlotStride] = this->epoch[i];

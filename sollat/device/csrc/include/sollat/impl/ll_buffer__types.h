@@ -23,7 +23,7 @@ struct BufferDesc {
   u32* epochs;            // this rank's epoch counters for this buffer, one per slot index
   int rank;               // own rank
   int nranks;             // ranks taking part (<= kMaxRanks)
-  int lines_per_src;      // slot indices per (parity, source): data slots, then the signature lines (layout.h)
+  int lines_per_src;      // slot indices per (parity, source) (layout.h lines_per_src)
   u32 sig;                // call signature (odd), carried in LL flags and signature words
 };
 
@@ -44,6 +44,7 @@ struct LLBufferBase {
   u32 epoch[kSlots];
   unsigned used;          // bit i: channel i carried data since the last advanceEpoch
   bool received;          // a receive completed since this buffer's last fence (the next send fences)
+  int shareLanes;         // lanes of the warp sharing the signature words (0: none; LLBuffer::shareSignatures)
 };
 
 }  // namespace sollat
