@@ -49,3 +49,28 @@ def assert_absent_rank_refuses_until_reset(c: sollat.VirtualCommunicator,
     for k, y in enumerate(call(None)):
         assert_bitwise(y, refs[k], f"{what} after reset rank {k}")
     c.check()
+
+
+#: What an output holds before a call whose result a test checks for poisoning: finite, so an
+#: element the kernel never wrote shows as finite (a faulted call writes NaN into every one).
+FINITE_POISON = 1234.5
+
+
+def poisoned_like(refs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [torch.full_like(ref, FINITE_POISON) for ref in refs]
+
+
+def assert_mismatch_poisons_every_rank(c: sollat.VirtualCommunicator, outs: list[torch.Tensor], what: str) -> None:
+    """After a call in which one rank's call differed (the mismatch hook: that rank's signature
+    differs, its data is what it would send anyway): every rank's check raises CallMismatchError,
+    every rank's record holds the fault, and every element of every rank's output (poisoned with
+    FINITE_POISON before the call) is NaN. A finite element on any rank is a result accepted from a
+    call with other arguments: never allowed, however right its value happens to be."""
+    with pytest.raises(sollat.CallMismatchError):
+        c.check()
+    torch.cuda.synchronize()
+    for rank, view in c._record_views():
+        assert int(view[0]) != 0, f"{what}: rank {rank}'s record does not hold the mismatch: {view.tolist()}"
+    for k, y in enumerate(outs):
+        finite = int((~torch.isnan(y.float())).sum())
+        assert finite == 0, f"{what}: rank {k} kept {finite} finite elements of {y.numel()} (of another call's data)"

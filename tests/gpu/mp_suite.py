@@ -58,9 +58,11 @@ from sollat.device import layout
 try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
     from . import _procs
     from . import _reference as ref
+    from ._examples import load_example
 except ImportError:
     import _procs  # type: ignore[no-redef]
     import _reference as ref  # type: ignore[no-redef]
+    from _examples import load_example  # type: ignore[no-redef]
 
 NAN = float("nan")
 POISON = 1234.5  # finite poison where an untouched output must show (a faulted call writes NaN or the result)
@@ -106,10 +108,6 @@ def one_pass(alg: Algorithm, dt: torch.dtype, world: int, max_blocks: int) -> in
 
 def is_deterministic(algo: str) -> bool:
     return algo in ALGORITHMS and ALGORITHMS[algo].deterministic
-
-
-def detects_mismatch(algo: str) -> bool:
-    return bool(getattr(ALGORITHMS[algo], "detects_mismatch", True))
 
 
 def testing_module() -> ModuleType:
@@ -209,6 +207,7 @@ class Suite:
         self.shared = shared
         self.comm: sollat.Communicator | None = None  # main communicator (timeout MAIN_TIMEOUT_S)
         self._fast: sollat.Communicator | None = None
+        self._invariant: sollat.Communicator | None = None
         self.second: sollat.Communicator | None = None  # two_comms' second world communicator
         self.world_comms: list[sollat.Communicator] = []  # reset after every section, creation order
         self.keep: list[Any] = []  # kept alive until exit (sub-group communicators)
@@ -250,6 +249,12 @@ class Suite:
     def main(self) -> sollat.Communicator:
         assert self.comm is not None
         return self.comm
+
+    def batch_invariant_comm(self) -> sollat.Communicator:
+        """A batch-invariant communicator on the world group, made on first use (collective)."""
+        if self._invariant is None:
+            self._invariant = self.new_comm(timeout_s=MAIN_TIMEOUT_S, batch_invariant=True)
+        return self._invariant
 
     @property
     def fast(self) -> sollat.Communicator:
@@ -528,7 +533,7 @@ def rmsnorm_values(s: Suite) -> None:
                     y, r = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo,
                                                    residual_out=res if in_place else None)
                     s.expect(not in_place or r.data_ptr() == res.data_ptr(), f"{what}: residual not updated in place")
-                    want_y, want_r = rmsnorm.algo_reference(algo, xs, res_before, w, 1e-6)
+                    want_y, want_r = rmsnorm_want(s, comm, algo, xs, res_before, w, 1e-6)
                     for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
                         got = got.cpu()
                         if int(ref.bitwise_bad(got, want)):
@@ -537,7 +542,55 @@ def rmsnorm_values(s: Suite) -> None:
                     calls += 1
     calls += _rmsnorm_fp8_calls(s, comm)
     comm.check()
+    calls += _rmsnorm_batch_invariant_calls(s)
     s.log(f"{calls} calls checked")
+
+
+def rmsnorm_want(s: Suite, comm: sollat.Communicator, algo: str, xs: list[torch.Tensor], res: torch.Tensor,
+                 w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bits ``all_reduce_rmsnorm(algo)`` must give: rmsnorm.reference of the rank-order sum,
+    except where ``unfused`` hands its AllReduce to a library (NCCL, torch's two-shot: real ranks,
+    large messages, outside batch-invariant mode), whose order of summation is not rank order from
+    3 ranks on (README: which paths keep which bits): then the reference of the sum that library
+    path gives (the same call again: every rank gets the same bits)."""
+    from sollat import rmsnorm
+
+    if algo == rmsnorm.UNFUSED and s.world > 2:
+        x = xs[s.rank]
+        path = comm.selected_algorithm(x.numel() * x.element_size(), x.dtype, "sum", deterministic=True)
+        if path in select.LIBRARY_PATHS:
+            lib_sum = comm.all_reduce(x, algo=path)
+            return rmsnorm.reference([lib_sum], res, w, eps)
+    return rmsnorm.algo_reference(algo, xs, res, w, eps)
+
+
+def _rmsnorm_batch_invariant_calls(s: Suite) -> int:
+    """A batch-invariant communicator's unfused path keeps rank order at every size and world
+    size (its AllReduce never goes to a library): bitwise against rmsnorm.reference, the shapes
+    where the plain communicator's hands over included."""
+    from sollat import rmsnorm
+
+    bi = s.batch_invariant_comm()
+    calls = 0
+    for dt in (torch.float32, torch.bfloat16):
+        for tokens, hidden in ((300, 2048), (3, 1000), (64, 8192)):
+            what = f"rmsnorm batch-invariant unfused {dname(dt)} {tokens}x{hidden}"
+            n = tokens * hidden
+            path = bi.selected_algorithm(n * esize(dt), dt, "sum", deterministic=True)
+            s.expect(path not in select.LIBRARY_PATHS, f"{what}: its AllReduce goes to the library path {path!r}")
+            xs = [x.view(tokens, hidden) for x in s.inputs("randn", n, dt, what)]
+            res = ref.make_input("randn", ref.seed_of(s.section, what, "res"), n, dt, s.dev).view(tokens, hidden)
+            w = ref.make_input("randn", ref.seed_of(s.section, what, "w"), hidden, dt, s.dev)
+            y, r = bi.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, rmsnorm.UNFUSED)
+            want_y, want_r = rmsnorm.reference(xs, res, w, 1e-6)
+            for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
+                got = got.cpu()
+                if int(ref.bitwise_bad(got, want)):
+                    s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
+                s.add_digest(f"{what} {name}", got)
+            calls += 1
+    bi.check()
+    return calls
 
 
 def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
@@ -845,11 +898,17 @@ Spec = tuple[str, torch.dtype, str, int]  # (algo, dtype, op, n)
 
 
 def mismatch_specs(algos: tuple[str, ...], algo: str, kind: str, n: int) -> tuple[Spec, Spec] | None:
+    """(what ranks 0..R-2 call, what the last rank calls): they differ in one argument, with data
+    that differs too (another size, another dtype over the same bytes, another op, another kernel)."""
     base: Spec = (algo, torch.float32, "sum", n)
     if kind == "size":
+        return base, (algo, torch.float32, "sum", n + 64)
+    if kind == "size_same_lines":  # one element more: the same lines, the same launch
         return base, (algo, torch.float32, "sum", n + 1)
     if kind == "dtype":
-        return base, (algo, torch.bfloat16, "sum", n)
+        return base, (algo, torch.bfloat16, "sum", n) if torch.bfloat16 in ALGORITHMS[algo].dtypes else None
+    if kind == "dtype_same_bytes":  # fp32 n against bf16 2n: the same bytes, lines and launch
+        return (base, (algo, torch.bfloat16, "sum", 2 * n)) if torch.bfloat16 in ALGORITHMS[algo].dtypes else None
     if kind == "op":
         return (base, (algo, torch.float32, "max", n)) if "max" in ALGORITHMS[algo].ops else None
     others = [a for a in algos if a != algo]
@@ -858,26 +917,49 @@ def mismatch_specs(algos: tuple[str, ...], algo: str, kind: str, n: int) -> tupl
     raise ValueError(kind)
 
 
-MISMATCH_KINDS = ("size", "dtype", "op", "algorithm")
+MISMATCH_KINDS = ("size", "size_same_lines", "dtype", "dtype_same_bytes", "op", "algorithm")
 
 
 def spec_str(sp: Spec) -> str:
     return f"{sp[0]}/{dname(sp[1])}/{sp[2]}/n={sp[3]}"
 
 
-def mismatched_call(s: Suite, comm: sollat.Communicator, base: Spec, alt: Spec, tag: str
-                    ) -> tuple[sollat.SollatError | None, str, float]:
-    """Ranks 0..R-2 call `base`, the last rank `alt`. Returns (error, where it was raised, seconds)."""
-    sp = alt if s.rank == s.world - 1 else base
-    algo, dt, op, n = sp
-    x = s.inputs("randn", n, dt, tag, spec_str(sp))[s.rank]
+def expect_no_finite_result(s: Suite, comm: sollat.Communicator, call: Callable[[], list[torch.Tensor]],
+                            what: str) -> tuple[sollat.SollatError | None, str]:
+    """Runs one mismatched call (its outputs poisoned with the finite POISON first: ``call`` does
+    that and returns them) and checks what every rank must see: the call raises, or its output is
+    NaN in every element and check() raises within timeout_s + FAULT_SLACK_S. A finite element is
+    a result taken from a call with other arguments. Returns (error, where it was raised)."""
     t0 = time.monotonic()
     try:
-        comm.all_reduce(x, op, algo, out=torch.full_like(x, NAN))
+        outs = call()
     except sollat.SollatError as e:
-        return e, "call", time.monotonic() - t0
+        return e, f"call after {time.monotonic() - t0:.2f} s"
     err, _ = poll_fault(comm, getattr(comm, "timeout_s", FAST_TIMEOUT_S) + FAULT_SLACK_S)
-    return err, "check", time.monotonic() - t0
+    where = f"check after {time.monotonic() - t0:.2f} s"
+    if err is None:
+        s.fail(f"{what}: the call returned and nothing was raised on this rank")
+    for k, y in enumerate(outs):
+        finite = int((~torch.isnan(y.float())).sum()) if y.is_floating_point() else int((y.view(torch.uint8) != 0x7F).sum())
+        if finite:
+            s.fail(f"{what}: output {k} kept {finite} finite elements of {y.numel()} (taken from a call with other "
+                   "arguments; a mismatched call must leave NaN everywhere)")
+    return err, where
+
+
+def check_mismatch_error(s: Suite, err: sollat.SollatError | None, where: str, desc: str, timeout_ok: bool) -> None:
+    """The error of a mismatched call: CallMismatchError, or (where the ranks ran different kernels
+    or, sharing signature words, a lane waits for a word the other call never writes) a timeout."""
+    ok_types: tuple[type[Exception], ...] = (sollat.CallMismatchError,)
+    if timeout_ok:
+        ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
+    if err is None:
+        return  # already failed in expect_no_finite_result
+    if not isinstance(err, ok_types):
+        s.fail(f"{desc}: expected {'/'.join(t.__name__ for t in ok_types)}, got {describe(err)}: {err}")
+    else:
+        own = "own" if getattr(err, "rank", None) == s.rank else "propagated"
+        s.log(f"{desc}: {describe(err)} ({own}) raised by the {where}")
 
 
 def correct_call(s: Suite, comm: sollat.Communicator, sp: Spec, tag: str) -> None:
@@ -887,11 +969,23 @@ def correct_call(s: Suite, comm: sollat.Communicator, sp: Spec, tag: str) -> Non
     s.verify(y, xs, algo, op, f"{tag} {spec_str(sp)}")
 
 
+def mismatched_all_reduce(s: Suite, comm: sollat.Communicator, base: Spec, alt: Spec, tag: str) -> list[torch.Tensor]:
+    """Ranks 0..R-2 call `base`, the last rank `alt`, into an output poisoned with POISON."""
+    sp = alt if s.rank == s.world - 1 else base
+    algo, dt, op, n = sp
+    x = s.inputs("randn", n, dt, tag, spec_str(sp))[s.rank]
+    out = torch.full_like(x, POISON)
+    comm.all_reduce(x, op, algo, out=out)
+    return [out]
+
+
 @section("mismatch", 150)
 def mismatch(s: Suite) -> None:
-    """Size / dtype / op / algorithm mismatches on every algorithm: (a) on first use (raised before
-    any kernel), (b) on shapes both already used (raised by the kernels, propagated to every rank),
-    (c) the signature hook; then reset() and a correct call."""
+    """all_reduce calls that differ between ranks in size (also by one element: the same lines),
+    dtype (also over the same bytes), op or algorithm, on every algorithm: (a) on first use (the
+    host's agreement raises before any kernel), (b) on shapes every rank used before (the kernels
+    must see it: every rank raises, and no rank keeps a finite element of the call); then
+    reset() and a correct call."""
     f = s.fast
     algos = f.algorithms
     i = 0
@@ -903,7 +997,7 @@ def mismatch(s: Suite) -> None:
                 specs = mismatch_specs(algos, algo, kind, n)
                 what = f"{phase} {kind} mismatch on {algo}"
                 if specs is None:
-                    s.log(f"{what}: SKIP (not applicable: {algo} supports one {kind})")
+                    s.log(f"{what}: not applicable ({algo} supports one {kind.split('_')[0]})")
                     continue
                 base, alt = specs
                 if phase == "cached":
@@ -911,41 +1005,20 @@ def mismatch(s: Suite) -> None:
                     correct_call(s, f, alt, "warm")
                     f.check()
                 s.barrier("mismatch")
-                err, where, secs = mismatched_call(s, f, base, alt, what)
                 desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on rank {s.world - 1})"
+                err, where = expect_no_finite_result(s, f, lambda b=base, a=alt, w=what: mismatched_all_reduce(s, f, b, a, w),
+                                                     desc)
                 if phase == "first-use":
-                    if err is None:
-                        s.fail(f"{desc}: nothing raised on this rank")
-                    elif not isinstance(err, sollat.CallMismatchError):
-                        s.fail(f"{desc}: expected CallMismatchError, got {describe(err)} from {where}: {err}")
-                    else:
-                        s.log(f"{desc}: {describe(err)} raised by the {where} after {secs:.2f} s")
+                    if not isinstance(err, sollat.CallMismatchError) or not where.startswith("call"):
+                        s.fail(f"{desc}: expected CallMismatchError from the call itself, got "
+                               f"{'nothing' if err is None else describe(err)} from the {where}")
                 else:
-                    ok_types: tuple[type[Exception], ...] = (sollat.CallMismatchError,)
-                    detects = detects_mismatch(base[0]) and detects_mismatch(alt[0])
-                    # algorithms use different buffers: each side may just wait for the other
-                    if kind == "algorithm" or not detects:
-                        ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
-                    if (algo == "ll128" and isinstance(err, sollat.PeerTimeoutError) and err.peer == -1
-                            and not isinstance(err, ok_types)):
-                        s.log(f"{what}: PeerTimeoutError with peer -1 accepted for ll128 (a line counter that "
-                              "never reached the world size)")
-                        ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
-                    if err is None:
-                        if detects:
-                            s.fail(f"{desc}: nothing raised on this rank within {FAST_TIMEOUT_S + FAULT_SLACK_S:.0f} s")
-                        else:
-                            s.log(f"{desc}: SKIP (documented): this algorithm does not detect a mismatch "
-                                  "of cached shapes; nothing raised")
-                    elif not isinstance(err, ok_types):
-                        s.fail(f"{desc}: expected {'/'.join(t.__name__ for t in ok_types)}, got {describe(err)}: {err}")
-                    else:
-                        own = "own" if getattr(err, "rank", None) == s.rank else "propagated"
-                        s.log(f"{desc}: {describe(err)} ({own}) raised by the {where} after {secs:.2f} s")
+                    # LL128's counters may overshoot or stall (peer -1); shared words may time out
+                    check_mismatch_error(s, err, where, desc, timeout_ok=True)
                 f.reset()
                 correct_call(s, f, base, f"recovery after {what}")
                 f.check()
-    # (c) the signature hook: the last rank flips a bit of its signature; every rank must raise
+    # (c) the signature hook: the last rank flips a bit of its signature and sends its own data
     testing = testing_module()
     for algo in algos:
         base = (algo, torch.float32, "sum", 4097)
@@ -953,22 +1026,107 @@ def mismatch(s: Suite) -> None:
         f.check()
         s.barrier("hook")
         testing.inject(f, mismatch=s.world - 1)
-        err, where, secs = mismatched_call(s, f, base, base, f"hook {algo}")
         what = f"signature hook on rank {s.world - 1}, {algo}"
-        if err is None and not detects_mismatch(algo):
-            s.log(f"{what}: SKIP (documented): sentinel lines carry no signature; nothing raised")
-        elif not isinstance(err, sollat.CallMismatchError):
-            s.fail(f"{what}: expected CallMismatchError on every rank, got "
-                   f"{'nothing' if err is None else describe(err)}")
+        err, where = expect_no_finite_result(s, f, lambda b=base, w=what: mismatched_all_reduce(s, f, b, b, w), what)
+        if not isinstance(err, sollat.CallMismatchError):
+            s.fail(f"{what}: expected CallMismatchError on every rank, got {'nothing' if err is None else describe(err)}")
         else:
             s.expect(s.world - 1 in (err.rank, err.peer) or (algo == "ll128" and err.peer == -1),
                      f"{what}: {describe(err)} names neither rank {s.world - 1}")
-            own = "own" if err.rank == s.rank else "propagated"
-            s.log(f"{what}: {describe(err)} ({own}) raised by the {where} after {secs:.2f} s")
+            s.log(f"{what}: {describe(err)} raised by the {where}")
         testing.clear(f)
         f.reset()
         correct_call(s, f, base, f"recovery after hook {algo}")
         f.check()
+
+
+def _gs_call(s: Suite, comm: sollat.Communicator, kind: str, algo: str, dt: torch.dtype, n: int, op: str,
+             tag: str) -> list[torch.Tensor]:
+    """One all_gather (n elements in) or reduce_scatter (world * n in) into a POISON output."""
+    w = s.world
+    if kind == "all_gather":
+        x = s.inputs("randn", n, dt, tag)[s.rank]
+        out = torch.full((w, n), POISON, dtype=dt, device=s.dev)
+        comm.all_gather(x, out=out, algo=algo)
+    else:
+        x = s.inputs("randn", w * n, dt, tag)[s.rank]
+        out = torch.full((n,), POISON, dtype=dt, device=s.dev)
+        comm.reduce_scatter(x, out=out, op=op, algo=algo)
+    return [out]
+
+
+def _rmsnorm_call(s: Suite, comm: sollat.Communicator, algo: str, rows: int, hidden: int, eps: float, fp8: bool,
+                  tag: str) -> list[torch.Tensor]:
+    """One all_reduce_rmsnorm (bf16) into POISON outputs (y, residual_out[, the FP8 copy])."""
+    dt = torch.bfloat16
+    x = s.inputs("randn", rows * hidden, dt, tag)[s.rank].view(rows, hidden)
+    res = ref.make_input("randn", ref.seed_of(s.section, tag, "res"), rows * hidden, dt, s.dev).view(rows, hidden)
+    w = ref.make_input("randn", ref.seed_of(s.section, tag, "w"), hidden, dt, s.dev)
+    y, r = torch.full_like(x, POISON), torch.full_like(res, POISON)
+    if fp8:
+        scale = torch.full((1,), 0.05, device=s.dev)
+        q = torch.full((rows, hidden), 0, dtype=torch.float8_e4m3fn, device=s.dev)
+        comm.all_reduce_rmsnorm(x, res, w, eps, algo, out=y, residual_out=r, fp8_scale=scale, fp8_out=q)
+        return [y, r, q.view(torch.uint8)]
+    comm.all_reduce_rmsnorm(x, res, w, eps, algo, out=y, residual_out=r)
+    return [y, r]
+
+
+@section("mismatch_other", 150)
+def mismatch_other(s: Suite) -> None:
+    """The other collectives on shapes every rank used before: all_gather and reduce_scatter (size,
+    dtype over the same bytes, op, protocol), the fused RMSNorm (hidden size at the same element
+    count, eps, the FP8 copy's presence, protocol) and a user-written collective (size, dtype over
+    the same bytes): every rank raises and no rank keeps a finite element (the FP8 copy: no byte
+    but the NaN byte) of the mismatched call."""
+    maxabs = load_example("maxabs_allreduce")
+    colls = {p: maxabs.collective(p) for p in ("ll", "sentinel")}
+    f = s.new_comm(timeout_s=FAST_TIMEOUT_S, collectives=list(colls.values()))
+    last = s.world - 1
+    cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]]]] = []
+    n = 4096 + 8
+    for kind in ("all_gather", "reduce_scatter"):
+        for algo, other in (("ll", "sentinel"), ("sentinel", "ll")):
+            def gs(a: str = algo, k: str = kind, dt: torch.dtype = torch.float32, m: int = n, op: str = "sum",
+                   tag: str = "") -> Callable[[], list[torch.Tensor]]:
+                return lambda: _gs_call(s, f, k, a, dt, m, op, f"{k}-{a}-{tag}")
+            cases += [(f"{kind} {algo} size", gs(), gs(m=n + 4)),
+                      (f"{kind} {algo} dtype", gs(), gs(dt=torch.bfloat16, m=2 * n)),
+                      (f"{kind} {algo} protocol", gs(), gs(a=other))]
+            if kind == "reduce_scatter":
+                cases.append((f"{kind} {algo} op", gs(), gs(op="max")))
+    for algo in ("oneshot_ll", "oneshot_sentinel"):
+        def fused(a: str = algo, rows: int = 4, hidden: int = 1024, eps: float = 1e-6,
+                  fp8: bool = False) -> Callable[[], list[torch.Tensor]]:
+            return lambda: _rmsnorm_call(s, f, a, rows, hidden, eps, fp8, f"rmsnorm-{a}")
+        cases += [(f"rmsnorm {algo} hidden", fused(), fused(rows=8, hidden=512)),
+                  (f"rmsnorm {algo} eps", fused(), fused(eps=1e-5)),
+                  (f"rmsnorm {algo} fp8 copy", fused(), fused(fp8=True)),
+                  (f"rmsnorm {algo} protocol", fused(), fused(a="oneshot_sentinel" if algo == "oneshot_ll" else "oneshot_ll"))]
+    for proto, coll in colls.items():
+        def run(dt: torch.dtype = torch.float32, m: int = 20000, c: Any = coll) -> Callable[[], list[torch.Tensor]]:
+            def go() -> list[torch.Tensor]:
+                x = s.inputs("randn", m, dt, f"custom-{c.name}")[s.rank]
+                out = torch.full_like(x, POISON)
+                f.run(c, x, out=out)
+                return [out]
+            return go
+        cases += [(f"user collective {proto} size", run(), run(m=20004)),
+                  (f"user collective {proto} dtype", run(), run(dt=torch.bfloat16, m=40000))]
+    for what, base, alt in cases:
+        for warm in (base, alt):  # both shapes known on every rank: only the device can tell
+            outs = warm()
+            torch.cuda.synchronize(s.dev)
+            f.check()
+            s.expect(all(not bool(torch.isnan(o.float()).all()) for o in outs if o.is_floating_point()),
+                     f"{what}: a correct warm-up call left NaN")
+        s.barrier("mismatch_other")
+        err, where = expect_no_finite_result(s, f, alt if s.rank == last else base, f"{what} (rank {last} differs)")
+        check_mismatch_error(s, err, where, f"{what} (rank {last} differs)", timeout_ok=True)
+        f.reset()
+        base()
+        f.check()
+    s.log(f"{len(cases)} mismatched calls checked")
 
 
 # ---- 5. dead peer ----------------------------------------------------------------------------
@@ -1234,6 +1392,44 @@ def streams(s: Suite) -> None:
                 s.verify(y, [x[k] for x in X], algo_of(k), "sum", f"stream call {k} {algo_of(k)}")
         comm.check()
         s.log(f"{name}: {K} calls alternating between 2 streams checked")
+
+
+# ---- 9. torch.compile -------------------------------------------------------------------------
+
+
+@section("compile", 180)
+def compiled(s: Suite) -> None:
+    """torch.compile(fullgraph=True) of a function around all_reduce and all_reduce_rmsnorm (the
+    sollat::* custom ops stay in the graph): bitwise against the references on every rank, for
+    two sizes (one recompile), several calls each with fresh inputs."""
+    from sollat import rmsnorm
+
+    comm = s.main
+
+    def step(x: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = comm.all_reduce(x * 2, algo="oneshot_ll") + 1
+        z, r = comm.all_reduce_rmsnorm(y, res, w, 1e-6, "oneshot_sentinel")
+        return y, z, r
+
+    compiled_step = torch.compile(step, fullgraph=True)
+    calls = 0
+    for tokens, hidden in ((2, 1024), (5, 4096)):
+        for k in range(3):
+            what = f"compiled step {tokens}x{hidden} call {k}"
+            n = tokens * hidden
+            xs = [x.view(tokens, hidden) for x in s.inputs("randn", n, torch.float32, what)]
+            res = ref.make_input("randn", ref.seed_of(s.section, what, "res"), n, torch.float32, s.dev).view(tokens, hidden)
+            w = ref.make_input("randn", ref.seed_of(s.section, what, "w"), hidden, torch.float32, s.dev)
+            y, z, r = compiled_step(xs[s.rank], res, w)
+            want_y = ref.rank_order_reduce([x * 2 for x in xs], "sum") + 1
+            want_z, want_r = rmsnorm.reference([want_y] * s.world, res, w, 1e-6)
+            for got, want, name in ((y, want_y, "y"), (z.cpu(), want_z, "rmsnorm y"), (r.cpu(), want_r, "residual_out")):
+                if int(ref.bitwise_bad(got, want.to(got.device))):
+                    s.fail(f"{what}: {name}: {ref.first_difference(got, want.to(got.device))}")
+                s.add_digest(f"{what} {name}", got)
+            calls += 1
+    comm.check()
+    s.log(f"{calls} compiled steps checked (all_reduce and all_reduce_rmsnorm inside one fullgraph)")
 
 
 # ---- 10. LL tear stress -------------------------------------------------------------------------

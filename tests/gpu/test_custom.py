@@ -16,7 +16,7 @@ import sollat
 from sollat import testing
 
 from ._examples import load_example
-from ._faults import assert_absent_rank_refuses_until_reset
+from ._faults import assert_absent_rank_refuses_until_reset, assert_mismatch_poisons_every_rank, poisoned_like
 from ._graphs import check_eagerly_then_in_a_graph
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
@@ -152,15 +152,18 @@ def test_absent_rank_times_out_every_rank_raises_and_reset_recovers(example: str
 
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])
 def test_mismatch_is_detected_on_the_device(proto: str) -> None:
+    """A user collective (no shared words: every thread checks every peer): every rank raises and
+    no rank keeps a finite element of the mismatched call."""
     r = 4
     coll = MAXABS.collective(proto)
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=1.0, collectives=[coll])
-    xs = _inputs(r, 100, torch.float32, torch.Generator(device=DEV).manual_seed(5))
+    xs = _inputs(r, 100000, torch.float32, torch.Generator(device=DEV).manual_seed(5))
     c.run(coll, xs)
-    testing.inject(c, mismatch=3)
-    with pytest.raises(sollat.CallMismatchError):
-        c.run(coll, xs)
-        c.check()
+    c.check()
+    outs = poisoned_like(xs)
+    testing.inject(c, mismatch=1)
+    c.run(coll, xs, out=outs)
+    assert_mismatch_poisons_every_rank(c, outs, f"maxabs {proto}")
     testing.clear(c)
     c.reset()
     for y in c.run(coll, xs):

@@ -15,7 +15,7 @@ from sollat import testing
 from sollat.collectives import gather_scatter as gs
 from sollat.device.dtypes import DTYPES
 
-from ._faults import assert_absent_rank_refuses_until_reset
+from ._faults import assert_absent_rank_refuses_until_reset, assert_mismatch_poisons_every_rank, poisoned_like
 from ._graphs import check_eagerly_then_in_a_graph
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
@@ -221,26 +221,30 @@ def test_absent_rank_times_out_every_rank_raises_and_reset_recovers(kind: str, a
     assert_absent_rank_refuses_until_reset(c, call, refs, 2, f"{kind} {algo}")
 
 
+@pytest.mark.parametrize("r", [3, 4])
 @pytest.mark.parametrize("proto", ["ll", "sentinel"])
 @pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter"])
-def test_mismatch_is_detected_on_the_device(kind: str, proto: str) -> None:
-    """LL: the flags carry the signature; sentinel: the signature words (ll_buffer.h). Rank 3's
-    shape was used before, so only the device can see the difference."""
-    r = 4
+def test_mismatch_is_detected_on_the_device(kind: str, proto: str, r: int) -> None:
+    """LL: the flags carry the signature; sentinel: the signature words (ll_buffer.h). The odd
+    rank's shape was used before, so only the device can see the difference: every rank raises
+    and no rank keeps a finite element of the mismatched call."""
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=1.0)
-    xs = _inputs(r, 4 * 100, torch.float32, torch.Generator(device=DEV).manual_seed(5))
+    gen = torch.Generator(device=DEV).manual_seed(5)
     fn = c.all_gather if kind == "all_gather" else c.reduce_scatter
-    fn(xs, algo=proto)
-    testing.inject(c, mismatch=3)
-    with pytest.raises(sollat.CallMismatchError):
+    for n in (r * 100, r * 70001):
+        xs = _inputs(r, n, torch.float32, gen)
+        refs = gs.reduce_scatter_reference(xs) if kind == "reduce_scatter" else [gs.all_gather_reference(xs)] * r
         fn(xs, algo=proto)
         c.check()
-    testing.clear(c)
-    c.reset()
-    ys = fn(xs, algo=proto)
-    refs = gs.reduce_scatter_reference(xs) if kind == "reduce_scatter" else [gs.all_gather_reference(xs)] * r
-    for k, y in enumerate(ys):
-        assert_bitwise(y, refs[k], f"{kind} after mismatch and reset rank {k}")
+        outs = poisoned_like(refs)
+        testing.inject(c, mismatch=r // 2)
+        fn(xs, algo=proto, out=outs)
+        assert_mismatch_poisons_every_rank(c, outs, f"{kind} {proto} R={r} n={n}")
+        testing.clear(c)
+        c.reset()
+        ys = fn(xs, algo=proto)
+        for k, y in enumerate(ys):
+            assert_bitwise(y, refs[k], f"{kind} after mismatch and reset rank {k}")
 
 
 def test_argument_errors_on_the_gpu() -> None:

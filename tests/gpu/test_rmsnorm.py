@@ -27,6 +27,7 @@ from sollat import testing
 from sollat.collectives import algorithms, rmsnorm
 from sollat.device import abi
 
+from ._faults import assert_mismatch_poisons_every_rank, poisoned_like
 from ._reference import assert_bitwise
 
 pytestmark = pytest.mark.gpu
@@ -445,10 +446,12 @@ def test_call_mismatch_is_reported(algo: str) -> None:
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
     gen = torch.Generator(device=DEV).manual_seed(110)
     xs, res, w = inputs(r, 4, 1000, torch.bfloat16, gen)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)  # the shape is known: only the device can see the difference
+    c.check()
+    outs, res_outs = poisoned_like(xs), poisoned_like(res)
     testing.inject(c, mismatch=3)
-    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
-    with pytest.raises(sollat.CallMismatchError):
-        c.check()
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
+    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
     testing.clear(c)
     c.reset()
     ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)

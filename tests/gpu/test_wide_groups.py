@@ -18,7 +18,7 @@ from sollat.collectives.algorithms import ALGORITHMS
 from sollat.device import layout
 
 from ._examples import load_example
-from ._faults import assert_absent_rank_fault
+from ._faults import assert_absent_rank_fault, assert_mismatch_poisons_every_rank, poisoned_like
 from ._graphs import capture_and_replay
 from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 
@@ -278,16 +278,17 @@ def test_absent_rank_is_named_on_every_rank(r: int, algo: str) -> None:
 @pytest.mark.parametrize("r", [17, 72])
 @pytest.mark.parametrize("algo", ALLREDUCE)
 def test_call_mismatch_is_detected_on_the_device(r: int, algo: str) -> None:
-    """Rank r-3 flips its call signature: LL flags and the sentinel signature ring (whose pair
-    rank r-3 -> r-2 sits in a window other than the first) see it, and every rank raises."""
+    """Rank r-3 flips its call signature (a window other than the first): LL flags and the sentinel
+    signature words see it, every rank raises, and no rank keeps a finite element of that call."""
     _held.clear()
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=1.0, algorithms=ALLREDUCE)
     xs = random_inputs(r, 1000, torch.float32, DEV, torch.Generator(device=DEV).manual_seed(7))
     c.all_reduce(xs, algo=algo)
+    c.check()
+    outs = poisoned_like(xs)
     testing.inject(c, mismatch=r - 3)
-    with pytest.raises(sollat.CallMismatchError):
-        c.all_reduce(xs, algo=algo)
-        c.check()
+    c.all_reduce(xs, algo=algo, out=outs)
+    assert_mismatch_poisons_every_rank(c, outs, f"{algo} R={r}")
     testing.clear(c)
     c.reset()
     ref = rank_order_reduce(xs, "sum")
