@@ -153,20 +153,20 @@ RMSNORM_MAX_BLOCKS = 32
 # The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_sentinel")
 # only when this variable is "1" in its process at construction, on every rank alike (part of the
 # setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
-# (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,
-# but it was slower than the one-shot at every shape (1-512 rows x 8192), and two virtual-rank
-# tests failed with it (4 ranks):
-# * LL (no longer registered): a line-channel's slot s -> o is written only in passes whose row o
+# its results are bitwise right on real and virtual ranks, but it is slower than the one-shot at
+# every shape measured (1-512 rows x 8192; docs/benchmarks.md, the fused two-shot), and two
+# virtual-rank tests fail with it (4 ranks):
+# * Sentinel only, never LL: a line-channel's slot s -> o is written only in passes whose row o
 #   owns, so a slot can hold a line many epochs old, while protocol_ll.h's "no reset needed"
 #   argument needs it to hold e - 2 at worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads
-#   as current (the GPU test saw an older call's signature: a mismatch fault); with 32 bits the
-#   same takes 2^31 passes of one channel, and with the same signature it is a silently wrong sum.
-#   The protocol model reproduces it (sollat.model, "rmsnorm_twoshot": planted
-#   owner-only-slots/rmsnorm-twoshot-ll-bits2) and proves the sentinel variant clean (its reader
-#   resets every line it takes). Writing every slot every pass would cost the one-shot's traffic.
-# * Not fixed: a non-owner waits on the owner's all-gather while the owner waits on the absent
-#   rank; both spin with the same bound, so either may record the fault first and the error may
-#   name the owner. A fix: the all-gather's wait bounded by twice the timeout.
+#   as current (an older call's signature: a mismatch fault); with 32 bits the same takes 2^31
+#   passes of one channel, and with the same signature it is a silently wrong sum. The protocol
+#   model shows it (sollat.model, "rmsnorm_twoshot": planted owner-only-slots/rmsnorm-twoshot-ll-bits2)
+#   and proves the sentinel variant clean (its reader resets every line it takes). Writing every
+#   slot every pass would cost the one-shot's traffic.
+# * A fault may name the wrong rank: a non-owner waits on the owner's all-gather while the owner
+#   waits on the absent rank; both spin with the same bound, so either may record the fault first
+#   and the error may name the owner. A fix: the all-gather's wait bounded by twice the timeout.
 # It stays experimental.
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
 RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_sentinel"})
