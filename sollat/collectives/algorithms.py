@@ -18,6 +18,16 @@ from ..errors import UnsupportedError
 
 _FLOATS = frozenset(DTYPES)
 
+#: How the kernels of each protocol see a peer that made a different call (a CallMismatchError on
+#: every rank). Every algorithm runs on one of these protocols (Algorithm refuses any other), so
+#: every algorithm, user-written collectives included, detects a call that differs between ranks.
+MISMATCH_DETECTION: dict[str, str] = {
+    "ll": "the call signature rides in both flag words of every line (LL128's counters also overshoot)",
+    "sentinel": "signature words travel with the data lines and every receive that waits for one checks it "
+                "(ll_buffer.h, \"Signature words\")",
+    "bulk": "the call signature rides in every area's flag (bulk_buffer.h)",
+}
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -50,18 +60,15 @@ class Algorithm:
     # epoch for whichever of them runs next, as one kernel's calls of different sizes do.
     region: str = ""
 
+    def __post_init__(self) -> None:
+        if self.proto not in MISMATCH_DETECTION:
+            raise ValueError(f"algorithm {self.name!r}: protocol {self.proto!r} has no mismatch detection "
+                             f"(MISMATCH_DETECTION: {', '.join(MISMATCH_DETECTION)})")
+
     @property
     def buffers(self) -> int:
         """LLBuffer regions (and epoch arrays) per rank: the kernel's, from the contract."""
         return abi.KERNELS[self.kernel].buffers
-
-    @property
-    def detects_mismatch(self) -> bool:
-        """Whether the kernel itself sees a peer that called with other arguments: every
-        algorithm does. LL lines and the bulk protocol's area flags carry the call signature
-        (LL128's counters also overshoot), and a sentinel buffer adds one signature word per
-        (sending block, receiving rank) and call (ll_buffer.h, "Signature words")."""
-        return True
 
     @property
     def payload_bytes(self) -> int:
