@@ -1,4 +1,4 @@
-"""Host cost of the ways Python can allocate an all-reduce's new output (issue 13, item 3).
+"""Host cost of the ways Python can allocate an all-reduce's new output.
 
 An eager ``comm.all_reduce(x)`` without ``out=`` allocates its output from Python; ``x + y``
 allocates inside one C++ call. This times each allocation form sollat could use (host loops of

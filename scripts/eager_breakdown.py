@@ -1,4 +1,4 @@
-"""Where an eager ``all_reduce`` spends its host time on real ranks (issue 13, item 3).
+"""Where an eager ``all_reduce`` spends its host time on real ranks.
 
 Each step of ``Communicator.all_reduce(x, out=out)`` timed on its own, in the same process and
 run as the yardsticks ``x.add_(y)`` and ``x + y``: the pure-host steps (no launch) over many

@@ -1,7 +1,7 @@
 """Host time per eager call (no graph): the loop is host-bound when a call's GPU time is shorter
 than its Python time, so wall time / calls is the Python + launch overhead. Reference: torch's
 own `x.add_(1)` measured the same way, through sollat's one launcher (the prepacked driver call;
-cuda.core.launch, measured here before issue 28, cannot pass the rank table). Each figure is
+cuda.core.launch cannot pass the rank table). Each figure is
 the fastest of five runs of 2000 calls: host noise (other tenants, frequency changes) only ever adds time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Eager cost per call on real ranks (issue 13, item 3): 500 back-to-back calls, then one
+"""Eager cost per call on real ranks: 500 back-to-back calls, then one
 synchronize; per call = wall time / 500, the fastest of nine runs (the cases take turns), the
 slowest rank. Beside
 sollat (with and without ``out=``), on the same tensors and in the same run: torch's own

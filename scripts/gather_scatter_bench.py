@@ -5,8 +5,8 @@ median of replays, slowest rank; the empty-kernel floor in the same run). Each s
 output is checked bitwise against sollat.gather_scatter's references first. torch symmetric
 memory's AllGather / ReduceScatter (``torch.ops.symm_mem._low_contention_*``) are not rows: on
 torch 2.11 their capture fails ("capturing stream has unjoined work": they run on a side stream
-that the capturing stream never joins), and the failed captures then aborted the process
-(docs/benchmarks.md run 17).
+that the capturing stream never joins), and the failed captures then abort the process
+(docs/benchmarks.md, AllGather/ReduceScatter tuned).
 
 Sizes are bytes of one rank's input (AllGather) or of one rank's output chunk (ReduceScatter).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 7 in as few device calls as possible: run on nvidia-h200-x2 / -x4 / -x8.
+# The multi-GPU campaign (real ranks, NVLink) in as few device calls as possible: run on nvidia-h200-x2 / -x4 / -x8.
 #   bash scripts/multi_gpu_campaign.sh [stages]     stages: any of tests,sol,bench,tune,apps (default all)
 # Each stage has its own time limit, so one failure does not cost the rest. Everything lands in
 # $OUT as at most 8 files (logs + one tarball of result folders). T_TESTS, T_SOL, T_BENCH, T_TUNE,

@@ -1,4 +1,4 @@
-"""Which kernels NCCL really runs on a registered symmetric window (issue 13, item 4): the bench's
+"""Which kernels NCCL really runs on a registered symmetric window: the bench's
 ``nccl-window`` peer allocates its buffers with torch symmetric memory on the NCCL backend, where
 NCCL 2.28 may choose its symmetric-memory kernels. This records every CUDA kernel of
 ``dist.all_reduce`` with torch.profiler, on a window tensor and on an ordinary tensor, and prints

@@ -10,12 +10,13 @@
 """
 
 # No ``from __future__ import annotations`` here: it would leave ``annotations`` in the package's
-# namespace. The version has one source, pyproject.toml, read back from the installed metadata.
+# namespace. The version has one source, pyproject.toml: read there in a source checkout, from the
+# installed metadata otherwise (sollat/_version.py).
 import sys as _sys
-from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
-from importlib.metadata import version as _version
+from pathlib import Path as _Path
 
 from . import testing
+from ._version import package_version as _package_version
 from .collectives import custom, gather_scatter, rmsnorm
 from .collectives.algorithms import ALGORITHMS
 from .comm.real import Communicator, VirtualCommunicator
@@ -27,10 +28,7 @@ from .errors import (
     UnsupportedError,
 )
 
-try:
-    __version__ = _version("sollat")
-except _PackageNotFoundError:  # a checkout on PYTHONPATH that was never installed
-    __version__ = "0+unknown"
+__version__ = _package_version(_Path(__file__).resolve().parent)
 
 __all__ = [
     "ALGORITHMS",

@@ -31,15 +31,38 @@ from .device import launch, layout
 from .device.dtypes import DTYPES
 
 
+def _communicator(comm: Any, who: str) -> Any:
+    """``comm`` if it is a sollat communicator, else an UnsupportedError naming what it got."""
+    from .comm.api import CollectiveOps
+    from .errors import UnsupportedError
+
+    if not isinstance(comm, CollectiveOps):
+        raise UnsupportedError(f"sollat.testing.{who}: comm must be a sollat.Communicator or "
+                               f"sollat.VirtualCommunicator, got {comm!r} ({type(comm).__name__})")
+    return comm
+
+
+def _rank_or_none(value: object, what: str, comm: Any) -> None:
+    from .errors import UnsupportedError
+
+    ws = comm.world_size
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < ws):
+        raise UnsupportedError(f"sollat.testing.inject: {what} must be a rank 0..{ws - 1} or None, got {value!r}")
+
+
 def inject(comm: Any, *, absent: int | None = None, mismatch: int | None = None, armed: bool = True) -> None:
     """Turn the hooks on for ``comm`` (call it on every rank; it synchronises this device).
-    ``armed=True`` with no fault builds the hook-reading kernels without a fault, for capture."""
+    ``armed=True`` with no fault builds the hook-reading kernels without a fault, for capture.
+    ``absent`` and ``mismatch`` are ranks of ``comm`` (or None)."""
+    comm = _communicator(comm, "inject")
+    _rank_or_none(absent, "absent", comm)
+    _rank_or_none(mismatch, "mismatch", comm)
     comm._set_test_hooks(absent=absent, mismatch=mismatch, armed=armed)
 
 
 def clear(comm: Any) -> None:
     """Back to production kernels, no fault injected."""
-    comm._set_test_hooks(absent=None, mismatch=None, armed=False)
+    _communicator(comm, "clear")._set_test_hooks(absent=None, mismatch=None, armed=False)
 
 
 # Diagnostic kernel (not a production instantiation): the one-shot cut into pieces, selected by

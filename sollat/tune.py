@@ -1,14 +1,10 @@
 """``python -m sollat tune``: measure every algorithm on this machine and write the selection table.
 
-With one GPU it tunes virtual ranks (``--ranks``); under torchrun it tunes the real group and
-also measures the library paths (NCCL, torch symmetric memory's two-shot) as ``auto`` runs them, so the
-table hands a size over wherever a library is faster. Timing is the
-benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls, median).
-The table is written to the user cache (``select.user_table_dir()``), keyed by GPU model, world
-size, mode (``"real"`` under torchrun, ``"virtual"`` otherwise) and interconnect, where
-``algo="auto"`` finds it; ``--out`` writes it elsewhere (for example into ``sollat/collectives/tuning/`` to ship
-it). Under torchrun only rank 0 writes, to its host: copy the file to every other host. The file is
-replaced atomically (``select.write_table``), never rewritten in place.
+What the verb does, in a user's words, is :data:`DESCRIPTION` (its ``--help``). Underneath:
+timing is the benchmark's (``sollat.bench.timing``: CUDA-graph replay of back-to-back calls,
+median); the table's path is ``table_path`` under ``select.user_table_dir()`` unless ``--out``
+names a folder (for example ``sollat/collectives/tuning/`` to ship it); ``select.write_table``
+replaces the file atomically (``os.replace``), so a reader never sees part of one.
 """
 
 from __future__ import annotations
@@ -28,6 +24,18 @@ from .collectives import select
 from .collectives.algorithms import ALGORITHMS
 from .collectives.select import NCCL, Rule, Table
 
+#: ``tune --help``'s text: what the verb does and where the table goes, in a user's words.
+DESCRIPTION = (
+    "Measure every algorithm on this machine and write the selection table that algo=\"auto\" reads. "
+    "With one GPU it tunes virtual ranks (--ranks); under torchrun it tunes the real group and also "
+    "measures NCCL and torch symmetric memory's two-shot as auto runs them, so the table hands a size "
+    "over wherever a library is faster. Each figure is the median of CUDA-graph replays of back-to-back "
+    "calls, as in python -m sollat bench. The table goes to sollat's cache (SOLLAT_CACHE_DIR, default "
+    "~/.cache/sollat, folder tuning/), one file per GPU model, world size, mode (real or virtual) and "
+    "interconnect, where auto finds it; --out writes it elsewhere. Under torchrun only rank 0 writes, "
+    "to its host: copy the file to every other host. The file is replaced in one step, never rewritten "
+    "in place."
+)
 DEFAULT_SIZES = [1 << k for k in range(7, 25)]  # 128 B .. 16 MiB (virtual ranks)
 DEFAULT_SIZES_REAL = [1 << k for k in range(7, 27)]  # 128 B .. 64 MiB
 
@@ -146,10 +154,11 @@ def _parser() -> argparse.ArgumentParser:
     from .cli_args import PROG, Parser, int_range
     from .device.layout import MAX_RANKS
 
-    p = Parser(prog=f"{PROG} tune", description=__doc__)
+    p = Parser(prog=f"{PROG} tune", description=DESCRIPTION)
     p.add_argument("--ranks", type=int_range(2, MAX_RANKS), default=4,
                    help=f"virtual ranks when not under torchrun, 2..{MAX_RANKS} (default 4)")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"],
+                   help="element type of the measured calls (default bfloat16)")
     p.add_argument("--sizes", type=_sizes, default=None,
                    help="byte sizes: a comma list and/or LO:HI[:FACTOR], units K/M (default 128 B .. 64 MiB under "
                         "torchrun, .. 16 MiB on virtual ranks, x2)")

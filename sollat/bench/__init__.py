@@ -3,7 +3,7 @@
     python -m sollat sol        L2 round trip, remote store and SoL = 2 x L2 + remote store
     python -m sollat barrier    all-to-all flag barrier latency vs rank count
     python -m sollat bench      every sollat algorithm and the peers (NCCL, torch symm_mem)
-    python -m sollat.bench plot RESULTS_DIR    re-draw the figures (no GPU needed)
+    python -m sollat plot RESULTS_DIR   re-draw the figures (no GPU needed)
 
 Every command runs with virtual ranks on one GPU, and unchanged under torchrun on N GPUs.
 The method is in docs/measurement.md. GPU-side code is imported lazily, so this package and

@@ -62,7 +62,7 @@ class _Ctx:
                     raise RuntimeError("this torch has no symm_mem.set_backend: no NCCL windows") from None
             # torch-symm keeps torch's default backend: on torch 2.11 set_backend("CUDA") raises
             # "SymmetricMemory does not find allocation backend CUDA" although CUDA is the default
-            # (seen 2026-11-29 on the H200; the same ops run fine without the call).
+            # (the same ops run fine without the call).
         dist.init_process_group("nccl", device_id=self.device)
         self.group_name = dist.group.WORLD.group_name
         self.max_bytes = max(job.sizes)

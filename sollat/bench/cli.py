@@ -67,6 +67,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line and each verb's own parser (which reports that verb's errors)."""
     parser = top.Parser(prog=top.PROG, description="sollat measurement verbs (all verbs: python -m sollat --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -106,7 +111,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plot", help=top.VERBS["plot"])
     p.add_argument("dir", type=_folder, help="a result folder with bench.json and/or barrier.json")
-    return parser
+    return parser, dict(sub.choices)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; an argument no option of the verb takes is an error of that verb
+    (``python -m sollat bench: error: unrecognized arguments: --bogus``), not of the command line."""
+    parser, verbs = _parsers()
+    a, extra = parser.parse_known_args(argv)
+    if extra:
+        verbs[a.cmd].error(f"unrecognized arguments: {' '.join(extra)}")
+    return a
 
 
 def _gpus_to_spread_over(a: argparse.Namespace) -> int:
@@ -146,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     The dispatcher (``sollat.cli.main``, also ``python -m sollat.bench``) hands these verbs here;
     anything else (another verb, ``--help``) gets this parser's answer."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    a = build_parser().parse_args(argv)
+    a = parse(argv)
     if a.cmd == "plot":
         return cmd_plot(a)
     if a.cmd == "bench":

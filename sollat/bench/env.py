@@ -26,7 +26,8 @@ NO_GPU_MESSAGE = (
     "to measure here.\n"
     "The protocols can be checked on the CPU with the protocol model:\n"
     "    python -m sollat model --demo\n"
-    "Result files from a GPU run can be re-plotted here with:  python -m sollat.bench plot RESULTS_DIR"
+    "Result files from a GPU run can be re-plotted here with:\n"
+    "    python -m sollat plot RESULTS_DIR"
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

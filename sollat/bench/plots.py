@@ -1,5 +1,5 @@
 """Figures (matplotlib, PNG and SVG), drawn from the result files alone, so every figure can be
-re-drawn on a machine without a GPU: ``python -m sollat.bench plot RESULTS_DIR``.
+re-drawn on a machine without a GPU: ``python -m sollat plot RESULTS_DIR``.
 
 * ``latency``: latency vs message size, log-log, one line per algorithm and peer, the SoL and
   the empty-kernel floor as horizontal lines; one panel per (rank count, dtype).

@@ -131,7 +131,8 @@ DIRTY = "+dirty"
 
 
 def commit_fields(commit: str | None) -> dict[str, Any]:
-    """``{"commit", "dirty"}`` from a commit text such as ``env.git_commit()``'s ``abc1234+dirty``."""
+    """``{"commit", "dirty"}`` from a commit text as ``env.git_commit()`` gives it (a short hash, with
+    ``+dirty`` appended when the checkout had changes)."""
     text = (commit or "").strip()
     return {"commit": text.removesuffix(DIRTY) or "unknown", "dirty": text.endswith(DIRTY)}
 

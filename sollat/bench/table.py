@@ -141,7 +141,7 @@ def format_panel(meta: dict[str, Any], floor_us: float | None, sol_us: float | N
             row.append(r.selected if r is not None and r.selected else "")
         row.append(best[1] if best else "")
         peer = best_peer([r for r in sized if r.ranks == ranks], n)
-        for lb in autos:  # the yardstick: auto against the fastest other library, same size
+        for lb in autos:  # the yardstick: auto against the fastest other library, same size
             r = cells.get((lb, n))
             ok = r is not None and r.ok and r.median_us is not None and peer is not None and peer.median_us
             row.append(f"{(r.median_us or 0.0) / (peer.median_us or 1.0):.2f}" if ok and r and peer else "")

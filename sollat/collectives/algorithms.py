@@ -18,6 +18,16 @@ from ..errors import UnsupportedError
 
 _FLOATS = frozenset(DTYPES)
 
+#: How the kernels of each protocol see a peer that made a different call (a CallMismatchError on
+#: every rank). Every algorithm runs on one of these protocols (Algorithm refuses any other), so
+#: every algorithm, user-written collectives included, detects a call that differs between ranks.
+MISMATCH_DETECTION: dict[str, str] = {
+    "ll": "the call signature rides in both flag words of every line (LL128's counters also overshoot)",
+    "sentinel": "signature words travel with the data lines and every receive that waits for one checks it "
+                "(ll_buffer.h, \"Signature words\")",
+    "bulk": "the call signature rides in every area's flag (bulk_buffer.h)",
+}
+
 
 @dataclass(frozen=True)
 class Algorithm:
@@ -50,18 +60,15 @@ class Algorithm:
     # epoch for whichever of them runs next, as one kernel's calls of different sizes do.
     region: str = ""
 
+    def __post_init__(self) -> None:
+        if self.proto not in MISMATCH_DETECTION:
+            raise ValueError(f"algorithm {self.name!r}: protocol {self.proto!r} has no mismatch detection "
+                             f"(MISMATCH_DETECTION: {', '.join(MISMATCH_DETECTION)})")
+
     @property
     def buffers(self) -> int:
         """LLBuffer regions (and epoch arrays) per rank: the kernel's, from the contract."""
         return abi.KERNELS[self.kernel].buffers
-
-    @property
-    def detects_mismatch(self) -> bool:
-        """Whether the kernel itself sees a peer that called with other arguments: every
-        algorithm does. LL lines and the bulk protocol's area flags carry the call signature
-        (LL128's counters also overshoot), and a sentinel buffer adds one signature word per
-        (sending block, receiving rank) and call (ll_buffer.h, "Signature words")."""
-        return True
 
     @property
     def payload_bytes(self) -> int:
@@ -153,20 +160,20 @@ RMSNORM_MAX_BLOCKS = 32
 # The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_sentinel")
 # only when this variable is "1" in its process at construction, on every rank alike (part of the
 # setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
-# (session 6, docs/benchmarks.md run 18) its results were bitwise right on real and virtual ranks,
-# but it was slower than the one-shot at every shape (1-512 rows x 8192), and two virtual-rank
-# tests failed with it (4 ranks):
-# * LL (no longer registered): a line-channel's slot s -> o is written only in passes whose row o
+# its results are bitwise right on real and virtual ranks, but it is slower than the one-shot at
+# every shape measured (1-512 rows x 8192; docs/benchmarks.md, the fused two-shot), and two
+# virtual-rank tests fail with it (4 ranks):
+# * Sentinel only, never LL: a line-channel's slot s -> o is written only in passes whose row o
 #   owns, so a slot can hold a line many epochs old, while protocol_ll.h's "no reset needed"
 #   argument needs it to hold e - 2 at worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads
-#   as current (the GPU test saw an older call's signature: a mismatch fault); with 32 bits the
-#   same takes 2^31 passes of one channel, and with the same signature it is a silently wrong sum.
-#   The protocol model reproduces it (sollat.model, "rmsnorm_twoshot": planted
-#   owner-only-slots/rmsnorm-twoshot-ll-bits2) and proves the sentinel variant clean (its reader
-#   resets every line it takes). Writing every slot every pass would cost the one-shot's traffic.
-# * Not fixed: a non-owner waits on the owner's all-gather while the owner waits on the absent
-#   rank; both spin with the same bound, so either may record the fault first and the error may
-#   name the owner. A fix: the all-gather's wait bounded by twice the timeout.
+#   as current (an older call's signature: a mismatch fault); with 32 bits the same takes 2^31
+#   passes of one channel, and with the same signature it is a silently wrong sum. The protocol
+#   model shows it (sollat.model, "rmsnorm_twoshot": planted owner-only-slots/rmsnorm-twoshot-ll-bits2)
+#   and proves the sentinel variant clean (its reader resets every line it takes). Writing every
+#   slot every pass would cost the one-shot's traffic.
+# * A fault may name the wrong rank: a non-owner waits on the owner's all-gather while the owner
+#   waits on the absent rank; both spin with the same bound, so either may record the fault first
+#   and the error may name the owner. A fix: the all-gather's wait bounded by twice the timeout.
 # It stays experimental.
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
 RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_sentinel"})

@@ -12,9 +12,9 @@ constructed, so it is registered there (``collectives=[...]``, the same list on 
 ranks agree on it, source hash included, like on the tuning table). ``compile`` builds a
 collective's kernels without a GPU (what the CPU tests and CI run).
 
-Status: the examples compile for sm_90 on the CPU (CI), and their GPU tests on virtual ranks
+Tested: the examples compile for sm_90 on the CPU (CI), and their GPU tests run on virtual ranks
 (tests/gpu/test_custom.py: R = 2, 4, 8, every dtype, both protocols, CUDA graphs, an absent rank, an
-LL mismatch) passed on an H200 on 2026-11-30. Not yet run on real ranks (one process per GPU).
+LL mismatch). The real-rank suite (one process per GPU) runs no user collective.
 """
 
 from __future__ import annotations
@@ -33,9 +33,13 @@ from . import algorithms
 from .algorithms import CustomAlgorithm
 
 PROTOS = ("ll", "sentinel")
+SOURCE_SUFFIXES = (".cu", ".cuh")  # a str of one line ending so is a path, not source text
 OUTPUTS = ("same", "gather")  # out like the input, or world_size inputs stacked (rank r's at [r])
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 _SLOT_CHOICES = {1: (1,), 2: (1, 2), 4: (1, 2, 4)}
+# A sentinel buffer's channels stay below the slot that holds its signature words (layout.SIGNATURE_SLOT;
+# docs/custom-collectives.md, "Mismatch detection"): the largest slot count below it.
+SENTINEL_MAX_SLOTS = max(c for c in _SLOT_CHOICES if c <= layout.SIGNATURE_SLOT)
 
 
 class Collective:
@@ -46,7 +50,9 @@ class Collective:
 
     * ``name``: a C identifier; the source must define the entry point ``<name>`` with
       ``SOLLAT_DEFINE_ENTRY_POINTS(<name>, SOLLAT_T, body)`` (both communicators: collective.h).
-    * ``source``: the CUDA C++ text, or a ``pathlib.Path`` to read it from (read once, here).
+    * ``source``: the CUDA C++ text, or the file to read it from (read once, here): a
+      ``pathlib.Path``, or a str of one line ending in ``.cu`` or ``.cuh`` (a path relative to the
+      working directory; a missing file is an error naming it).
     * ``proto``: ``"ll"`` (8 payload bytes per 16-byte line, the call signature in every flag, so a
       differing call is detected on the device) or ``"sentinel"`` (16 payload bytes; the receiver
       resets). The kernel gets it as ``SOLLAT_PROTO`` and the payload per line as
@@ -58,7 +64,8 @@ class Collective:
       ``[world_size, *input.shape]``; the kernel's ``out`` holds ``world_size * n`` elements).
     * ``two_shot``: the launch geometry covers one chunk of ``ceil(n / world_size)`` elements per
       rank instead of the whole message (``layout.chunk_count``).
-    * ``max_slots``: lines per thread per iteration the kernel handles (``SOLLAT_SLOTS``: 1, 2, 4).
+    * ``max_slots``: lines per thread per iteration the kernel handles (``SOLLAT_SLOTS``: 1, 2, 4;
+      a sentinel collective at most 2).
     """
 
     def __init__(self, name: str, source: str | os.PathLike[str], *, proto: str = "ll", buffers: int = 1,
@@ -66,6 +73,8 @@ class Collective:
                  deterministic: bool = True, max_slots: int = 1, doc: str = "") -> None:
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise UnsupportedError(f"Collective: name must be a C identifier of at most 64 characters, got {name!r}")
+        if isinstance(source, str) and _names_a_file(source):
+            source = Path(source.strip())
         if isinstance(source, os.PathLike):
             path = Path(source)
             try:
@@ -73,7 +82,8 @@ class Collective:
             except OSError as exc:
                 raise UnsupportedError(f"Collective {name!r}: cannot read source file {path}: {exc}") from None
         if not isinstance(source, str) or not source.strip():
-            raise UnsupportedError(f"Collective {name!r}: source must be CUDA C++ text (str) or a pathlib.Path")
+            raise UnsupportedError(f"Collective {name!r}: source must be CUDA C++ text (str), a pathlib.Path or a "
+                                   f"path ending in {' or '.join(SOURCE_SUFFIXES)}, got {source!r}")
         if not re.search(r"SOLLAT_DEFINE_ENTRY_POINTS\s*\(\s*" + re.escape(name) + r"\s*,", source):
             raise UnsupportedError(f"Collective {name!r}: the source must define its entry points with "
                                    f"SOLLAT_DEFINE_ENTRY_POINTS({name}, SOLLAT_T, body) (docs/custom-collectives.md)")
@@ -85,11 +95,10 @@ class Collective:
             raise UnsupportedError(f"Collective {name!r}: output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if max_slots not in _SLOT_CHOICES or isinstance(max_slots, bool):
             raise UnsupportedError(f"Collective {name!r}: max_slots must be 1, 2 or 4, got {max_slots!r}")
-        if proto == "sentinel" and max_slots > layout.SIGNATURE_SLOT:
-            raise UnsupportedError(f"Collective {name!r}: a sentinel collective takes at most "
-                                   f"{max(c for c in _SLOT_CHOICES if c <= layout.SIGNATURE_SLOT)} slots per thread "
-                                   f"(max_slots={max_slots}): its signature words use the last slot's lines "
-                                   "(docs/custom-collectives.md)")
+        if proto == "sentinel" and max_slots > SENTINEL_MAX_SLOTS:
+            raise UnsupportedError(f"Collective {name!r}: a sentinel collective handles at most {SENTINEL_MAX_SLOTS} "
+                                   f"slots per thread (the last slot's lines hold its signature words), "
+                                   f"got max_slots={max_slots}")
         if output == "gather" and two_shot:
             raise UnsupportedError(f"Collective {name!r}: output='gather' cuts the message per rank; two_shot must be False")
         dts = tuple(DTYPES) if dtypes is None else tuple(dtypes)
@@ -134,6 +143,14 @@ class Collective:
 
     def __repr__(self) -> str:
         return f"Collective({self.describe()})"
+
+
+def _names_a_file(text: str) -> bool:
+    """Whether ``source`` as a str is a file name: one line ending in .cu or .cuh. Kernel source
+    never is one (it spans lines and ends in code), so a path given as a str is read like a
+    pathlib.Path instead of being compiled as text."""
+    stripped = text.strip()
+    return "\n" not in stripped and stripped.endswith(SOURCE_SUFFIXES)
 
 
 def checked_collectives(collectives: Sequence[Collective] | None, who: str) -> tuple[Collective, ...]:

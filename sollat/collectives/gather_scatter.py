@@ -37,7 +37,7 @@ PROTOS = ("ll", "sentinel")
 ALGOS = ("auto", *PROTOS, NCCL)  # what algo= accepts (NCCL: real ranks only)
 # The ``algo="auto"`` rule, on the bytes one rank sends to one peer (all_gather: its whole input;
 # reduce_scatter: one chunk). On real ranks, steps (up to bytes, protocol) measured on 2 H200s
-# (docs/benchmarks.md run 17, scripts/gather_scatter_bench.py, us per call, sollat LL / sentinel /
+# (docs/benchmarks.md, AllGather/ReduceScatter tuning; scripts/gather_scatter_bench.py, us per call, sollat LL / sentinel /
 # NCCL): LL is as fast as the sentinel or faster up to 4 KiB; the sentinel from 16 KiB; at 512 KiB
 # the AllGather is faster on LL (10.3 / 12.0 / 17.3) and the ReduceScatter on the sentinel
 # (11.5 / 10.7 / 16.5); at 1 MiB the AllGather's LL still beats NCCL (18.5 / 24.5 / 19.6), the

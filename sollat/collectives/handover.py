@@ -12,7 +12,7 @@
   (``SymmetricTensors``) skips the copy: the op reads every rank's ``x`` where it is and writes
   the result over it ("zero copy"). There the zero-copy two-shot also replaces NCCL wherever the
   table hands over: on 2 H200s torch's two-shot in place beat NCCL in place from 8 to 64 MiB
-  (docs/benchmarks.md, runs 15 and 17).
+  (docs/benchmarks.md, library handover and zero copy for large messages).
 
 Both carry their library's semantics, not sollat's: no sollat timeout or fault record, so a peer
 that never arrives can hang them as it hangs NCCL. The tuning table says where each is used.

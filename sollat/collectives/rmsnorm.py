@@ -268,13 +268,31 @@ def sum_of_squares(v: torch.Tensor, width: int | None = None) -> torch.Tensor:
     return tree[:, 0]
 
 
+def _check_reference_inputs(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor) -> None:
+    ok = ", ".join(str(d).replace("torch.", "") for d in DTYPES_SUPPORTED)
+    if isinstance(xs, torch.Tensor) or not isinstance(xs, (list, tuple)) or not xs:
+        raise UnsupportedError(f"rmsnorm.reference: xs must be a non-empty list of tensors (one per rank), "
+                               f"got {type(xs).__name__}")
+    for what, t in [*((f"xs[{r}]", x) for r, x in enumerate(xs)), ("residual", residual), ("weight", weight)]:
+        if not isinstance(t, torch.Tensor):
+            raise UnsupportedError(f"rmsnorm.reference: {what} must be a tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES_SUPPORTED:
+            raise UnsupportedError(f"rmsnorm.reference: {what} is {t.dtype}; supported dtypes: {ok}")
+    if any(t.dtype != xs[0].dtype for t in (*xs, residual)):
+        got = sorted({str(t.dtype) for t in (*xs, residual)})
+        raise UnsupportedError(f"rmsnorm.reference: xs and residual must share one dtype, got {', '.join(got)}")
+
+
 def reference(xs: list[torch.Tensor], residual: torch.Tensor, weight: torch.Tensor,
               eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The arithmetic of every ``all_reduce_rmsnorm`` algorithm, step by step on the CPU:
     ``(y, residual_out)`` with the bits every rank computes (NaN payloads aside) from every rank's
     ``xs`` (rank order), whatever the algorithm, the batch and the launch. Every step is one IEEE
     float32 operation per element, as in the kernels (add.rn, mul.rn, div.rn and sqrt.rn, none
-    contracted into an FMA)."""
+    contracted into an FMA). ``xs`` (one tensor per rank, at least one) and ``residual`` must have
+    one of all_reduce_rmsnorm's dtypes (float32, bfloat16, float16), the same for all; ``weight`` a
+    floating dtype of those; anything else raises UnsupportedError."""
+    _check_reference_inputs(xs, residual, weight)
     dtype, shape = xs[0].dtype, xs[0].shape
     hidden = int(shape[-1])
     f32 = torch.float32

@@ -57,9 +57,10 @@ HANDOVERS = (NCCL, TORCH_TWOSHOT)  # library paths a rule may name (real ranks o
 TORCH_TWOSHOT_ZERO_COPY = "torch_twoshot_zero_copy"
 LIBRARY_PATHS = (*HANDOVERS, TORCH_TWOSHOT_ZERO_COPY)  # every plan that is a library call, not a kernel
 # The paths ``auto`` takes for large messages on ordinary tensors: in place on a tensor in symmetric
-# memory, torch's zero-copy two-shot beat each of them on 2 H200s (docs/benchmarks.md, runs 17
-# and 19: 32.6 / 59.4 / 212.0 us at 8 / 16 / 64 MiB fp32 against the bulk two-shot's 36.6 / 65.2 /
-# 218.2), so it takes their sizes there (Communicator._symmetric_path).
+# memory, torch's zero-copy two-shot beat each of them on 2 H200s (docs/benchmarks.md, zero copy
+# for large messages and the bulk two-shot: 32.6 / 59.4 / 212.0 us at 8 / 16 / 64 MiB fp32 against
+# the bulk two-shot's 36.6 / 65.2 / 218.2), so it takes their sizes there
+# (Communicator._symmetric_path).
 LARGE_MESSAGE_PATHS = (*HANDOVERS, "twoshot_bulk")
 # What torch's two_shot_all_reduce_ serves (torch 2.11: float and bfloat16, sum).
 TORCH_TWOSHOT_DTYPES = frozenset({torch.float32, torch.bfloat16})

@@ -11,7 +11,7 @@ import torch
 
 from ..device import faults, layout
 from ..errors import UnsupportedError
-from . import algorithms
+from . import algorithms, select
 from .algorithms import ALGORITHMS, Algorithm
 
 
@@ -36,20 +36,60 @@ def check_world_size(world_size: object, who: str) -> None:
         raise UnsupportedError(f"{who}: world_size must be 2..{layout.MAX_RANKS}, got {world_size}")
 
 
+#: Values of ``algo=`` at call time that are not sollat algorithms: ``"auto"`` (the tuning table's
+#: choice) and the library paths a ``Communicator`` hands a call to (``select.HANDOVERS``).
+CALL_TIME_ALGOS = ("auto", *select.HANDOVERS)
+
+
+def checked_algorithm_names(names: object, who: str) -> tuple[str, ...] | None:
+    """``algorithms=`` of a communicator, checked without a world size: None (every algorithm
+    that runs at the communicator's size), or a non-empty list of sollat AllReduce algorithm names.
+    A name that is a value of ``algo=`` rather than an algorithm (``"auto"``, ``"nccl"``,
+    ``"torch_twoshot"``) gets an error saying so: those need no enabling."""
+    if names is None:
+        return None
+    known = ", ".join(ALGORITHMS)
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise UnsupportedError(f"{who}: algorithms must be a list of sollat algorithm names ({known}), "
+                               f"got {names!r}")
+    out = tuple(names)
+    if not out:
+        raise UnsupportedError(f"{who}: algorithms must name at least one of {known}")
+    for name in out:
+        if name in CALL_TIME_ALGOS:
+            raise UnsupportedError(
+                f"{who}: algorithms= enables sollat's own AllReduce algorithms ({known}); {name!r} is not one "
+                f"of them but a value of algo= at call time (all_reduce(x, algo={name!r})), which needs no "
+                "enabling. Leave algorithms=None to enable every algorithm.")
+        if name not in ALGORITHMS:
+            raise UnsupportedError(f"{who}: algorithms names an unknown algorithm {name!r}; "
+                                   f"sollat's AllReduce algorithms: {known}")
+    return out
+
+
 def algorithm_names(names: Sequence[str] | None, world_size: int = 2, who: str = "Communicator") -> tuple[str, ...]:
     """The AllReduce algorithms a communicator of ``world_size`` ranks enables: ``names`` (each
     must run at that size), or by default every algorithm that does (Algorithm.runs_on: LL128
     and the bulk two-shot stop at abi.PEER_WINDOW ranks, the wide one-shot starts above it)."""
-    if isinstance(names, str):
-        raise UnsupportedError(f"algorithms must be a list of names, got the string {names!r}")
-    if names is None:
+    out = checked_algorithm_names(names, who)
+    if out is None:
         return tuple(n for n, a in ALGORITHMS.items() if a.runs_on(world_size))
-    out = tuple(names)
-    if not out:
-        raise UnsupportedError(f"algorithms must name at least one of {', '.join(ALGORITHMS)}")
     for a in out:
         get_alg(a).check_world(world_size, who)
     return out
+
+
+def checked_group(group: object, who: str) -> None:
+    """``group=`` of a Communicator: None (the default process group) or a
+    ``torch.distributed.ProcessGroup``; anything else (a name, a list of ranks) is an error."""
+    import torch.distributed as dist
+
+    if group is None:
+        return
+    if not dist.is_available() or not isinstance(group, dist.ProcessGroup):
+        raise UnsupportedError(f"{who}: group must be a torch.distributed.ProcessGroup (for example from "
+                               f"dist.new_group(ranks)) or None for the default group, got {group!r} "
+                               f"({type(group).__name__})")
 
 
 def checked_max_blocks(value: object, who: str, *, default: int) -> int:

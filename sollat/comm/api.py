@@ -75,8 +75,8 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
             ys = ops.all_reduce(self._per_rank(tensor, "tensor", "all_reduce"), self.comm_id, op, algo, deterministic)
             outs = self._per_rank_opt(out, "out", "all_reduce")
             return self._result(ys if outs is None else [o.copy_(y.view(o.shape)) for o, y in zip(outs, ys, strict=True)])
-        # The hot path (one rank's tensor): an eager call's host time is on the decode critical path
-        # (issue 13). A call shape launched before, on tensors _hot_numel accepts, goes from one dict
+        # The hot path (one rank's tensor): an eager call's host time is on the decode critical
+        # path. A call shape launched before, on tensors _hot_numel accepts, goes from one dict
         # lookup to one driver call. Anything else (a first call, a library path, a fault seen, any
         # argument to check) takes _all_reduce_ranks, which checks every argument with a clear error.
         n = -1 if self._launch_ranks != 1 or self._faulted or self._err_host[0] else \

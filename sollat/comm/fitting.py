@@ -63,7 +63,7 @@ class LaunchFitting:
         """Virtual ranks with at most CLUSTER_MAX_BLOCKS blocks per rank launch as rank clusters:
         block b of every rank forms one thread-block cluster, which the hardware starts together
         on one GPC. Measured faster at small sizes and slower at 16 blocks per rank (1 MiB) for
-        R >= 4 (docs/benchmarks.md, run 12; the cause of the slowdown was not measured). A cluster
+        R >= 4 (docs/benchmarks.md, rank clusters; the cause of the slowdown was not measured). A cluster
         holds at most CLUSTER_MAX_RANKS blocks (the portable size), so wider groups launch as a grid."""
         return self._cluster_ranks and blocks <= CLUSTER_MAX_BLOCKS and self._launch_ranks <= CLUSTER_MAX_RANKS
 

@@ -29,9 +29,11 @@ from ..collectives.validate import (
     BATCH_INVARIANT_ENV,
     algorithm_names,
     check_world_size,
+    checked_algorithm_names,
     checked_batch_invariant,
     checked_byte_count,
     checked_flag,
+    checked_group,
     checked_max_blocks,
     cuda_device,
     default_timeout_s,
@@ -81,16 +83,21 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
+        # Every argument first, then torch.distributed, then the hardware: a bad argument is
+        # reported as such on any machine.
+        checked_group(group, "Communicator")
         invariant = checked_batch_invariant(batch_invariant, "Communicator")
-        if not dist.is_initialized():
-            raise UnsupportedError("Communicator: torch.distributed is not initialised (call init_process_group)")
         timeout_value = timeout(timeout_s)
         setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
                                                  default=faults.DEFAULT_SETUP_TIMEOUT_S)
-        customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+        checked_flag(debug, "debug", "Communicator")
+        checked_algorithm_names(algorithms, "Communicator")  # against the world size below
         gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
         blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
         twoshot_asked = checked_byte_count(torch_twoshot_bytes, "torch_twoshot_bytes", "Communicator")
+        customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+        if not dist.is_initialized():
+            raise UnsupportedError("Communicator: torch.distributed is not initialised (call init_process_group)")
         dev = cuda_device(None, "Communicator")
         if not blocks:  # every block of a rank must be resident at once: no more blocks than SMs
             sms = torch.cuda.get_device_properties(dev).multi_processor_count

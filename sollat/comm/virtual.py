@@ -57,7 +57,10 @@ class VirtualCommunicator(CollectiveOps[Sequence[torch.Tensor], list[torch.Tenso
         timeout_value = timeout(timeout_s)
         names = algorithm_names(algorithms, world_size, "VirtualCommunicator")
         blocks = checked_max_blocks(max_blocks, "VirtualCommunicator", default=0)  # 0: the default, set below
-        dev = cuda_device(device, "VirtualCommunicator")
+        checked_flag(debug, "debug", "VirtualCommunicator")
+        if cluster_ranks is not None:
+            checked_flag(cluster_ranks, "cluster_ranks", "VirtualCommunicator")
+        dev = cuda_device(device, "VirtualCommunicator")  # the hardware last: argument errors come first
         cap = layout.virtual_block_cap(world_size, torch.cuda.get_device_properties(dev).multi_processor_count)
         blocks = blocks or min(layout.MAX_BLOCKS_VIRTUAL, cap)
         per_rank = scratch_bytes_per_rank(world_size, names, blocks, customs, gs, cap)

@@ -135,7 +135,7 @@ def test_a_registered_collective_gets_its_own_region_after_the_builtin_ones() ->
     ({"dtypes": []}, "dtypes must be a non-empty subset"),
     ({"output": "scatter"}, "output must be one of same, gather"),
     ({"max_slots": 3}, "max_slots must be 1, 2 or 4"),
-    ({"proto": "sentinel", "max_slots": 4}, "sentinel collective takes at most 2 slots"),
+    ({"proto": "sentinel", "max_slots": 4}, "sentinel collective handles at most 2 slots"),
     ({"output": "gather", "two_shot": True}, "two_shot must be False"),
 ])
 def test_bad_collective_arguments_are_clear(kwargs: dict, match: str) -> None:

@@ -97,6 +97,27 @@ def test_bad_argument_from_the_shell() -> None:
                                    "got 'banana' (see python -m sollat precompile --help)")
 
 
+
+@pytest.mark.parametrize("argv", [["bench", "--bogus"], ["sol", "--bogus"], ["barrier", "--bogus", "1"],
+                                  ["plot", ".", "--bogus"], ["tune", "--bogus"], ["model", "--bogus"],
+                                  ["precompile", "--bogus"], ["info", "--bogus"]], ids=" ".join)
+def test_an_unknown_option_is_named_with_its_verb(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(argv, capsys)
+    extra = " ".join(argv[1:]).replace(". ", "")
+    assert rc == 2 and err == (f"python -m sollat {argv[0]}: error: unrecognized arguments: {extra} "
+                               f"(see python -m sollat {argv[0]} --help)\n")
+
+
+def test_the_no_gpu_message_suggests_commands_readme_documents() -> None:
+    from sollat.bench.env import NO_GPU_MESSAGE
+
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"python -m (sollat(?:\.\w+)*) (\w+)", NO_GPU_MESSAGE)
+    assert {verb for _, verb in commands} == {"model", "plot"}, commands
+    for module, verb in commands:
+        assert module == "sollat" and verb in cli.VERBS
+        assert re.search(rf"python -m sollat {verb}\b", readme), verb
+
 # ---- info and precompile -------------------------------------------------------------------------
 def test_info_without_a_gpu_names_no_arch(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     import torch

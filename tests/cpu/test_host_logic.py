@@ -185,3 +185,19 @@ def test_rank_clusters_only_for_small_virtual_grids(monkeypatch) -> None:
     c._cluster_ranks = False
     assert not c._clustered(1)
     assert c._launch_config(1, 32) == ((1, 4), 32, True, None)
+
+
+def test_every_algorithm_runs_on_a_protocol_that_detects_a_mismatch() -> None:
+    """The claim that every algorithm sees a call that differs between ranks is a property of its
+    protocol (algorithms.MISMATCH_DETECTION); an algorithm on any other protocol is refused."""
+    import dataclasses
+
+    from sollat.collectives import algorithms as alg_mod
+    from sollat.collectives.custom import PROTOS
+
+    every = [*alg_mod.ALGORITHMS.values(), *alg_mod.RMSNORM_ALGORITHMS.values(),
+             *alg_mod.GATHER_SCATTER_ALGORITHMS.values()]
+    assert {a.proto for a in every} == set(alg_mod.MISMATCH_DETECTION) and set(PROTOS) <= set(alg_mod.MISMATCH_DETECTION)
+    assert not hasattr(alg_mod.ALGORITHMS["oneshot_ll"], "detects_mismatch")
+    with pytest.raises(ValueError, match="protocol 'simple' has no mismatch detection"):
+        dataclasses.replace(alg_mod.ALGORITHMS["oneshot_ll"], proto="simple")

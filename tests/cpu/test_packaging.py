@@ -3,6 +3,7 @@ namespace, and the wheel that pip builds from this checkout."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -53,7 +54,7 @@ def test_nvrtc_extra_pins_the_version_ci_compiles_with() -> None:
 
 
 # ---- one version -------------------------------------------------------------------------------
-def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[str]) -> None:
+def test_version_comes_from_pyproject(capsys: pytest.CaptureFixture[str]) -> None:
     import sollat
     from sollat import cli
 
@@ -63,6 +64,90 @@ def test_version_comes_from_the_package_metadata(capsys: pytest.CaptureFixture[s
     version = re.escape(sollat.__version__)
     for path in (ROOT / "sollat").rglob("*.py"):  # no second copy of the version in the code
         assert not re.search(rf"""["']{version}["']""", path.read_text()), path
+
+
+def test_a_checkout_on_pythonpath_reports_its_version_installed_or_not() -> None:
+    """README's test command run from a checkout on PYTHONPATH, never installed: the version is
+    pyproject.toml's, not 0+unknown (the metadata lookup is made to fail, as without an install)."""
+    code = ("import importlib.metadata as m\n"
+            "def missing(name): raise m.PackageNotFoundError(name)\n"
+            "m.version = missing\n"
+            "import sollat; print(sollat.__version__)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "tests", env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == pyproject()["project"]["version"]
+
+
+def test_an_installed_copy_reports_its_metadata_version(tmp_path: Path) -> None:
+    from sollat import _version
+
+    site = tmp_path / "site-packages"
+    (site / "sollat").mkdir(parents=True)  # an installed package: no pyproject.toml beside it
+    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"
+
+    def missing(name: str) -> str:
+        raise _version.PackageNotFoundError(name)
+
+    assert _version.package_version(site / "sollat", missing) == "0+unknown"
+    (site / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "1.0"\n')  # not sollat's
+    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"
+    (site / "pyproject.toml").write_text('[tool.x]\nversion = "5"\n[project]\nname = "sollat"  # the name\n'
+                                         'version = "2.0.1"\n[project.urls]\nversion = "x"\n')
+    assert _version.package_version(site / "sollat", missing) == "2.0.1"  # a checkout wins over metadata
+    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "2.0.1"
+
+
+# ---- metadata: classifiers, the index's description --------------------------------------------
+def test_classifiers_describe_the_package_and_name_no_license() -> None:
+    project = pyproject()["project"]
+    classifiers = project["classifiers"]
+    assert classifiers == sorted(set(classifiers)) and len(classifiers) >= 10
+    assert not [c for c in classifiers if c.startswith("License ::")]  # PEP 639: the expression alone
+    assert "Environment :: GPU :: NVIDIA CUDA" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
+    oldest = re.fullmatch(r">=3\.(\d+)", project["requires-python"])
+    assert oldest
+    pythons = sorted(int(c.rsplit(".", 1)[1]) for c in classifiers
+                     if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert pythons and pythons[0] == int(oldest.group(1)) and pythons == list(range(pythons[0], pythons[-1] + 1))
+    trove = pytest.importorskip("trove_classifiers")
+    assert not set(classifiers) - set(trove.classifiers), set(classifiers) - set(trove.classifiers)
+
+
+def long_description() -> str:
+    readme = pyproject()["project"]["readme"]
+    assert readme["content-type"] == "text/markdown"
+    return (ROOT / readme["file"]).read_text()
+
+
+def test_the_index_description_has_no_links_into_the_checkout_and_no_history() -> None:
+    from .test_no_history import history_references
+
+    text = long_description()
+    assert text.startswith("# sollat\n\nsollat is a Python library of barrier-free GPU collectives for PyTorch")
+    targets = re.findall(r"\]\(([^)]*)\)", text) + re.findall(r"^\[[^\]]+\]:\s*(\S+)", text, re.M)
+    assert all(re.match(r"https://", t) for t in targets), targets  # no relative link (dead on an index page)
+    assert not history_references(text), history_references(text)
+    assert "License: Apache-2.0" in text and pyproject()["project"]["license"] == "Apache-2.0"
+
+
+def test_the_index_description_names_what_exists() -> None:
+    from sollat import cli
+
+    text = long_description()
+    project = pyproject()["project"]
+    for extra in re.findall(r"sollat\[(\w+)\]", text):
+        assert extra in project["optional-dependencies"], extra
+    listed = re.search(r"command-line verbs \(([^)]*)\)", text)
+    assert listed
+    verbs = re.findall(r"`python -m sollat\s+(\w+)", text) + re.findall(r"`(\w+)`", listed.group(1))
+    assert len(verbs) >= 4 and set(verbs) <= set(cli.VERBS), verbs
+    import sollat
+
+    for name in re.findall(r"sollat\.(\w+)\(", text):
+        assert name in sollat.__all__, name
+    assert f"torch {project['dependencies'][0].split('>=')[1]} or newer" in text  # torch>=2.11
 
 
 # ---- the namespace -----------------------------------------------------------------------------
@@ -99,7 +184,8 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
         pytest.skip(f"setuptools {setuptools.__version__} cannot build the SPDX license field (needs 77)")
     src = tmp_path / "src"  # a copy: the build leaves build/ and *.egg-info behind
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", pyproject()["project"]["readme"]["file"]):
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "sollat", src / "sollat", ignore=shutil.ignore_patterns("__pycache__"))
     done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
@@ -112,6 +198,10 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
         licence = z.read(next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))).decode()
     assert licence == (ROOT / "LICENSE").read_text()
     assert "License-Expression: Apache-2.0" in meta and f"Version: {pyproject()['project']['version']}" in meta
+    head, body = meta.split("\n\n", 1)
+    assert [line.split(": ", 1)[1] for line in head.splitlines() if line.startswith("Classifier: ")] == \
+        pyproject()["project"]["classifiers"]
+    assert "Description-Content-Type: text/markdown" in head and body == long_description()
     assert f'Requires-Dist: nvidia-cuda-nvrtc=={nvrtc_pin()}; extra == "nvrtc"' in meta
     assert 'Requires-Dist: matplotlib; extra == "bench"' in meta
     assert "sollat/device/csrc/include/sollat/abi.h" in names and "sollat/device/csrc/kernels/allreduce_oneshot.cu" in names

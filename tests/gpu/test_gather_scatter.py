@@ -3,7 +3,7 @@ R = 2, 4, 8, every dtype, both protocols and auto, odd sizes, every op, poisoned
 bitwise against the rank-order references of sollat.gather_scatter; special values; misaligned
 and non-contiguous views; mixed with all_reduce eagerly and in a CUDA graph (the two collectives
 share one region per protocol); an absent rank (timeout on every rank, NaN-or-exact outputs,
-refusal until reset) and an LL mismatch. Not run yet (written without a GPU)."""
+refusal until reset) and an LL mismatch. Runs on one GPU (virtual ranks)."""
 
 from __future__ import annotations
 
