@@ -64,8 +64,8 @@ def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
                     if key not in seen:
                         seen.add(key)
                         yield alg.kernel_file, d
-    for dtype in rmsnorm.DTYPES_SUPPORTED:  # the unfused algorithm's one-GPU epilogue
-        yield rmsnorm_epilogue.KERNEL_FILE, {"SOLLAT_T": DTYPES[dtype].cxx}
+    for dtype, table_ranks in itertools.product(rmsnorm.DTYPES_SUPPORTED, rmsnorm_epilogue.TABLE_RANKS):
+        yield rmsnorm_epilogue.KERNEL_FILE, rmsnorm_epilogue.defines(DTYPES[dtype], table_ranks)  # the unfused epilogue
 
 
 def _compile_one(args: tuple[str, dict[str, str], str]) -> str:
