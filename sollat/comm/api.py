@@ -152,7 +152,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
-        (a fused one-shot for one or two rows of 16 KiB or more, else ``unfused``: ``rmsnorm.auto_choice``),
+        (the tuning table's rule by rows and row bytes: ``rmsnorm.auto_choice``, ``rmsnorm_rules``),
         ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
         library paths included unless the communicator is ``batch_invariant``, into ``out``, then
         one kernel for the add and the norm), or the experimental two-shot ``twoshot_sentinel``
