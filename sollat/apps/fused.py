@@ -20,7 +20,7 @@ agree with the other backends within the tolerance, never bitwise, so ``rank_ord
 spec                      what runs at each fusion point
 ========================  ===========================================================================
 ``sollat_fused``          ``all_reduce_rmsnorm(..., algo="auto")`` (a one-shot kernel, LL or sentinel,
-                          for one or two wide rows, else ``unfused``: rmsnorm.auto_choice)
+                          or ``unfused``, by the tuning table's rule: rmsnorm.auto_choice)
 ``sollat_fused:<algo>``   that algorithm forced: ``oneshot_ll``, ``oneshot_sentinel``, ``unfused``,
                           ``twoshot_sentinel`` (experimental)
 ========================  ===========================================================================

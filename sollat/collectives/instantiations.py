@@ -64,8 +64,8 @@ def all_instantiations() -> Iterator[tuple[str, dict[str, str]]]:
                     if key not in seen:
                         seen.add(key)
                         yield alg.kernel_file, d
-    for dtype in rmsnorm.DTYPES_SUPPORTED:  # the unfused algorithm's one-GPU epilogue
-        yield rmsnorm_epilogue.KERNEL_FILE, {"SOLLAT_T": DTYPES[dtype].cxx}
+    for dtype, table_ranks in itertools.product(rmsnorm.DTYPES_SUPPORTED, rmsnorm_epilogue.TABLE_RANKS):
+        yield rmsnorm_epilogue.KERNEL_FILE, rmsnorm_epilogue.defines(DTYPES[dtype], table_ranks)  # the unfused epilogue
 
 
 def _compile_one(args: tuple[str, dict[str, str], str]) -> str:
@@ -101,9 +101,11 @@ class _NoProgress:
 
 
 def precompile(arch: str | None = None, jobs: int = 8, *, progress: ProgressBar | None = None,
-               files: Collection[str] | None = None) -> int:
+               files: Collection[str] | None = None,
+               only: Callable[[str, dict[str, str]], bool] | None = None) -> int:
     """Compile every instantiation into the disk cache, ``jobs`` at a time. Returns the count.
-    ``files``: only the instantiations of these kernel files (``allreduce_oneshot_wide.cu`` ...).
+    ``files``: only the instantiations of these kernel files (``allreduce_oneshot_wide.cu`` ...);
+    ``only(file, defines)``: only those it accepts (a job that needs a few, e.g. virtual ranks).
 
     ``progress(total, description)``: a context manager whose ``advance(note=...)`` is called once
     per module (the CLI passes ``sollat.bench.progress.Progress``); None: no progress shown. Raises ValueError for an arch sollat cannot
@@ -119,7 +121,8 @@ def precompile(arch: str | None = None, jobs: int = 8, *, progress: ProgressBar 
     missing = build.nvrtc_missing()
     if missing is not None:
         raise PrecompileError(missing.removeprefix("sollat: "))
-    work = [(f, d, arch) for f, d in all_instantiations() if files is None or f in files]
+    work = [(f, d, arch) for f, d in all_instantiations()
+            if (files is None or f in files) and (only is None or only(f, d))]
     try:
         with (progress or _NoProgress)(len(work), f"precompile {arch}") as bar:
             if jobs == 1:

@@ -30,7 +30,7 @@ in rank order in fp32 and sends that sum to the others, and every rank rounds it
 residual and normalises, as in the one-shot.
 
 The ``unfused`` hand-over runs sollat's AllReduce (rounded to the dtype: ``s``) and then
-kernels/add_rmsnorm.cu (``auto`` takes it for all but one or two wide rows: ``auto_choice``).
+kernels/add_rmsnorm.cu (``auto`` follows the tuning table's rule: ``auto_choice``).
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ import torch
 from ..device import abi, layout
 from ..device.dtypes import DTYPES, DType
 from ..errors import UnsupportedError
+from . import rmsnorm_rules
 from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
 
 OPNAME = "all_reduce_rmsnorm"
@@ -60,15 +61,16 @@ ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel":
 # arithmetic; its launch: ``unfused_geometry``).
 UNFUSED = "unfused"
 PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
-# What ``algo="auto"`` chooses: a fused one-shot of AUTO_ALGOS (by the AllReduce table's LL /
-# sentinel choice) for at most AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES each,
-# else the unfused hand-over. Measured on 2 H200s (docs/benchmarks.md run 18, bf16, µs, best fused
-# one-shot / unfused): 1 x 8192 5.08 / 5.21, 2 x 8192 5.27 / 5.34, 4 x 8192 5.48 / 5.44,
-# 8 x 8192 5.73 / 5.63, 1 x 4096 4.81 / 4.49, 8 x 4096 5.41 / 4.90, 16 x 8192 10.1 / 6.14,
-# 128 x 8192 47.2 / 12.4: the fused kernel's row clusters take the rows eight at a time, one
+# What ``algo="auto"`` chooses: the tuning table's rule (``rmsnorm_rules``: by rows and row bytes, a
+# fused one-shot, the AllReduce table's LL / sentinel choice, or the unfused hand-over); a table that
+# has not measured one gets rmsnorm_rules.DEFAULT: a fused one-shot for at most AUTO_FUSED_MAX_ROWS
+# rows of at least AUTO_FUSED_MIN_ROW_BYTES each. Measured on 2 H200s (docs/benchmarks.md run 18,
+# bf16, µs, best fused one-shot / unfused): 1 x 8192 5.08 / 5.21, 2 x 8192 5.27 / 5.34, 4 x 8192
+# 5.48 / 5.44, 8 x 8192 5.73 / 5.63, 1 x 4096 4.81 / 4.49, 8 x 4096 5.41 / 4.90, 16 x 8192 10.1 /
+# 6.14, 128 x 8192 47.2 / 12.4: the fused kernel's row clusters take the rows eight at a time, one
 # exchange after another, while the AllReduce moves them all at once and the epilogue normalises
-# every row in parallel; only one or two wide rows gain from doing it all in one kernel. The fused
-# two-shot measured slower than the one-shot at every shape there (2 ranks): auto never picks it.
+# every row in parallel. The fused two-shot measured slower than the one-shot at every shape there
+# (2 ranks): auto never picks it.
 AUTO_ALGOS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel")
 AUTO_FUSED_MAX_ROWS = 2
 AUTO_FUSED_MIN_ROW_BYTES = 16 << 10
@@ -145,20 +147,26 @@ UNFUSED_MAX_GRID = 1 << 16  # blocks of the epilogue; more rows loop (block b: r
 
 
 def unfused_geometry(dt: DType, rows: int, hidden: int) -> RowGeometry:
-    """The cut of kernels/add_rmsnorm.cu: one block per row, 16-byte lines, one line per thread and
-    pass, as many threads as lines up to abi.ADD_RMSNORM_MAX_THREADS (more lines: more passes)."""
+    """The cut of kernels/add_rmsnorm.cu per launch rank: one block per row (up to UNFUSED_MAX_GRID
+    blocks; more rows loop), 16-byte lines in chunks of 32, abi.ADD_RMSNORM_SLOTS chunks per warp
+    and pass (chunk ``(pass * slots + slot) * warps + warp``, as ``row_geometry``'s cut of one
+    block), as many warps as that takes up to abi.ADD_RMSNORM_MAX_THREADS threads (more lines: more
+    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass."""
     epl = layout.LINE_BYTES // dt.size
     row_lines = layout.ceil_div(hidden, epl)
-    threads = min(abi.ADD_RMSNORM_MAX_THREADS, layout.ceil_div(row_lines, layout.WARP) * layout.WARP)
-    passes = layout.ceil_div(row_lines, threads)
-    return RowGeometry(max(1, min(rows, UNFUSED_MAX_GRID)), threads, 1, passes, row_lines, epl, 1)
+    slots = abi.ADD_RMSNORM_SLOTS
+    chunks = layout.ceil_div(row_lines, layout.WARP)
+    threads = min(abi.ADD_RMSNORM_MAX_THREADS, layout.ceil_div(chunks, slots) * layout.WARP)
+    passes = layout.ceil_div(row_lines, threads * slots)
+    return RowGeometry(max(1, min(rows, UNFUSED_MAX_GRID)), threads, slots, passes, row_lines, epl, 1)
 
 
-def auto_choice(rows: int, nbytes: int, fused: str) -> str:
+def auto_choice(rows: int, nbytes: int, fused: str, rules: rmsnorm_rules.Rules | None = None) -> str:
     """``algo="auto"``'s public name for a call of ``rows`` rows and ``nbytes`` bytes, ``fused``
-    being the one-shot the AllReduce table names for its size."""
-    wide = nbytes >= AUTO_FUSED_MIN_ROW_BYTES * max(1, rows)
-    return fused if rows <= AUTO_FUSED_MAX_ROWS and wide else UNFUSED
+    being the one-shot the AllReduce table names for its size, under a table's ``rules`` (None:
+    rmsnorm_rules.DEFAULT)."""
+    rows = max(1, rows)
+    return rmsnorm_rules.choose(rules, rows, nbytes // rows, fused)
 
 
 def row_owner(row: int, world_size: int) -> int:

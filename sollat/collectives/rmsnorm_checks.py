@@ -175,3 +175,22 @@ def check_fp8_ranks(checked: list[tuple], fp8_scale: list[object] | None, fp8_ou
     if any(_overlap(scale, q) for scale, _ in pairs for _, q in pairs):  # a later rank's copy
         raise UnsupportedError(f"{OPNAME}: an fp8_scale lies inside another rank's fp8_out; it must not")
     return pairs
+
+
+def check_ranks_apart(checked: list[tuple], suffix: Callable[[int], str]) -> None:
+    """One launch serves every launch rank of a virtual communicator, each rank's blocks reading
+    its tensors while others write theirs: no rank's ``out`` or ``residual_out`` may share memory
+    with another rank's tensors (``check_rank`` results). Inputs may be shared (one weight, or one
+    residual that no rank updates in place)."""
+    if len(checked) < 2:
+        return
+    names = ("x", "residual", "weight", "out", "residual_out")
+    spans = sorted((*_span(c[k]), r, k) for r, c in enumerate(checked) for k in range(5) if c[k].numel())
+    active: list[tuple[int, int, int, int]] = []
+    for lo, hi, r, k in spans:  # by start: every earlier span still open overlaps this one
+        active = [a for a in active if a[1] > lo]
+        for _, _, r2, k2 in active:
+            if r2 != r and (k >= 3 or k2 >= 3):
+                raise UnsupportedError(f"{OPNAME}: {names[k2]}{suffix(r2)} and {names[k]}{suffix(r)} share memory; "
+                                       "a rank's out and residual_out must be apart from every other rank's tensors")
+        active.append((lo, hi, r, k))

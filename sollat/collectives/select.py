@@ -47,7 +47,7 @@ import torch
 
 from ..device import build
 from ..errors import SollatError, TableMismatchError, UnsupportedError
-from . import algorithms
+from . import algorithms, rmsnorm_rules
 
 NCCL = "nccl"
 TORCH_TWOSHOT = "torch_twoshot"
@@ -85,19 +85,27 @@ class Table:
     source: str = field(default="builtin", compare=False)
     mode: str = ANY  # "real", "virtual" or "any"
     interconnect: str = ANY  # "nvlink", "pcie", ... or "any"
+    # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.DEFAULT)
+    rmsnorm: rmsnorm_rules.Rules | None = None
 
     def identity(self) -> dict[str, Any]:
-        """What selection depends on: the key and the rules (not the note, not the source)."""
-        return {"gpu": self.gpu, "world_size": self.world_size, "mode": self.mode,
-                "interconnect": self.interconnect,
-                "rules": [{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in self.rules]}
+        """What selection depends on: the key and the rules (not the notes, not the source)."""
+        d = {"gpu": self.gpu, "world_size": self.world_size, "mode": self.mode,
+             "interconnect": self.interconnect,
+             "rules": [{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in self.rules]}
+        if self.rmsnorm is not None:  # absent: the digest of a table without one stays what it was
+            d["rmsnorm"] = self.rmsnorm.identity()
+        return d
 
     def handover_bytes(self, name: str) -> int:
         """Largest message a rule hands to library path ``name`` (0: none)."""
         return max((r.max_bytes for r in self.rules if r.algorithm == name), default=0)
 
     def to_json(self) -> str:
-        return json.dumps({**self.identity(), "note": self.note}, indent=2)
+        d = {**self.identity(), "note": self.note}
+        if self.rmsnorm is not None:
+            d["rmsnorm"] = self.rmsnorm.to_dict()
+        return json.dumps(d, indent=2)
 
     @staticmethod
     def from_dict(d: Any, source: str) -> Table:
@@ -128,7 +136,9 @@ class Table:
                     raise bad(str(exc)) from None
         if list(rules) != sorted(rules, key=lambda r: r.max_bytes):
             raise bad("rules must be sorted by max_bytes")
-        return Table(gpu, ws, rules, str(d.get("note", "")), source, mode, ic)
+        rms = d.get("rmsnorm")
+        return Table(gpu, ws, rules, str(d.get("note", "")), source, mode, ic,
+                     None if rms is None else rmsnorm_rules.parse(rms, bad))
 
 
 def _rule(r: Any, i: int, bad: Any) -> Rule:

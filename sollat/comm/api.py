@@ -152,7 +152,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         ``[hidden]``. Returns ``y = rmsnorm(allreduce(x) + residual) * weight`` and the new
         residual ``allreduce(x) + residual`` (``residual_out=residual`` updates it in place;
         ``out=x`` writes ``y`` over ``x``). Bitwise identical on every rank. ``algo``: ``auto``
-        (a fused one-shot for one or two rows of 16 KiB or more, else ``unfused``: ``rmsnorm.auto_choice``),
+        (the tuning table's rule by rows and row bytes: ``rmsnorm.auto_choice``, ``rmsnorm_rules``),
         ``oneshot_ll``, ``oneshot_sentinel``, ``unfused`` (sollat's deterministic AllReduce,
         library paths included unless the communicator is ``batch_invariant``, into ``out``, then
         one kernel for the add and the norm), or the experimental two-shot ``twoshot_sentinel``
@@ -203,16 +203,17 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                                        f"x{self._suffix(0)} is {tuple(x0.shape)} {x0.dtype}; every rank must pass the "
                                        "same shape and dtype")
         fp8 = rmsnorm_checks.check_fp8_ranks(checked, scales, fp8_outs, self.device, self._suffix)
+        rmsnorm_checks.check_ranks_apart(checked, self._suffix)
         ys, rs = [c[3] for c in checked], [c[4] for c in checked]
         result = (ys, rs) if fp8 is None else (ys, rs, [q for _, q in fp8])
         dt, rows, hidden = checked[0][5], checked[0][6], checked[0][7]
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
-        if plan.alg is None:  # unfused: the sums into ys (same bits on every rank), then each rank's epilogue in place
+        if plan.alg is None:  # unfused: the sums into ys (same bits on every rank), then the epilogue in place
             self._all_reduce_ranks([c[0] for c in checked], "sum", "auto", ys, True)
-            for r, c in enumerate(checked):
-                self._launch(plan, epilogue.pointers(ys[r], ys[r], c[1], rs[r], c[2], None if fp8 is None else fp8[r]))
+            self._launch(plan, epilogue.pointer_table(self._table_ranks, ys, ys, [c[1] for c in checked], rs,
+                                                      [c[2] for c in checked], fp8))
             return result
         lists = [[c[k] for c in checked] for k in (0, 3, 1, 4, 2)]  # x, out, residual, residual_out, weight
         if fp8 is not None:  # abi.POINTER_LISTS["rmsnorm_fp8"]: then the copies, then their scales

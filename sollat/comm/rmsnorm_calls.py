@@ -28,9 +28,10 @@ class RmsnormCalls(_CommBase):
         return rmsnorm.public_name(self._rmsnorm_resolve("auto", nbytes, dtype, rows))
 
     def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
-        """Internal algorithm name. ``auto``: rmsnorm.auto_choice (few wide rows: the AllReduce
-        table among the fused one-shot algorithms only, rmsnorm.AUTO_ALGOS, LL or sentinel by
-        size; else the unfused hand-over; the fused two-shot only by name)."""
+        """Internal algorithm name. ``auto``: rmsnorm.auto_choice under the tuning table's rule
+        (rmsnorm_rules: a fused one-shot, by name or as the AllReduce table's choice among
+        rmsnorm.AUTO_ALGOS for the call's bytes, or the unfused hand-over; the fused two-shot only
+        by name)."""
         if algo == "auto":
             key = ("rmsnorm", nbytes, dtype)
             choice = self._choices.get(key)
@@ -38,7 +39,7 @@ class RmsnormCalls(_CommBase):
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
                                        handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
-            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice))
+            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice, self._selection_table().rmsnorm))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
             raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on "
@@ -80,9 +81,10 @@ class RmsnormCalls(_CommBase):
         return plan
 
     def _rmsnorm_epilogue_plan(self, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
-        """The unfused algorithm's epilogue (``alg`` None); its AllReduce plans its own call."""
-        kernel, config, tail = epilogue.launch_parts(dt, rows, hidden, eps_bits)
-        bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.N_PTRS)
+        """The unfused algorithm's epilogue (``alg`` None): one launch for every launch rank; its
+        AllReduce plans its own call."""
+        kernel, config, tail = epilogue.launch_parts(dt, rows, hidden, eps_bits, self._launch_ranks, self._table_ranks)
+        bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.n_ptrs(self._table_ranks))
         return _Plan(None, kernel, config, tail, bound)
 
     def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,

@@ -225,12 +225,15 @@ def rmsnorm_entry(kernel: str, fp8: bool) -> str:
 assert rmsnorm_entry("ar_rmsnorm", True) == RMSNORM_FP8_ENTRY
 # Residual add + RMSNorm on one GPU (kernels/add_rmsnorm.cu): the epilogue of all_reduce_rmsnorm's
 # "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
-# peers. fp8_out / fp8_scale are 0 without the FP8 copy. One block of at most
-# ADD_RMSNORM_MAX_THREADS threads per row.
+# peers. Its pointers are a rank table of the FP8 variant's lists (ADD_RMSNORM_LISTS; fp8_out and
+# fp8_scale 0 without the FP8 copy), so that one launch serves every virtual rank (grid.y); then
+# the tail. One block of at most ADD_RMSNORM_MAX_THREADS threads per row (its __launch_bounds__),
+# each thread ADD_RMSNORM_SLOTS 16-byte lines of the row per pass.
 ADD_RMSNORM_ENTRY = "add_rmsnorm"
-ADD_RMSNORM_MAX_THREADS = 1024
+ADD_RMSNORM_MAX_THREADS = 512
+ADD_RMSNORM_SLOTS = 4
+ADD_RMSNORM_LISTS = "rmsnorm_fp8"
 ADD_RMSNORM_TAIL_PARAMS: tuple[Param, ...] = (Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
-ADD_RMSNORM_PARAMS: tuple[Param, ...] = tuple(Param(n, t) for n, t in _RMSNORM_FP8_PTRS) + ADD_RMSNORM_TAIL_PARAMS
 # float8_e4m3fn (OCP E4M3, torch.float8_e4m3fn): the largest finite value (0x7E; the copy is
 # clamped to +-FP8_E4M3_MAX) and the one NaN byte the kernel writes for every NaN (0x7F: no
 # infinities in this format; 0xFF, the negative NaN, is never written).

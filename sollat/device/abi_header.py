@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .abi import (
+    ADD_RMSNORM_LISTS,
     ADD_RMSNORM_MAX_THREADS,
-    ADD_RMSNORM_PARAMS,
+    ADD_RMSNORM_SLOTS,
+    ADD_RMSNORM_TAIL_PARAMS,
     BITS,
     BULK_AREA_LINES,
     BULK_DATA_LINES,
@@ -96,8 +98,10 @@ def _per_kernel_lines() -> list[str]:
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS),
                                    ("kRmsnormMaxHidden", RMSNORM_MAX_HIDDEN)]),
-        "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row).",
-        _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS)]),
+        "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row),"
+        " the 16-byte lines of a row per thread and pass.",
+        _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS),
+                                     ("kAddRmsnormSlots", ADD_RMSNORM_SLOTS)]),
         "// The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.",
         _enum("BulkArea", [("kBulkAreaLines", BULK_AREA_LINES), ("kBulkDataLines", BULK_DATA_LINES)]),
         "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",
@@ -209,7 +213,7 @@ def header_text() -> str:
         *_params_macro("SOLLAT_PARAMS", (_table_param("collective"),) + TAIL_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_PARAMS", (_table_param("rmsnorm"),) + RMSNORM_TAIL_PARAMS),
         *_params_macro("SOLLAT_RMSNORM_FP8_PARAMS", (_table_param("rmsnorm_fp8"),) + RMSNORM_TAIL_PARAMS),
-        *_params_macro("SOLLAT_ADD_RMSNORM_PARAMS", ADD_RMSNORM_PARAMS),
+        *_params_macro("SOLLAT_ADD_RMSNORM_PARAMS", (_table_param(ADD_RMSNORM_LISTS),) + ADD_RMSNORM_TAIL_PARAMS),
     ]
     return framed(banner, "SOLLAT_ABI_H_", body)
 

@@ -184,12 +184,30 @@ def chunk_lines(geo: rmsnorm.RowGeometry) -> list[int]:
     return sorted(firsts)
 
 
-def kernel_model_ss(v: torch.Tensor, geo: rmsnorm.RowGeometry) -> torch.Tensor:
+def quad_model(chunks: torch.Tensor) -> torch.Tensor:
+    """add_rmsnorm.cu's quad_tree_sum of [rows, n] chunk sums (n <= 128) as the kernel runs it: lane
+    l adds chunks 4l..4l+3 as (c0 + c1) + (c2 + c3) (zeros past n), the butterfly over offsets below
+    ceil(n / 4), then lane 0's value."""
+    rows, n = chunks.shape
+    assert 1 <= n <= 4 * WARP
+    lanes = torch.zeros(rows, 4 * WARP)
+    lanes[:, :n] = chunks
+    q = lanes.view(rows, WARP, 4)
+    vals = (q[..., 0] + q[..., 1]) + (q[..., 2] + q[..., 3])
+    idx, o = torch.arange(WARP), 1
+    while o < layout.ceil_div(n, 4):
+        vals = vals + vals[..., idx ^ o]
+        o *= 2
+    return vals[..., 0]
+
+
+def kernel_model_ss(v: torch.Tensor, geo: rmsnorm.RowGeometry, combine: str = "chunk") -> torch.Tensor:
     """The sum of squares of kernels/allreduce_rmsnorm.cu (and, with unfused_geometry, of
     kernels/add_rmsnorm.cu) for launch geometry ``geo``: square_tree per pack of elems_per_line
     elements, warp_tree_sum per (pass, block, slot, warp) over its 32 packs (the chunk the kernel
     stores at index first_line / 32), then chunk_tree_sum (a butterfly over each group of 32 chunks,
-    zeros past the last, then one over the group sums)."""
+    zeros past the last, then one over the group sums), or with ``combine="quad"`` (add_rmsnorm.cu
+    up to 128 chunks) quad_tree_sum."""
     rows, hidden = v.shape
     e = geo.elems_per_line
     firsts = chunk_lines(geo)
@@ -205,24 +223,27 @@ def kernel_model_ss(v: torch.Tensor, geo: rmsnorm.RowGeometry) -> torch.Tensor:
     index = torch.tensor([[f + lane for lane in range(WARP)] for f in firsts])  # [chunks, 32] lines
     chunks = _butterfly(packs[:, index])  # [rows, chunks]
     n = chunks.shape[1]
+    if combine == "quad" and n <= 4 * WARP:
+        return quad_model(chunks)
     assert n <= WARP * WARP  # kRmsnormMaxChunks
     groups = torch.zeros(rows, WARP * WARP)
     groups[:, :n] = chunks
     return _butterfly(_butterfly(groups.view(rows, WARP, WARP)))
 
 
-def _geometries(dtype: torch.dtype) -> list[rmsnorm.RowGeometry]:
+def _geometries(dtype: torch.dtype) -> list[tuple[rmsnorm.RowGeometry, str]]:
     """Every distinct launch geometry of the fused algorithms (every world size template, batch,
-    and a block limit as a virtual communicator's retry uses) and of the unfused epilogue."""
+    and a block limit as a virtual communicator's retry uses) and of the unfused epilogue, each with
+    its kernel's combine of the chunk sums."""
     dt = DTYPES[dtype]
-    seen: dict[rmsnorm.RowGeometry, None] = {}
+    seen: dict[tuple[rmsnorm.RowGeometry, str], None] = {}
     for hidden in (1, 7, 33, 1000, 2049, 4096, 5120, 8192, 12288, 16384, rmsnorm.MAX_HIDDEN):
         for rows in (1, 2, 3, 8, 64):
             for alg in algorithms.RMSNORM_ALGORITHMS.values():
                 for r in (2, 4, 8):
-                    seen[rmsnorm.row_geometry(alg, dt, rows, hidden, r)] = None
-                    seen[rmsnorm.row_geometry(alg, dt, rows, hidden, r, 3)] = None
-            seen[rmsnorm.unfused_geometry(dt, rows, hidden)] = None
+                    seen[(rmsnorm.row_geometry(alg, dt, rows, hidden, r), "chunk")] = None
+                    seen[(rmsnorm.row_geometry(alg, dt, rows, hidden, r, 3), "chunk")] = None
+            seen[(rmsnorm.unfused_geometry(dt, rows, hidden), "quad")] = None
     return list(seen)
 
 
@@ -233,12 +254,15 @@ def test_the_kernels_order_gives_the_reference_bits_for_every_geometry(dtype: to
     rmsnorm.sum_of_squares, on rows with NaN, +-Inf, overflowing squares, denormals and signed
     zeros, at a full last line and at an odd hidden size; so the fused and the unfused cut of any
     row give the same bits."""
-    geos = _geometries(dtype)
+    cuts = _geometries(dtype)
+    geos = [g for g, _ in cuts]
     assert len(geos) > 20 and {g.row_blocks for g in geos} == {1, 2, 4, 8} and max(g.passes for g in geos) > 1
     assert {g.elems_per_line * DTYPES[dtype].size for g in geos} == {8, 16}  # LL packs and 16-byte lines
+    quads = [g for g, c in cuts if c == "quad"]
+    assert max(g.passes for g in quads) > 1 and {g.row_lines <= 4 * WARP * WARP for g in quads} == {True, False}
     rows: dict[int, torch.Tensor] = {}
     odd = 0
-    for k, geo in enumerate(geos):
+    for k, (geo, combine) in enumerate(cuts):
         e = geo.elems_per_line
         # a full last line, or (every other geometry) a row ending one element into its last line
         hidden = geo.row_lines * e if k % 2 or e == 1 else (geo.row_lines - 1) * e + 1
@@ -246,8 +270,28 @@ def test_the_kernels_order_gives_the_reference_bits_for_every_geometry(dtype: to
         if hidden not in rows:  # the values as the kernels see them: r rounded to the dtype, then widened
             rows[hidden] = special_rows(hidden, 2, hidden).to(dtype).to(F32)
         v = rows[hidden]
-        assert same(kernel_model_ss(v, geo), rmsnorm.sum_of_squares(v)), (geo, hidden)
-    assert odd > len(geos) // 3
+        assert same(kernel_model_ss(v, geo, combine), rmsnorm.sum_of_squares(v)), (geo, combine, hidden)
+    assert odd > len(cuts) // 3
+
+
+def test_the_quad_combine_is_the_chunk_tree() -> None:
+    """quad_tree_sum (add_rmsnorm.cu) and chunk_tree_sum give the same bits for every chunk count
+    up to 128, on chunk sums with NaN, +Inf, huge and denormal values; a left-to-right sum of the
+    same chunks would not (the comparison can fail)."""
+    gen = torch.Generator().manual_seed(11)
+    specials = torch.tensor([float("nan"), float("inf"), 3e38, 1e-40, 0.0, 1.0])
+    for n in range(1, 4 * WARP + 1):
+        c = torch.rand(3, n, generator=gen) * 10.0 ** torch.randint(-30, 30, (3, n), generator=gen)
+        c[0, torch.randint(0, n, (max(1, n // 8),), generator=gen)] = specials[torch.randint(0, 6, (1,))]
+        groups = torch.zeros(3, WARP * WARP)
+        groups[:, :n] = c
+        want = _butterfly(_butterfly(groups.view(3, WARP, WARP)))
+        assert same(quad_model(c), want), n
+    c = torch.rand(8, 100, generator=gen) + 1.0
+    running = torch.zeros(8)
+    for i in range(100):
+        running = running + c[:, i]
+    assert not same(running, quad_model(c))
 
 
 def test_the_old_per_thread_order_would_be_caught() -> None:

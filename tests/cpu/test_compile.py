@@ -35,6 +35,20 @@ def test_each_kernel_file_compiles_for_sm90(tmp_path, monkeypatch, kernel_file: 
     assert len(list((tmp_path / "cubin").glob("*.cubin"))) == want
 
 
+def test_precompile_takes_a_filter(monkeypatch) -> None:
+    """``only(file, defines)`` picks the instantiations to compile (the device scripts' virtual-rank
+    subset), after ``files``."""
+    done: list[tuple[str, dict[str, str]]] = []
+    monkeypatch.setattr(instantiations, "_compile_one", lambda w: done.append((w[0], w[1])) or w[0])
+
+    def epilogues_of_8(f: str, d: dict[str, str]) -> bool:
+        return d.get("SOLLAT_TABLE_RANKS") == "8"
+
+    n = instantiations.precompile("sm_90", jobs=1, files={"add_rmsnorm.cu"}, only=epilogues_of_8)
+    assert n == len(done) == 3 and {d["SOLLAT_T"] for _, d in done} == {"float", "sollat::bf16", "sollat::f16"}
+    assert instantiations.precompile("sm_90", jobs=1, only=lambda f, d: False) == 0
+
+
 def test_compile_errors_are_reported(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     with pytest.raises(RuntimeError, match="NVRTC failed"):

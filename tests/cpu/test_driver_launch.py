@@ -129,28 +129,55 @@ def test_rank_table_is_one_parameter() -> None:
         BoundLaunch(_FakeKernel([8 * 4, 8, 4]), _Config(grid=1, block=32), (1, 2), 5, launch_fn=fn)
 
 
-def test_rmsnorm_epilogue_packs_its_pointers_and_tail() -> None:
-    """The unfused RMSNorm's epilogue plan: abi.ADD_RMSNORM_PARAMS in order (seven pointers, the
-    FP8 pair null without the copy, then rows, hidden and eps's bits), as the kernel declares them."""
+def test_rmsnorm_epilogue_packs_its_rank_table_and_tail() -> None:
+    """The unfused RMSNorm's epilogue: one rank-table parameter of abi.ADD_RMSNORM_LISTS (in, out,
+    residual, residual_out, weight, FP8 copy, scale; list l of launch rank y at l * table_ranks + y,
+    zeros past the last launch rank and in the FP8 lists without the copy), then rows, hidden and
+    eps's bits, as the kernel declares them; one launch serves every launch rank (grid.y)."""
     import torch
 
     from sollat.collectives import rmsnorm_epilogue
     from sollat.device import abi
 
-    sizes = [struct_size(p.ctype) for p in abi.ADD_RMSNORM_PARAMS]
-    assert sizes == [8] * 7 + [8, 8, 4] and rmsnorm_epilogue.N_PTRS == 7
+    table_ranks, ranks = 4, 3
+    n_ptrs = rmsnorm_epilogue.n_ptrs(table_ranks)
+    assert n_ptrs == 7 * table_ranks and rmsnorm_epilogue.n_ptrs(1) == 7
     tail = abi.kernel_tail({"rows": 3, "hidden": 4096, "eps_bits": 0x358637BD}, abi.ADD_RMSNORM_TAIL_PARAMS)
-    rec = _Recorder(sizes)
-    bound = BoundLaunch(_FakeKernel(sizes), _Config(grid=(3, 1), block=512, programmatic_stream_serialization=True),
-                        tail, rmsnorm_epilogue.N_PTRS, launch_fn=rec)
-    x, res, w = torch.zeros(3, 4096), torch.zeros(3, 4096), torch.zeros(4096)
-    r_out, scale, q = torch.zeros(3, 4096), torch.ones(1), torch.zeros(3, 4096, dtype=torch.uint8)
-    bound(0, rmsnorm_epilogue.pointers(x, x, res, r_out, w, None))
-    bound(0, rmsnorm_epilogue.pointers(x, x, res, r_out, w, (scale, q)))
-    plain, fp8 = rec.calls
-    common = [x.data_ptr(), x.data_ptr(), res.data_ptr(), r_out.data_ptr(), w.data_ptr()]
-    assert plain["args"] == [*common, 0, 0, 3, 4096, 0x358637BD] and plain["pdl"] == 1
-    assert fp8["args"] == [*common, q.data_ptr(), scale.data_ptr(), 3, 4096, 0x358637BD]
+    sizes = [8 * n_ptrs] + [struct_size(p.ctype) for p in abi.ADD_RMSNORM_TAIL_PARAMS]
+    assert sizes[1:] == [8, 8, 4]
+    seen: list[list[int]] = []
+
+    def fn(cfg_ref: Any, func: Any, params: Any, extra: Any) -> int:
+        assert tuple(cfg_ref._obj.grid) == (3, ranks, 1)
+        table = [ctypes.c_uint64.from_address(params[0] + 8 * i).value for i in range(n_ptrs)]
+        seen.append(table + [ctypes.c_uint64.from_address(params[1]).value,
+                             ctypes.c_uint64.from_address(params[2]).value,
+                             ctypes.c_uint32.from_address(params[3]).value])
+        return 0
+
+    bound = BoundLaunch(_FakeKernel(sizes), _Config(grid=(3, ranks), block=128,
+                                                    programmatic_stream_serialization=True),
+                        tail, n_ptrs, launch_fn=fn)
+    x = [torch.zeros(3, 4096) for _ in range(ranks)]
+    res, r_out = [torch.zeros(3, 4096) for _ in range(ranks)], [torch.zeros(3, 4096) for _ in range(ranks)]
+    w = [torch.zeros(4096)] * ranks
+    fp8 = [(torch.ones(1), torch.zeros(3, 4096, dtype=torch.uint8)) for _ in range(ranks)]
+    bound(0, rmsnorm_epilogue.pointer_table(table_ranks, x, x, res, r_out, w, None))
+    bound(0, rmsnorm_epilogue.pointer_table(table_ranks, x, x, res, r_out, w, fp8))
+    plain, with_fp8 = seen
+
+    def lists(*seqs: list[int]) -> list[int]:
+        return [v for seq in seqs for v in [*seq, *[0] * (table_ranks - ranks)]]
+
+    ptr = [[t.data_ptr() for t in seq] for seq in (x, x, res, r_out, w)]
+    zeros = [0] * ranks
+    assert plain == lists(*ptr, zeros, zeros) + [3, 4096, 0x358637BD]
+    assert with_fp8 == lists(*ptr, [q.data_ptr() for _, q in fp8], [s.data_ptr() for s, _ in fp8]) + [3, 4096,
+                                                                                                        0x358637BD]
+    with pytest.raises(ValueError, match="one tensor per launch rank"):
+        rmsnorm_epilogue.pointer_table(table_ranks, x, x, res, r_out, w[:2], None)
+    with pytest.raises(ValueError, match="one tensor per launch rank"):
+        rmsnorm_epilogue.pointer_table(2, x, x, res, r_out, w, None)
 
 
 def struct_size(ctype: str) -> int:

@@ -3,7 +3,9 @@ functions torch.compile uses, the row geometry, the host reference, and NVRTC co
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import itertools
 import math
 import re
 from fractions import Fraction
@@ -14,7 +16,16 @@ import pytest
 import torch
 
 import sollat
-from sollat.collectives import algorithms, instantiations, ops, registry, rmsnorm, rmsnorm_checks
+from sollat.collectives import (
+    algorithms,
+    instantiations,
+    ops,
+    registry,
+    rmsnorm,
+    rmsnorm_checks,
+    rmsnorm_epilogue,
+    rmsnorm_rules,
+)
 from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.device import abi, abi_header, build, layout
 from sollat.device.dtypes import DTYPES
@@ -502,43 +513,72 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
-    """algo="auto" picks a fused one-shot algorithm from the AllReduce table for at most
-    AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES (never a library path there;
-    never the two-shot, measured slower), and the unfused hand-over otherwise."""
+    """algo="auto" follows the table's all_reduce_rmsnorm rule (rmsnorm_rules; DEFAULT where the
+    table has none: a fused one-shot for at most AUTO_FUSED_MAX_ROWS rows of at least
+    AUTO_FUSED_MIN_ROW_BYTES); a "fused" rule takes the AllReduce table's LL or sentinel choice
+    (never a library path, never the two-shot); a table's own rule replaces the default."""
     c = fake_virtual(2)
     most, wide = rmsnorm.AUTO_FUSED_MAX_ROWS, rmsnorm.AUTO_FUSED_MIN_ROW_BYTES
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for rows in range(1, most + 1):
-            for row_bytes in (wide, 2 * wide, 1 << 20):
-                nbytes = rows * row_bytes
-                name = c._rmsnorm_resolve("auto", nbytes, dtype, rows)
-                assert name in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
-                assert rmsnorm.ALGOS[c.selected_rmsnorm_algorithm(nbytes, dtype, rows)] == name
-            for nbytes in (4, rows * wide - 2):  # narrow rows
-                assert c._rmsnorm_resolve("auto", nbytes, dtype, rows) == rmsnorm.UNFUSED
-        for rows in (most + 1, 8, 4096):
-            for nbytes in (rows * 2, rows * wide, rows * (1 << 20)):
-                assert c._rmsnorm_resolve("auto", nbytes, dtype, rows) == rmsnorm.UNFUSED
-                assert c.selected_rmsnorm_algorithm(nbytes, dtype, rows) == "unfused"
+
+    def check(rules: rmsnorm_rules.Rules | None) -> set[str]:
+        seen = set()
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            for rows in (1, 2, 3, 8, 4096):
+                for row_bytes in (2, wide // 2, wide - 2, wide, 2 * wide, 1 << 20):
+                    nbytes = rows * row_bytes
+                    name = c._rmsnorm_resolve("auto", nbytes, dtype, rows)
+                    want = rmsnorm_rules.choose(rules, rows, row_bytes, rmsnorm_rules.FUSED)
+                    if want == rmsnorm_rules.FUSED:
+                        assert name in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
+                    else:
+                        assert name == rmsnorm.internal_name(want)
+                    assert c.selected_rmsnorm_algorithm(nbytes, dtype, rows) == rmsnorm.public_name(name)
+                    seen.add(rmsnorm.public_name(name))
+        return seen
+
+    table = c._selection_table()
+    assert table.rmsnorm is None or table.mode == "virtual"
+    check(table.rmsnorm)
+    c._table = dataclasses.replace(table, rmsnorm=None)
+    c._choices.clear()
+    assert check(None) >= {"unfused"} and len(check(None)) >= 2
+    for rows, row_bytes, want in ((1, wide, "fused"), (most, 1 << 20, "fused"), (most + 1, wide, "unfused"),
+                                  (1, wide - 1, "unfused")):
+        assert rmsnorm_rules.choose(None, rows, row_bytes, "fused") == want
+    own = rmsnorm_rules.Rules((rmsnorm_rules.Rule(16, 8192, "oneshot_sentinel"),
+                               rmsnorm_rules.Rule(64, 1 << 20, "oneshot_ll")))
+    c._table = dataclasses.replace(table, rmsnorm=own)
+    c._choices.clear()
+    assert check(own) == {"oneshot_sentinel", "oneshot_ll", "unfused"}
+    assert c.selected_rmsnorm_algorithm(16 * 8192, torch.bfloat16, 16) == "oneshot_sentinel"
+    assert c.selected_rmsnorm_algorithm(17 * 8192, torch.bfloat16, 17) == "oneshot_ll"
+    assert c.selected_rmsnorm_algorithm(65 * 8192, torch.bfloat16, 65) == "unfused"
 
 
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
 def test_unfused_geometry_covers_each_line_once(dtype: torch.dtype) -> None:
     """kernels/add_rmsnorm.cu: one block per row (up to UNFUSED_MAX_GRID blocks), 16-byte lines,
-    line p * threads + t to thread t in pass p, no empty pass, threads a multiple of 32 up to
-    abi.ADD_RMSNORM_MAX_THREADS; rmsnorm.geometry("unfused", ...) is it."""
+    abi.ADD_RMSNORM_SLOTS chunks of 32 lines per warp and pass, the fewest warps that hold the row in
+    one pass up to abi.ADD_RMSNORM_MAX_THREADS threads, no empty pass; every decode row is one pass;
+    rmsnorm.geometry("unfused", ...) is it."""
     dt = DTYPES[dtype]
+    slots = abi.ADD_RMSNORM_SLOTS
     for rows in (1, 3, 17, 70000):
         for hidden in (1, 7, 1000, 4096, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
             g = rmsnorm.unfused_geometry(dt, rows, hidden)
             assert g == rmsnorm.geometry("unfused", dtype, rows, hidden, 8)
-            assert (g.row_blocks, g.slots, g.elems_per_line) == (1, 1, layout.LINE_BYTES // dt.size)
+            assert (g.row_blocks, g.slots, g.elems_per_line) == (1, slots, layout.LINE_BYTES // dt.size)
             assert g.blocks == min(rows, rmsnorm.UNFUSED_MAX_GRID)
             assert g.threads % layout.WARP == 0 and g.threads <= abi.ADD_RMSNORM_MAX_THREADS
             assert g.row_lines == -(-hidden // g.elems_per_line)
-            assert g.passes * g.threads >= g.row_lines > (g.passes - 1) * g.threads
+            per_pass = g.threads * slots
+            assert g.passes * per_pass >= g.row_lines > (g.passes - 1) * per_pass
             if g.passes > 1:
                 assert g.threads == abi.ADD_RMSNORM_MAX_THREADS
+            else:  # one warp fewer would not hold the row
+                assert (g.threads - layout.WARP) * slots < g.row_lines or g.threads == layout.WARP
+            if hidden <= 8192:
+                assert g.passes == 1
 
 
 def test_the_reference_rounds_the_sum_before_the_residual() -> None:
@@ -566,8 +606,9 @@ def test_add_rmsnorm_kernel_compiles_for_every_dtype(tmp_path, monkeypatch) -> N
     monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
     src = build.kernel_source("add_rmsnorm.cu")
     assert "SOLLAT_ADD_RMSNORM_PARAMS" in src
-    for dtype in rmsnorm.DTYPES_SUPPORTED:
-        build.compile_cubin(src, name="add_rmsnorm", arch="sm_90", defines={"SOLLAT_T": DTYPES[dtype].cxx})
+    for dtype, table_ranks in itertools.product(rmsnorm.DTYPES_SUPPORTED, (1, 8)):
+        build.compile_cubin(src, name="add_rmsnorm", arch="sm_90",
+                            defines=rmsnorm_epilogue.defines(DTYPES[dtype], table_ranks))
 
 
 # ---- the FP8 copy (fp8_scale / fp8_out) -----------------------------------------------------------
@@ -870,3 +911,30 @@ def test_fp8_instantiations_are_listed_and_only_for_the_fused_kernel() -> None:
     plain = algorithms.kernel_defines(algorithms.RMSNORM_ALGORITHMS["rmsnorm_oneshot_ll"], DTYPES[torch.float32],
                                       "sum", 2, 1, False, True)
     assert "SOLLAT_RMSNORM_FP8" not in plain  # the plain module's defines, hence its cubin key, are unchanged
+
+
+def test_a_rank_s_outputs_must_be_apart_from_other_ranks_tensors() -> None:
+    """One launch serves every virtual rank: shared inputs are fine, a rank's out or residual_out
+    sharing memory with another rank's tensors is refused, naming both."""
+    dev = torch.device("cpu")
+    x = [torch.zeros(2, 8) for _ in range(3)]
+    w = torch.ones(8)
+    res = torch.zeros(2, 8)
+
+    def checked(outs: list[Any], routs: list[Any], residuals: list[Any]) -> list[tuple]:
+        return [rmsnorm_checks.check_rank(x[r], residuals[r], w, outs[r], routs[r], dev, f"[{r}]") for r in range(3)]
+
+    def suffix(r: int) -> str:
+        return f"[{r}]"
+
+    rmsnorm_checks.check_ranks_apart(checked([None] * 3, [None] * 3, [res] * 3), suffix)  # shared inputs
+    rmsnorm_checks.check_ranks_apart(checked(x, [None] * 3, [res] * 3), suffix)  # out=x per rank
+    with pytest.raises(sollat.UnsupportedError, match=r"residual\[0\] and residual_out\[1\] share memory|"
+                                                      r"residual_out\[0\] and residual\[1\] share memory"):
+        rmsnorm_checks.check_ranks_apart(checked([None] * 3, [res] * 3, [res] * 3), suffix)
+    big = torch.zeros(4, 8)
+    with pytest.raises(sollat.UnsupportedError, match=r"out\[0\] and out\[1\] share memory"):
+        rmsnorm_checks.check_ranks_apart(checked([big[:2], big[1:3], None], [None] * 3, [res] * 3), suffix)
+    with pytest.raises(sollat.UnsupportedError, match=r"x\[2\] and out\[1\] share memory|out\[1\] and x\[2\]"):
+        rmsnorm_checks.check_ranks_apart(checked([None, x[2], None], [None] * 3, [res] * 3), suffix)
+    rmsnorm_checks.check_ranks_apart(checked([None] * 3, [None] * 3, [res] * 3)[:1], suffix)  # one rank

@@ -4,8 +4,8 @@ graph, on every rank, and they must be the host reference's bits.
 
 Row 0 of every input is fixed and the batch size B moves across every switch point: every rule of
 every shipped tuning table (sollat/collectives/tuning/*.json; the one a virtual communicator of R ranks finds,
-and the real-rank table forced onto a 2-rank virtual communicator), ``rmsnorm.auto_choice``'s row
-threshold (fused one-shot for one or two wide rows, ``unfused`` above), every batch size at which
+and the real-rank table forced onto a 2-rank virtual communicator), every row count at which the
+table's ``all_reduce_rmsnorm`` rule (``rmsnorm_rules``) changes its choice, every batch size at which
 ``rmsnorm.row_geometry`` / ``unfused_geometry`` cut a row differently (row clusters, slots,
 threads), and the AllGather / ReduceScatter size rule. For each B: ``all_reduce`` (auto and every
 deterministic algorithm forced; ``ll128`` refused), ``all_reduce_rmsnorm`` with and without the FP8
@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import sollat
-from sollat.collectives import algorithms, gather_scatter, rmsnorm, select
+from sollat.collectives import algorithms, gather_scatter, rmsnorm, rmsnorm_rules, select
 from sollat.device.dtypes import DTYPES as DTYPE_INFO
 
 from ._reference import rank_order_reduce, raw_bits, same_bits
@@ -48,6 +48,7 @@ FP8_SCALE = 0.0173
 FUSED_MAX_ROWS = 4096  # forced fused calls above this many rows take long (one exchange per row cluster)
 GATHER_MAX_BYTES = 8 << 20  # per-peer bytes of the AllGather / ReduceScatter calls (memory)
 GRAPH_MAX_BYTES = 16 << 20  # batches captured into the CUDA graph (memory)
+RULE_MAX_ROWS = 1024  # the all_reduce_rmsnorm rule's switches looked for up to this many rows
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 RMSNORM_ALGOS = [a for a in rmsnorm.PUBLIC_ALGOS
                  if TWOSHOT or rmsnorm.internal_name(a) not in algorithms.RMSNORM_EXPERIMENTAL]
@@ -169,14 +170,16 @@ def test_every_collective_gives_row_zero_the_same_bits_in_every_batch(stem: str,
         c.all_reduce([torch.ones(8, device=DEV)] * r, algo="ll128")
     errors: list[str] = []
     checked = 0
-    chosen: dict[str, set[str]] = {"all_reduce": set(), "all_reduce_rmsnorm": set(), "gather_scatter": set()}
+    chosen: dict[str, set[str]] = {"all_reduce": set(), "all_reduce_rmsnorm": set(), "gather_scatter": set(),
+                                   "rmsnorm_rule": set()}
     for dtype, hidden in itertools.product(DTYPES, HIDDEN):
         checked += sweep(c, f"R={r} {stem} {str(dtype).replace('torch.', '')} hidden={hidden}", dtype, hidden,
                          errors, chosen)
         torch.cuda.empty_cache()
     c.check()
     # the sweep did cross the switches it is about
-    assert len(chosen["all_reduce_rmsnorm"]) >= 2, chosen  # fused and unfused at least
+    # fused and unfused at least, wherever the table's rule names both for the sizes swept
+    assert len(chosen["all_reduce_rmsnorm"]) >= min(2, len(chosen["rmsnorm_rule"])), chosen
     assert len(chosen["gather_scatter"]) == 2, chosen
     assert all(a not in select.LIBRARY_PATHS and algorithms.get(a).deterministic for a in chosen["all_reduce"])
     print(f"\n{stem} R={r}: {checked} row-0 results compared, auto chose {chosen}, {time.monotonic() - t0:.1f} s")
@@ -194,7 +197,7 @@ def sweep(c: sollat.VirtualCommunicator, tag: str, dtype: torch.dtype, hidden: i
     row_bytes = hidden * size
     rules = {rule.max_bytes for rule in table.rules}
     ar_b = crossing(rules, row_bytes) | {1, 2, 3}
-    rms_b = ({1, 2, 3, rmsnorm.AUTO_FUSED_MAX_ROWS, rmsnorm.AUTO_FUSED_MAX_ROWS + 1}
+    rms_b = ({1, 2, 3} | rmsnorm_rules.switch_rows(table.rmsnorm, row_bytes, RULE_MAX_ROWS)
              | geometry_switches(dtype, hidden, r) | crossing(rules, row_bytes))
     gs_b = {b for b in crossing({gather_scatter.LL_MAX_BYTES}, row_bytes) | {1, 2, 3} | crossing(rules, row_bytes)
             if b * row_bytes <= GATHER_MAX_BYTES}
@@ -231,6 +234,7 @@ def sweep(c: sollat.VirtualCommunicator, tag: str, dtype: torch.dtype, hidden: i
     for b in sorted(rms_b):
         args = ([x[:b] for x in xs], [res[:b]] * r, w, EPS)
         chosen["all_reduce_rmsnorm"].add(c.selected_rmsnorm_algorithm(b * row_bytes, dtype, b))
+        chosen["rmsnorm_rule"].add(rmsnorm_rules.choose(table.rmsnorm, b, row_bytes, rmsnorm_rules.FUSED))
         for algo in ["auto", *RMSNORM_ALGOS]:
             if algo != "auto" and algo != rmsnorm.UNFUSED and b > FUSED_MAX_ROWS:
                 continue
@@ -297,16 +301,17 @@ def sweep(c: sollat.VirtualCommunicator, tag: str, dtype: torch.dtype, hidden: i
 
 @pytest.mark.parametrize("r", [2, 4, 8])
 def test_rmsnorm_auto_row_is_batch_invariant_in_every_mode(r: int) -> None:
-    """The measured bug, with nothing but main's API: bf16, hidden 8192 (16 KiB rows: auto's fused
-    one-shot for one or two rows, unfused from three on), row 0 fixed; row 0 of y and of
-    residual_out must have the same bits in batches of 1..5 and 64, on a default communicator."""
+    """The measured bug, with nothing but main's API: bf16, hidden 8192 (16 KiB rows), row 0 fixed;
+    row 0 of y and of residual_out must have the same bits in batches of 1..5, 64 and on both sides
+    of every switch of the table's all_reduce_rmsnorm rule up to 64 rows, on a default communicator."""
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=10.0)
+    switches = rmsnorm_rules.switch_rows(c._selection_table().rmsnorm, 8192 * 2, 64)
     gen = torch.Generator(device=DEV).manual_seed(7 + r)
     xs = [torch.randn(64, 8192, device=DEV, generator=gen).to(torch.bfloat16) for _ in range(r)]
     res = torch.randn(64, 8192, device=DEV, generator=gen).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(8192, device=DEV, generator=gen)).to(torch.bfloat16)
     picked, first = {}, None
-    for b in (1, 2, 3, 4, 5, 64):
+    for b in sorted({1, 2, 3, 4, 5, 64} | switches):
         picked[b] = c.selected_rmsnorm_algorithm(b * 8192 * 2, torch.bfloat16, b)
         ys, rs = c.all_reduce_rmsnorm([x[:b] for x in xs], [res[:b]] * r, w, EPS)
         row = (ys[0][0].cpu(), rs[0][0].cpu())
@@ -317,7 +322,7 @@ def test_rmsnorm_auto_row_is_batch_invariant_in_every_mode(r: int) -> None:
             bad = ~same_bits(got, want)
             assert not bool(bad.any()), (f"R={r}: row 0 of {name} differs between a batch of 1 ({picked[1]}) and of {b} "
                                          f"({picked[b]}) in {int(bad.sum())} of 8192 elements")
-    assert len(set(picked.values())) >= 2, picked  # the switch was crossed
+    assert len(set(picked.values())) >= (2 if switches else 1), picked  # every switch was crossed
     c.check()
 
 

@@ -24,7 +24,7 @@ import torch
 
 import sollat
 from sollat import testing
-from sollat.collectives import algorithms, rmsnorm
+from sollat.collectives import algorithms, rmsnorm, rmsnorm_epilogue, rmsnorm_rules
 from sollat.device import abi
 
 from ._faults import assert_mismatch_poisons_every_rank, poisoned_like
@@ -263,16 +263,19 @@ def test_twoshot_rows_and_owners(r: int, algo: str) -> None:
 
 
 def test_auto_uses_a_one_shot_algorithm_or_the_unfused_hand_over() -> None:
-    most = rmsnorm.AUTO_FUSED_MAX_ROWS
+    """auto follows the table's all_reduce_rmsnorm rule (rmsnorm_rules): a fused one-shot or
+    unfused, never the two-shot, and the reference's bits whichever it picks."""
     for r in (2, 4, 8):
         c = comm(r)
+        rules = c._selection_table().rmsnorm
         gen = torch.Generator(device=DEV).manual_seed(40 + r)
-        for tokens, hidden in ((1, 7), (1, 4096), (1, 8192), (most, 8192), (most + 1, 8192), (8, 8192), (64, 8192)):
+        for tokens, hidden in ((1, 7), (1, 4096), (1, 8192), (2, 8192), (3, 8192), (8, 8192), (64, 8192),
+                               (16, 4096), (128, 5120)):
             xs, res, w = inputs(r, tokens, hidden, torch.bfloat16, gen)
             ys, rs = c.all_reduce_rmsnorm(xs, res, w)  # eps 1e-6, algo auto
             public = c.selected_rmsnorm_algorithm(tokens * hidden * 2, torch.bfloat16, tokens)
-            fused = tokens <= most and hidden * 2 >= rmsnorm.AUTO_FUSED_MIN_ROW_BYTES
-            assert public in rmsnorm.AUTO_ALGOS if fused else public == rmsnorm.UNFUSED  # never the two-shot
+            want = rmsnorm_rules.choose(rules, tokens, hidden * 2, rmsnorm_rules.FUSED)
+            assert public in rmsnorm.AUTO_ALGOS if want == rmsnorm_rules.FUSED else public == want
             check(ys, rs, xs, res, w, 1e-6, public, f"auto ({public}) R={r} {tokens}x{hidden}")
 
 
@@ -725,4 +728,66 @@ def test_fp8_bad_arguments_raise_clear_errors() -> None:
                              fp8_out=[torch.empty(3, 16, device=DEV, dtype=torch.uint8)] * 2)
     with pytest.raises(sollat.UnsupportedError, match="without fp8_scale"):
         c.all_reduce_rmsnorm([x] * 2, [x] * 2, w, fp8_out=[torch.empty(3, 16, device=DEV, dtype=FP8)] * 2)
+    c.check()
+
+
+# ---- the epilogue alone (rmsnorm_epilogue.add_rmsnorm) and its one launch for every rank -------
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_alone_is_the_reference_on_one_gpu(dtype: torch.dtype) -> None:
+    """kernels/add_rmsnorm.cu on its own: rmsnorm.reference([x], ...) bit for bit, with the FP8 copy
+    (fp8_reference), in place (out=x, residual_out=residual), at decode shapes (one pass), rows of
+    several passes (hidden 16385 in 16-bit types, 9000 in fp32), odd rows and 2-byte-offset views
+    (the per-line path), adversarial values, and rows past the grid (70000 rows of 7)."""
+    gen = torch.Generator(device=DEV).manual_seed(900 + DTYPES.index(dtype))
+    scale = torch.tensor([0.0173], device=DEV)
+    wide = 9000 if dtype == torch.float32 else 16385
+    for rows, hidden in ((1, 4096), (3, 5120), (64, 8192), (2, 7), (5, wide), (512, 4096), (70000, 7)):
+        for offset in (0, 1):
+            flat = [torch.randn(rows * hidden + offset, device=DEV, generator=gen).to(dtype) for _ in range(2)]
+            x, res = (t[offset:].view(rows, hidden) for t in flat)
+            if rows <= 64:
+                x[0], res[0] = adversarial(1, 1, hidden, dtype, gen)[0][0][0], x[0].flip(0)
+            w = (1 + 0.1 * torch.randn(hidden, device=DEV, generator=gen)).to(dtype)
+            what = f"epilogue {dtype} {rows}x{hidden} offset {offset}"
+            want_y, want_r = rmsnorm.reference([x], res, w, 1e-6)
+            y, r, q = rmsnorm_epilogue.add_rmsnorm(x, res, w, 1e-6, fp8_scale=scale)
+            assert_bitwise(r.cpu(), want_r, what + " residual_out")
+            assert_bitwise(y.cpu(), want_y, what + " y")
+            assert torch.equal(q.cpu().view(torch.uint8), rmsnorm.fp8_reference(want_y, scale).view(torch.uint8)), what
+            y2, r2 = rmsnorm_epilogue.add_rmsnorm(x, res, w, 1e-6, out=x, residual_out=res)  # in place
+            assert y2 is x and r2 is res
+            assert_bitwise(r2.cpu(), want_r, what + " in place residual_out")
+            assert_bitwise(y2.cpu(), want_y, what + " in place y")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("r", [2, 8])
+def test_unfused_epilogue_serves_every_rank_in_one_launch_under_a_graph(r: int) -> None:
+    """unfused with each rank's own residual, weight and outputs (the rank table), eager and in a
+    CUDA graph replayed on new inputs; and a rank's output shared with another rank's tensors is
+    refused (one launch writes all ranks' outputs while each reads its own inputs)."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(950 + r)
+    xs, res, w = inputs(r, 16, 5120, torch.bfloat16, gen, distinct=True)
+    outs = [torch.full_like(x, float("nan")) for x in xs]
+    routs = [torch.full_like(x, float("nan")) for x in xs]
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, "unfused", out=outs, residual_out=routs)
+    check(outs, routs, xs, res, w, 1e-6, "unfused", f"unfused R={r} eager")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, "unfused", out=outs, residual_out=routs)
+    fresh, fres, _ = inputs(r, 16, 5120, torch.bfloat16, gen, distinct=True)
+    for dst, src in zip(xs + res, fresh + fres, strict=True):
+        dst.copy_(src)
+    for t in outs + routs:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(outs, routs, xs, res, w, 1e-6, "unfused", f"unfused R={r} graph replay")
+    shared = [res[0]] * r
+    with pytest.raises(sollat.UnsupportedError, match="share memory"):
+        c.all_reduce_rmsnorm(xs, shared, w, 1e-6, "unfused", residual_out=shared)
+    with pytest.raises(sollat.UnsupportedError, match="share memory"):
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, "unfused", out=[outs[0]] * r)
     c.check()

@@ -1,99 +1,231 @@
 // Residual add + RMSNorm on one GPU: the epilogue of all_reduce_rmsnorm's "unfused" algorithm,
 // which runs sollat's AllReduce first (any algorithm `auto` picks; library handovers included unless
-// the communicator is batch-invariant) and then this kernel on its output. No scratch, no peers, no
-// faults of its own: a faulted AllReduce leaves NaN in its output, which this kernel carries into
-// every output.
+// the communicator is batch-invariant) and then this kernel on its output; also
+// rmsnorm_epilogue.add_rmsnorm on its own. No scratch, no peers, no faults of its own: a faulted
+// AllReduce leaves NaN in its output, which this kernel carries into every output.
 //
 // Per row of `hidden` elements (x = the AllReduce's output s, already rounded to T), the arithmetic
-// of sollat/rmsnorm_math.h, the fused kernel's (docs/design.md, "Arithmetic and batch invariance"):
+// of sollat/rmsnorm_math.h, the fused kernels' (docs/design.md, "Arithmetic and batch invariance"):
 //   r   = round_T( float(s) + float(residual) )
 //   out = round_T( (float(r) * rstd) * float(weight) ),  rstd = 1 / sqrt(ss / hidden + eps)
-// ss the pairwise tree over float(r_e)^2 zero-padded to a power of two, computed as: block b takes
-// rows b, b + gridDim.x, ...; line (16 bytes of the row) l belongs to pass l / blockDim.x and thread
-// l % blockDim.x; per line square_tree, per warp and pass warp_tree_sum over its 32 lines (chunk
-// l / 32 of the row), each chunk's sum into shared memory, one barrier, then chunk_tree_sum in every
-// warp. The same bits as the fused kernels for the same s, whatever the geometry: rmsnorm.reference.
+// ss the pairwise tree over float(r_e)^2 zero-padded to a power of two. The same bits as the fused
+// kernels for the same s, whatever the geometry: rmsnorm.reference.
 //
-// Aliasing: out may be in and res_out may be res (the host allows exactly these). Each line is
-// read (x, residual) and written (r, then y) by one thread, the reads first, so in place is safe.
+// Launch (rmsnorm.unfused_geometry; decode rows are 1..512 of 4096..8192 elements, 8-32 KiB):
+// * Grid (blocks, launch ranks). Launch rank y = blockIdx.y finds its tensors in the rank table
+//   (collective.h RankTable), so one launch serves every virtual rank; block b takes rows b,
+//   b + gridDim.x, ... of its rank (more rows than blocks only past rmsnorm.UNFUSED_MAX_GRID).
+//   One row per block: a decode row is what one SM moves in about one memory latency, and a block
+//   per row keeps as many rows in flight as the SMs hold blocks.
+// * A row is 16-byte lines (load_pack / store_pack: one vector access when the line is whole and
+//   aligned). Its lines form chunks of 32; warp w of W holds chunk (p * kSlots + s) * W + w in
+//   slot s of pass p and lane l its line 32 * chunk + l, so every warp access is 512 contiguous
+//   bytes. The host sizes the block (threads = 32 * ceil(chunks / kSlots), at most
+//   kAddRmsnormMaxThreads) so that every decode row is one pass.
+// * Loads: all of a pass's lines of x, the residual and the weight (3 * kSlots vector loads per
+//   thread) are issued before any is used: a thread waits for one memory round trip per pass,
+//   and the weight is in registers before rstd is known.
+// * Before the PDL wait each thread asks L2 for its lines of the residual and the weight of its
+//   first row (prefetch.global.L2 returns no data, so nothing is read before the wait; every read
+//   comes after it and is served by L2, the point of coherence, with whatever the previous kernel
+//   wrote). In a model those lines have left L2 since the previous layer; the prefetch overlaps
+//   their fetch with the AllReduce's tail instead of adding it after.
+// * The sum of squares: square_tree per line, warp_tree_sum per chunk (a warp's 32 lanes hold one
+//   chunk per slot), lane 0 stores the chunk's sum to shared memory, ONE __syncthreads per row,
+//   then every warp combines the row's chunk sums by quad_tree_sum (up to 128 chunks: every decode
+//   row) or chunk_tree_sum (longer rows): the same tree (rmsnorm_math.h), so the same bits.
+// * The last pass's r and weight stay in registers for y. With several passes (rows longer than
+//   kAddRmsnormMaxThreads * kSlots lines) an earlier pass's r is read back from residual_out (this
+//   thread's own store, same address: program order) and its weight loaded again.
 //
-// Module define: SOLLAT_T (float, sollat::bf16, sollat::f16). Kernel: add_rmsnorm
-// (abi.h SOLLAT_ADD_RMSNORM_PARAMS; fp8_out == 0: no FP8 copy).
+// Aliasing: out may be in and res_out may be res, within one launch rank (the host allows exactly
+// these, and no rank's output may overlap another rank's tensors). Each line is read (x, residual)
+// and written (r, then y) by one thread, its reads first, so in place is safe.
+//
+// Module defines: SOLLAT_T (float, sollat::bf16, sollat::f16), SOLLAT_TABLE_RANKS (1 for a
+// Communicator, the rank cap for a VirtualCommunicator). Kernel: add_rmsnorm (abi.h
+// SOLLAT_ADD_RMSNORM_PARAMS: the rank table of abi.ADD_RMSNORM_LISTS, then rows, hidden, eps's bits;
+// a null fp8_out: no FP8 copy).
 #include "sollat/rmsnorm_math.h"
 
 using namespace sollat;
 
 namespace {
 
+constexpr int kSlots = kAddRmsnormSlots;
+constexpr unsigned kFull = 0xFFFFFFFFu;  // every lane of a warp
+constexpr int kQuadChunks = 4 * kWarpSize;  // quad_tree_sum's most chunks
+
+// The row's sum of squares from its n chunk sums (float bits at bits[0..n), 1 <= n <= kQuadChunks,
+// 16-byte aligned): lane l adds chunks 4l .. 4l+3 as a tree of two levels (one 16-byte shared load;
+// zeros past n), then the butterfly over the lanes up to the next power of two of ceil(n / 4), and
+// lane 0's value goes to every lane. That is the pairwise tree over the chunks zero-padded to a
+// power of two, i.e. the row's tree (rmsnorm_math.h): chunk_tree_sum's bits in at most 6 shuffles
+// (4 up to 32 chunks) instead of 10. Every lane of the warp must call it (full masks).
+__device__ __forceinline__ float quad_tree_sum(const u32* bits, int n) {
+  const int lane = (int)threadIdx.x & (kWarpSize - 1);
+  const int c = 4 * lane;
+  float v = 0.0f;
+  if (c < n) {
+    const Pack<u32, 16> q = *reinterpret_cast<const Pack<u32, 16>*>(bits + c);
+    const float a = __uint_as_float(q.v[0]);
+    const float b = c + 1 < n ? __uint_as_float(q.v[1]) : 0.0f;
+    const float d = c + 2 < n ? __uint_as_float(q.v[2]) : 0.0f;
+    const float e = c + 3 < n ? __uint_as_float(q.v[3]) : 0.0f;
+    v = add_rn(add_rn(a, b), add_rn(d, e));
+  }
+  const int used = (n + 3) / 4;  // lanes holding chunks; warp-uniform
+  for (int o = 1; o < used; o <<= 1) v = add_rn(v, __shfl_xor_sync(kFull, v, o));
+  return __shfl_sync(kFull, v, 0);
+}
+
+// Line `e0 / kElems` of a row of n elements: one vector access when kWhole (the caller checked
+// that every line of the row is whole and aligned), else load_pack / store_pack's checks.
+template <typename T, bool kWhole>
+__device__ __forceinline__ Pack<T, kLineBytes> load_line(const T* row, u64 e0, u64 n, bool aligned) {
+  if constexpr (kWhole) return *reinterpret_cast<const Pack<T, kLineBytes>*>(row + e0);
+  else return load_pack<T, kLineBytes>(row, e0, n, aligned);
+}
+template <typename T, bool kWhole>
+__device__ __forceinline__ void store_line(T* row, u64 e0, u64 n, bool aligned, const Pack<T, kLineBytes>& v) {
+  if constexpr (kWhole) *reinterpret_cast<Pack<T, kLineBytes>*>(row + e0) = v;
+  else store_pack<T, kLineBytes>(row, e0, n, aligned, v);
+}
+
+// The call's tensors for this launch rank, and the row's cut.
 template <typename T>
-__device__ __forceinline__ void add_rmsnorm_rows(const T* in, T* out, const T* res, T* res_out, const T* weight,
-                                                 unsigned char* q, const float* fp8_scale, u64 rows, u64 hidden,
-                                                 float eps) {
+struct RowArgs {
+  const T* in;
+  T* out;
+  const T* res;
+  T* res_out;
+  const T* weight;
+  unsigned char* q;  // null: no FP8 copy
+  float scale;
+  u64 hidden;
+  float eps;
+  int row_lines, n_chunks, warps, passes, lane, warp;
+  __device__ __forceinline__ int chunk_of(int p, int s) const { return (p * kSlots + s) * warps + warp; }
+};
+
+// One row (elements base .. base + hidden - 1 of every row tensor), sums into chunk_sums.
+// kWhole: every line of the row is whole and every row pointer 16-byte aligned.
+template <typename T, bool kWhole>
+__device__ __forceinline__ void add_rmsnorm_row(const RowArgs<T>& a, u64 base, u32* chunk_sums) {
   typedef Pack<T, kLineBytes> P;
   constexpr int kElems = P::kElems;
+  const T* in = a.in + base;
+  const T* res = a.res + base;
+  T* res_out = a.res_out + base;
+  T* out = a.out + base;
+  const bool in_al = is_aligned(in, kLineBytes), res_al = is_aligned(res, kLineBytes);
+  const bool rout_al = is_aligned(res_out, kLineBytes), out_al = is_aligned(out, kLineBytes);
+  const bool w_al = is_aligned(a.weight, kLineBytes);
+  P r[kSlots], w[kSlots];  // the last pass's r and weight, kept for the normalisation
+  for (int p = 0; p < a.passes; ++p) {
+    P x[kSlots];
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {  // every load of the pass first
+      const int line = a.chunk_of(p, s) * kWarpSize + a.lane;
+      if (line < a.row_lines) {
+        const u64 e0 = (u64)line * kElems;
+        x[s] = load_line<T, kWhole>(in, e0, a.hidden, in_al);
+        r[s] = load_line<T, kWhole>(res, e0, a.hidden, res_al);
+        w[s] = load_line<T, kWhole>(a.weight, e0, a.hidden, w_al);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int chunk = a.chunk_of(p, s);
+      const int line = chunk * kWarpSize + a.lane;
+      float part = 0.0f;  // the line's square_tree (0 past the row's last line)
+      if (line < a.row_lines) {
+#pragma unroll
+        for (int e = 0; e < kElems; ++e) r[s].v[e] = add_residual<T>(x[s].v[e], r[s].v[e]);
+        store_line<T, kWhole>(res_out, (u64)line * kElems, a.hidden, rout_al, r[s]);
+        part = square_tree(r[s]);  // past the row's end: +0 elements, +0 squares
+      }
+      if (chunk * kWarpSize < a.row_lines) {  // the same in every lane: the whole warp joins the butterfly
+        const float sum = warp_tree_sum(part);
+        if (a.lane == 0) chunk_sums[chunk] = __float_as_uint(sum);
+      }
+    }
+  }
+  // Orders every warp's chunk sums before every thread's reads (shared memory, one block).
+  __syncthreads();
+  const float total = a.n_chunks <= kQuadChunks ? quad_tree_sum(chunk_sums, a.n_chunks)
+                                                : chunk_tree_sum(chunk_sums, a.n_chunks);
+  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)a.hidden), a.eps)));
+  for (int p = 0; p < a.passes; ++p) {
+    const bool last = p == a.passes - 1;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int line = a.chunk_of(p, s) * kWarpSize + a.lane;
+      if (line >= a.row_lines) continue;
+      const u64 e0 = (u64)line * kElems;
+      // An earlier pass's r: this thread's own store to res_out, same address (program order).
+      const P rv = last ? r[s] : load_line<T, kWhole>(res_out, e0, a.hidden, rout_al);
+      const P wv = last ? w[s] : load_line<T, kWhole>(a.weight, e0, a.hidden, w_al);
+      P yv;
+#pragma unroll
+      for (int e = 0; e < kElems; ++e)
+        yv.v[e] = from_acc<T>(mul_rn(mul_rn(to_acc(rv.v[e]), rstd), to_acc(wv.v[e])));
+      store_line<T, kWhole>(out, e0, a.hidden, out_al, yv);
+      if (a.q != nullptr) store_fp8<kElems>(a.q + base, e0, a.hidden, e4m3_word(yv, a.scale));
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void add_rmsnorm_rows(const RankTable<kListsRmsnormFp8>& ptrs, u64 rows, u64 hidden,
+                                                 float eps) {
+  constexpr int kElems = Pack<T, kLineBytes>::kElems;
   constexpr int kChunks = RmsnormChunks<T, kLineBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
-  static_assert(kChunks <= kRmsnormMaxChunks, "chunk_tree_sum covers the row");
-  __shared__ u32 chunk_sums[2][kChunks];  // by row parity, as in allreduce_rmsnorm.cu: [c] = chunk c's sum
+  static_assert(kChunks <= kRmsnormMaxChunks && kChunks >= kQuadChunks, "both combines cover their rows");
+  // By row parity: [c] = chunk c's sum. A row's slots are read after its barrier while faster warps
+  // may already store the next row's, into the other parity; a parity's slots are stored again only
+  // after the next row's barrier, which every warp passes after its reads.
+  __shared__ __align__(16) u32 chunk_sums[2][kChunks];
 
-  const int row_lines = (int)((hidden + kElems - 1) / kElems);
-  const int n_chunks = (row_lines + kWarpSize - 1) / kWarpSize;
-  const int threads = (int)blockDim.x;  // a multiple of 32 (rmsnorm.unfused_geometry)
-  const int passes = (row_lines + threads - 1) / threads;  // as rmsnorm.unfused_geometry
-  const int lane = (int)threadIdx.x & (kWarpSize - 1);
-  const int warp = (int)threadIdx.x / kWarpSize;
-  const float scale = q != nullptr ? *fp8_scale : 0.0f;  // after pdl_wait: a graph replay sees its value
+  const int y = launch_rank();
+  RowArgs<T> a;
+  a.in = reinterpret_cast<const T*>(ptrs.at(kListIn, y));
+  a.out = reinterpret_cast<T*>(ptrs.at(kListOut, y));
+  a.res = reinterpret_cast<const T*>(ptrs.at(kListRes, y));
+  a.res_out = reinterpret_cast<T*>(ptrs.at(kListResOut, y));
+  a.weight = reinterpret_cast<const T*>(ptrs.at(kListWeight, y));
+  a.q = reinterpret_cast<unsigned char*>(ptrs.at(kListFp8Out, y));
+  const float* fp8_scale = reinterpret_cast<const float*>(ptrs.at(kListFp8Scale, y));
+  a.hidden = hidden;
+  a.eps = eps;
+  a.row_lines = (int)((hidden + kElems - 1) / kElems);
+  a.n_chunks = (a.row_lines + kWarpSize - 1) / kWarpSize;
+  a.warps = (int)blockDim.x / kWarpSize;  // blockDim.x: a multiple of 32 (rmsnorm.unfused_geometry)
+  a.passes = (a.n_chunks + a.warps * kSlots - 1) / (a.warps * kSlots);
+  a.lane = (int)threadIdx.x & (kWarpSize - 1);
+  a.warp = (int)threadIdx.x / kWarpSize;
 
-  auto load_row = [&](const T* base, u64 row, int line) {
-    const T* r = base + row * hidden;
-    return load_pack<T, kLineBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kLineBytes));
-  };
-  auto store_row = [&](T* base, u64 row, int line, const P& v) {
-    T* r = base + row * hidden;
-    store_pack<T, kLineBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kLineBytes), v);
-  };
-
+  if (blockIdx.x < rows) {  // before the wait: L2 prefetches only (see the header)
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int line = a.chunk_of(0, s) * kWarpSize + a.lane;
+      if (line < a.row_lines) {
+        prefetch_l2(a.res + (u64)blockIdx.x * hidden + (u64)line * kElems);
+        prefetch_l2(a.weight + (u64)line * kElems);
+      }
+    }
+  }
+  // Everything the previous kernel (the AllReduce) wrote is complete and visible after this.
+  pdl_wait();
+  a.scale = a.q != nullptr ? *fp8_scale : 0.0f;  // after the wait: a graph replay sees its value
+  // Whole and aligned lines in every row: hidden a multiple of a line and every base 16-byte aligned.
+  const bool whole = hidden % kElems == 0 &&
+                     is_aligned(a.in, kLineBytes) && is_aligned(a.out, kLineBytes) && is_aligned(a.res, kLineBytes) &&
+                     is_aligned(a.res_out, kLineBytes) && is_aligned(a.weight, kLineBytes);
   int parity = 0;
   for (u64 row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
-    P kept;  // the last pass's r stays in registers for the normalisation
-    for (int p = 0; p < passes; ++p) {
-      const int line = p * threads + (int)threadIdx.x;
-      float part = 0.0f;  // the line's square_tree (0 past the row's last line)
-      if (line < row_lines) {
-        const P x = load_row(in, row, line);
-        const P rin = load_row(res, row, line);
-        P r;
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) r.v[e] = add_residual<T>(x.v[e], rin.v[e]);
-        store_row(res_out, row, line, r);
-        part = square_tree(r);  // past the row's end: +0 elements, +0 squares
-        kept = r;
-      }
-      // Chunk (p * threads) / 32 + warp: the same in every lane, so the whole warp joins the butterfly.
-      const int first = p * threads + warp * kWarpSize;
-      if (first < row_lines) {
-        const float sum = warp_tree_sum(part);
-        if (lane == 0) chunk_sums[parity][first / kWarpSize] = __float_as_uint(sum);
-      }
-    }
-    // Orders every warp's chunk sums before every thread's reads; the other parity's slots, read for
-    // the previous row, are free again once every thread has passed this barrier (they are written
-    // again only after the next row's barrier).
-    __syncthreads();
-    const float total = chunk_tree_sum(chunk_sums[parity], n_chunks);
-    const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
-    for (int p = 0; p < passes; ++p) {
-      const int line = p * threads + (int)threadIdx.x;
-      if (line >= row_lines) continue;
-      // Earlier passes read back what this thread stored into res_out (same thread, same address:
-      // program order); the last one is still in registers.
-      const P r = p == passes - 1 ? kept : load_row(res_out, row, line);
-      const P w = load_row(weight, 0, line);
-      P y;
-#pragma unroll
-      for (int e = 0; e < kElems; ++e) y.v[e] = from_acc<T>(mul_rn(mul_rn(to_acc(r.v[e]), rstd), to_acc(w.v[e])));
-      store_row(out, row, line, y);
-      if (q != nullptr) store_fp8<kElems>(q + row * hidden, (u64)line * kElems, hidden, e4m3_word(y, scale));
-    }
+    if (whole) add_rmsnorm_row<T, true>(a, row * hidden, chunk_sums[parity]);
+    else add_rmsnorm_row<T, false>(a, row * hidden, chunk_sums[parity]);
   }
 }
 
@@ -101,11 +233,9 @@ __device__ __forceinline__ void add_rmsnorm_rows(const T* in, T* out, const T* r
 
 extern "C" __global__ void __launch_bounds__(sollat::kAddRmsnormMaxThreads, 1)
 add_rmsnorm(SOLLAT_ADD_RMSNORM_PARAMS) {
-  // PDL: the next kernel may launch now (it waits for this grid before touching memory); this
-  // one touches nothing before the AllReduce that wrote `in` has completed and is visible.
+  // PDL: the next kernel may launch now (it waits for this grid before touching memory); this one
+  // reads nothing before the AllReduce that wrote `in` has completed (add_rmsnorm_rows: pdl_wait).
   sollat::pdl_launch_dependents();
-  sollat::pdl_wait();
   typedef SOLLAT_T T;
-  add_rmsnorm_rows<T>((const T*)in, (T*)out, (const T*)res, (T*)res_out, (const T*)weight, (unsigned char*)fp8_out,
-                      fp8_scale, rows, hidden, sollat::bit_cast<float>(eps_bits));
+  add_rmsnorm_rows<T>(ptrs, rows, hidden, sollat::bit_cast<float>(eps_bits));
 }

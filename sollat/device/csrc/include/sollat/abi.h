@@ -31,8 +31,8 @@ enum Parity : int { kParities = 2 };
 enum PeerGroups : int { kPeerGroupPacks = 4096 };
 // Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block; the longest row (both RMSNorm kernels).
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256, kRmsnormMaxHidden = 65536 };
-// Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row).
-enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 1024 };
+// Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row), the 16-byte lines of a row per thread and pass.
+enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 512, kAddRmsnormSlots = 4 };
 // The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.
 enum BulkArea : int { kBulkAreaLines = 2048, kBulkDataLines = 2047 };
 // float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.
@@ -88,8 +88,6 @@ enum RankTableRmsnormFp8 : int { kListsRmsnormFp8 = 7, kListIn = 0, kListOut = 1
     int nranks, sollat::u32* rec0, sollat::u64 rank_stride, sollat::u64 hidden, \
     sollat::u32 eps_bits
 #define SOLLAT_ADD_RMSNORM_PARAMS \
-    const void* in, void* out, const void* res, void* res_out, \
-    const void* weight, void* fp8_out, const float* fp8_scale, sollat::u64 rows, \
-    sollat::u64 hidden, sollat::u32 eps_bits
+    const __grid_constant__ sollat::RankTable<sollat::kListsRmsnormFp8> ptrs, sollat::u64 rows, sollat::u64 hidden, sollat::u32 eps_bits
 
 #endif  // SOLLAT_ABI_H_
