@@ -53,6 +53,7 @@ import torch.distributed as dist
 import sollat
 from sollat.collectives import select
 from sollat.collectives.algorithms import ALGORITHMS, Algorithm
+from sollat.collectives.handover import TORCH_SYMM_WORLD_SIZES
 from sollat.device import layout
 
 try:  # imported as tests.gpu.mp_suite (the pytest launcher) or run as a script (torchrun)
@@ -715,7 +716,20 @@ def auto(s: Suite) -> None:
         y = comm.all_reduce(xs[s.rank], algo="nccl", out=torch.full_like(xs[s.rank], NAN))
         s.verify(y, xs, "nccl", "sum", f"algo=nccl float32 {nbytes} B")
     # algo="torch_twoshot" by name: sizes around its chunking, in place and out of place; an odd
-    # bfloat16 count, another op or fp16 is a clear error on every rank before anything runs
+    # bfloat16 count, another op or fp16 is a clear error on every rank before anything runs. At a
+    # world size torch has no kernel for (handover.TORCH_SYMM_WORLD_SIZES) it is never chosen, and
+    # naming it is a clear error.
+    if s.world not in TORCH_SYMM_WORLD_SIZES:
+        s.expect(select.TORCH_TWOSHOT not in comm.handovers, f"torch's two-shot offered at {s.world} ranks")
+        s.expect(all(not p.endswith(select.TORCH_TWOSHOT) for p in picks), f"auto picked torch's two-shot: {picks}")
+        try:
+            comm.all_reduce(torch.ones(8, device=s.dev), algo="torch_twoshot")
+            s.fail(f"algo=torch_twoshot at {s.world} ranks: no error")
+        except sollat.UnsupportedError as exc:
+            s.expect(f"this group has {s.world}" in str(exc), f"algo=torch_twoshot at {s.world} ranks: unclear error {exc}")
+        comm.check()
+        s.log("picks " + " ".join(picks))
+        return
     for dt in (torch.float32, torch.bfloat16):
         for n in (2, 6, 1000, 4098, 65536 + 2, (1 << 20) + 6, TORCH_TWOSHOT_BYTES // esize(dt)):
             xs = s.inputs("randn", n, dt, "torch_twoshot", n)
@@ -752,9 +766,12 @@ def symmetric(s: Suite) -> None:
             plain = comm.selected_algorithm(n * esize(dt), dt, "sum")
             aligned = (offset * esize(dt)) % 16 == 0
             pick = comm.selected_algorithm(n * esize(dt), dt, "sum", symmetric=True) if aligned else plain
-            if plain in select.HANDOVERS and aligned:
+            if plain in select.HANDOVERS and aligned and s.world in TORCH_SYMM_WORLD_SIZES:
                 s.expect(pick == select.TORCH_TWOSHOT_ZERO_COPY, f"symmetric {dname(dt)} {nbytes} B: auto picks "
                          f"{pick!r}, not the zero-copy two-shot (plain input: {plain!r})")
+            if s.world not in TORCH_SYMM_WORLD_SIZES:  # torch has no kernel for this world size
+                s.expect(pick != select.TORCH_TWOSHOT_ZERO_COPY, f"symmetric {dname(dt)} {nbytes} B: torch's "
+                         f"two-shot picked at {s.world} ranks")
             xs = s.inputs("randn", n, dt, "symmetric", nbytes, offset)
             x = big[offset:offset + n]
             for in_place in (False, True):
@@ -1080,7 +1097,8 @@ def mismatch_other(s: Suite) -> None:
     the same bytes): every rank raises and no rank keeps a finite element (the FP8 copy: no byte
     but the NaN byte) of the mismatched call."""
     maxabs = load_example("maxabs_allreduce")
-    colls = {p: maxabs.collective(p) for p in ("ll", "sentinel")}
+    colls = {p: sollat.custom.Collective(f"maxabs_{p}", maxabs.SOURCE.read_text().replace("(maxabs,", f"(maxabs_{p},"),
+                                         proto=p, max_slots=2) for p in ("ll", "sentinel")}
     f = s.new_comm(timeout_s=FAST_TIMEOUT_S, collectives=list(colls.values()))
     last = s.world - 1
     cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]]]] = []
