@@ -65,18 +65,24 @@ def main() -> None:
                 for t, algo, dtype, nbytes, us in run_tree(tree, tag, ranks, a):
                     key = (t, algo, dtype, nbytes, ranks)
                     best[key] = min(us, best.get(key, us))
-                print(f"rep {rep} R={ranks} {tag} done", flush=True)
-    rows = []
+                    print(f"RUN rep {rep} {t} {algo} {dtype} R={ranks} {nbytes} B: {us:.3f} us", flush=True)
+                if a.json:  # after every run: a cut-off call keeps what it measured
+                    a.json.write_text(json.dumps({"base": str(a.base), "rows": table(best)}, indent=1))
     print(f"{'algorithm':18s} {'dtype':9s} {'R':>2s} {'bytes':>6s} {'base us':>8s} {'new us':>8s} {'new/base':>8s}")
+    for r in table(best):
+        print(f"{r['algorithm']:18s} {r['dtype']:9s} {r['ranks']:2d} {r['bytes']:6d} {r['base_us']:8.3f} "
+              f"{r['new_us']:8.3f} {r['ratio']:8.3f}")
+
+
+def table(best: dict[tuple[str, str, str, int, int], float]) -> list[dict[str, object]]:
+    """Every case both trees measured: the fastest of each tree's repetitions and new / base."""
+    rows: list[dict[str, object]] = []
     for (t, algo, dtype, nbytes, ranks), us in sorted(best.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][4], kv[0][3])):
-        if t != "new" or ("base", algo, dtype, nbytes, ranks) not in best:
-            continue
-        base = best[("base", algo, dtype, nbytes, ranks)]
-        rows.append({"algorithm": algo, "dtype": dtype, "ranks": ranks, "bytes": nbytes, "base_us": base, "new_us": us,
-                     "ratio": us / base})
-        print(f"{algo:18s} {dtype:9s} {ranks:2d} {nbytes:6d} {base:8.3f} {us:8.3f} {us / base:8.3f}")
-    if a.json:
-        a.json.write_text(json.dumps({"base": str(a.base), "rows": rows}, indent=1))
+        base = best.get(("base", algo, dtype, nbytes, ranks))
+        if t == "new" and base is not None:
+            rows.append({"algorithm": algo, "dtype": dtype, "ranks": ranks, "bytes": nbytes, "base_us": base,
+                         "new_us": us, "ratio": us / base})
+    return rows
 
 
 if __name__ == "__main__":
