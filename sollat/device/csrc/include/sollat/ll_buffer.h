@@ -60,11 +60,12 @@
 // The contract for kernels: a thread that sends a peer any line in a pass sends it line 0 too.
 // Sharing the words (shareSignatures(L)): in the built-in kernels, lanes 0..L-1 of a warp make the
 // same sends and receives in a pass. Then lane (index of the sender among the receiver's peers)
-// mod L alone stores and polls the word of that pair (sender and receiver compute the same lane),
-// and every receive ends in a vote of the L lanes (agree): one lane's mismatch or timeout fails
-// the receive of all. With L >= peers every lane carries at most one word, where each would carry
-// one per peer. The vote moves a register value only; each word's reuse still rests on its own
-// thread's credit, because the pair's lanes exchange channel-0 data in every pass.
+// & (P - 1), P the largest power of two <= L, alone stores and polls the word of that pair (sender
+// and receiver compute the same lane), and every receive ends in a vote of the L lanes (agree):
+// one lane's mismatch or timeout fails the receive of all. With P >= peers every lane carries at
+// most one word, where each would carry one per peer. The vote moves a register value only; each
+// word's reuse still rests on its own thread's credit, because the pair's lanes exchange channel-0
+// data in every pass.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
 // base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
@@ -123,7 +124,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // receives (every one of them calls each receive), in this pass and until the next call; 0 (the
   // default): every thread stores and polls every peer's word, for any pattern of calls. LL
   // buffers carry no words: a no-op.
-  __device__ void shareSignatures(int lanes) { this->shareLanes = lanes; }
+  __device__ void shareSignatures(int lanes) {
+    this->shareLanes = lanes;
+    this->shareMask = lanes > 0 ? (1 << (31 - __clz(lanes))) - 1 : -1;  // largest power of two <= lanes, minus 1
+  }
 
   // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
   template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);

@@ -26,6 +26,7 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const Bu
   this->used = 0;
   this->received = false;  // the kernel boundary orders the previous call's receives (ll_buffer.h)
   this->shareLanes = 0;    // every thread writes and checks every peer's signature word (shareSignatures)
+  this->shareMask = -1;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];  // weak: see commit()
 }
@@ -54,14 +55,16 @@ __device__ __forceinline__ int warp_lane() { return (int)(threadIdx.x & (kWarpSi
 
 // Whether this thread carries the signature word of `sender`'s channel to `receiver` (it stores it
 // when it is the sender, polls it when it is the receiver): always, unless the warp shares the
-// words (shareSignatures), then the lane (index of sender among receiver's peers) mod shareLanes.
-// Sender and receiver compute the same lane from the same two ranks and the same lane count.
+// words (shareSignatures), then lane (index of sender among receiver's peers) & shareMask, which
+// is below the sharing lanes (shareMask + 1 is the largest power of two <= their count: a mask,
+// not a division, on the path to every store and poll). Sender and receiver compute the same
+// lane from the same two ranks and the same lane count.
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::sigDuty(int sender, int receiver) const {
   if (!kSig) return false;
-  if (this->shareLanes <= 0) return true;
+  if (this->shareMask < 0) return true;
   const int idx = sender < receiver ? sender : sender - 1;
-  return idx % this->shareLanes == warp_lane();
+  return (idx & this->shareMask) == warp_lane();
 }
 
 // Source `src`'s signature word for this thread in the region at `base`, in channel 0's parity:
