@@ -283,7 +283,9 @@ class GroupAdapter:
                 return [str(v) for v in out]
 
             return gathered
-        ag = agree.Agreement(store, f"engine/{self.engine}/{self.name}", rank, self.world_size, setup)
+        # Keyed by the torch group's own name: unique per group, where an engine's names ("tp:0") repeat
+        # across the TP groups of a pipeline- or data-parallel job, which share one store.
+        ag = agree.Agreement(store, f"engine/{self.cpu_group.group_name}", rank, self.world_size, setup)
         return lambda value, k: ag.exchange(value, k * setup)
 
     def _keep_engine(self, why: str, rank: int) -> bool:
