@@ -38,9 +38,10 @@ MAX_BYTES_ENV = "SOLLAT_ENGINE_MAX_BYTES"
 #: hidden x dtype, e.g. 64 x 8192 bf16) is at most this; larger ones go to the engine's own path.
 DEFAULT_MAX_BYTES = 1 << 20
 #: The AllReduce algorithms an engine's communicator has (those of them that run at its world
-#: size): ``auto`` picks one of these for every message up to 1 MiB on the tables sollat ships
-#: (the two-shot only at exactly 1 MiB at 3 to 8 ranks, where the one-shot sentinel, the table's
-#: next rule, serves it in one pass), and every one of them is deterministic (rank-order sum).
+#: size): ``auto`` picks one of these for every message up to 1 MiB on the tables sollat ships for
+#: an H200, except the generic table's two-shot at exactly 1 MiB (3 to 8 ranks), where the table's
+#: next rule, the one-shot sentinel, serves it (tests/cpu/test_integrations_core.py lists it); every
+#: one of them is deterministic (rank-order sum), so that swap changes no bit.
 ENGINE_ALGORITHMS: tuple[str, ...] = ("oneshot_ll", "oneshot_sentinel", "oneshot_ll_wide")
 #: Blocks per rank of the fused RMSNorm regions: the fused one-shot's row clusters are at most
 #: abi.RMSNORM_MAX_ROW_BLOCKS (8) blocks wide and ``auto`` fuses at most two rows, so a fused call
