@@ -17,6 +17,9 @@ custom ops (``sollat/collectives/ops.py``).
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,11 +56,30 @@ __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommuni
            "default_timeout_s", "launch", "lookup_comm"]
 
 
+def _checked_rmsnorm_max_blocks(value: object) -> int | None:
+    """``rmsnorm_max_blocks=``: None (the fused algorithms' own blocks) or 1..their blocks."""
+    most = algorithms.RMSNORM_MAX_BLOCKS
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most):
+        raise UnsupportedError(f"Communicator: rmsnorm_max_blocks must be None or an integer 1..{most}, got {value!r}")
+    return value
+
+
+def _encode(description: topology.GpuDescription | None) -> str:
+    return base64.b64encode(pickle.dumps(description)).decode() if description is not None else ""
+
+
+def _decode(text: str) -> topology.GpuDescription:
+    # Posted by this job's own ranks through its process group's store (what all_gather_object
+    # would have sent through the group).
+    return pickle.loads(base64.b64decode(text))
+
+
 class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
-    torch_twoshot_bytes=None, collectives=None, gather_scatter=True, batch_invariant=None)``
+    torch_twoshot_bytes=None, collectives=None, gather_scatter=True, batch_invariant=None,
+    rmsnorm_max_blocks=None)``
 
     Scratch is symmetric memory from ``torch.distributed._symmetric_memory`` (no hand-written
     IPC); every rank of ``group`` must construct it collectively. Where the tuning table says a
@@ -71,61 +93,131 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
     ``SOLLAT_BATCH_INVARIANT``, ``"1"`` on; the same on every rank, agreed on): every call runs
     sollat's rank-order algorithms only, so a row's bits do not depend on its batch
     (``batch_invariant`` attribute; nothing is handed to a library but ``all_gather``, which has no
-    arithmetic; no torch two-shot buffer is allocated).
+    arithmetic; no torch two-shot buffer is allocated). ``rmsnorm_max_blocks`` caps the blocks per
+    rank the fused RMSNorm regions are sized for (None: the algorithms' own; fewer make a call of
+    more rows wait for a free row cluster, never change a bit).
+
+    Construction never leaves a rank waiting on a peer that failed: every step that can fail on
+    one rank (arguments and environment, the scratch allocation, the symmetric-memory
+    rendezvous, the scratch initialisation, the tuning table) ends in a gate through the store
+    (``comm/agree.py``), and a failure on any rank makes every rank raise, within the setup
+    timeout (``$SOLLAT_SETUP_TIMEOUT_S``): ``SetupFailedError`` naming the ranks and causes (or
+    each rank's own error where every rank failed alike).
     """
 
     _entry = "pg"
+    _fused_blocks: int | None = None  # rmsnorm_max_blocks (None: the fused algorithms' own)
 
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
                  torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None,
-                 gather_scatter: bool = True, batch_invariant: bool | None = None) -> None:
+                 gather_scatter: bool = True, batch_invariant: bool | None = None,
+                 rmsnorm_max_blocks: int | None = None) -> None:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
-        # Every argument first, then torch.distributed, then the hardware: a bad argument is
-        # reported as such on any machine.
+        # Arguments and environment first, on every rank, before torch.distributed or the GPU is
+        # looked at; a failure is reported through the first gate below, so that no rank waits
+        # for a peer that has already given up.
+        # A group that is not one cannot carry the gates: that error is raised at once.
         checked_group(group, "Communicator")
-        invariant = checked_batch_invariant(batch_invariant, "Communicator")
-        timeout_value = timeout(timeout_s)
-        setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
-                                                 default=faults.DEFAULT_SETUP_TIMEOUT_S)
-        checked_flag(debug, "debug", "Communicator")
-        checked_algorithm_names(algorithms, "Communicator")  # against the world size below
-        gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
-        blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
-        twoshot_asked = checked_byte_count(torch_twoshot_bytes, "torch_twoshot_bytes", "Communicator")
-        customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+        failed: BaseException | None = None
+        try:
+            invariant = checked_batch_invariant(batch_invariant, "Communicator")
+            timeout_value = timeout(timeout_s)
+            checked_flag(debug, "debug", "Communicator")
+            checked_algorithm_names(algorithms, "Communicator")  # against the world size below
+            customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+            gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
+            blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
+            fused_blocks = _checked_rmsnorm_max_blocks(rmsnorm_max_blocks)
+            twoshot_asked = checked_byte_count(torch_twoshot_bytes, "torch_twoshot_bytes", "Communicator")
+        except SollatError as exc:
+            failed = exc
         if not dist.is_initialized():
-            raise UnsupportedError("Communicator: torch.distributed is not initialised (call init_process_group)")
-        dev = cuda_device(None, "Communicator")
-        if not blocks:  # every block of a rank must be resident at once: no more blocks than SMs
-            sms = torch.cuda.get_device_properties(dev).multi_processor_count
-            blocks = min(sms, layout.default_max_blocks_real(dist.get_world_size(group)))
+            raise failed or UnsupportedError("Communicator: torch.distributed is not initialised "
+                                             "(call init_process_group)")
+        try:
+            setup_timeout = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
+                                                     default=faults.DEFAULT_SETUP_TIMEOUT_S)
+        except SollatError as exc:  # this rank's gates still need a bound: the default
+            setup_timeout, failed = faults.DEFAULT_SETUP_TIMEOUT_S, failed or exc
         self.group = group if group is not None else dist.group.WORLD
         self.rank = dist.get_rank(self.group)
         ws = dist.get_world_size(self.group)
-        check_world_size(ws, "Communicator")
-        # Collective, before any symmetric memory: every rank gets the same NotOneNVLinkDomainError
-        # naming the pairs that cannot load/store each other's memory (docs/design.md).
-        topology.check_group(self.group, dev.index, "error")
-        names = algorithm_names(algorithms, ws, "Communicator")
-        self._buf = symm_mem.empty(scratch_bytes_per_rank(ws, names, blocks, customs, gs), dtype=torch.uint8,
-                                   device=dev)
-        self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
-        ptrs = [int(p) for p in self._hdl.buffer_ptrs]
-        self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs, invariant)
         store = agree.default_store(self.group)
-        if store is not None:
-            self._agreement = agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout)
-        self._init_scratch([self._buf])
-        torch.cuda.synchronize(dev)
-        dist.barrier(group=self.group)  # every rank's scratch is initialised before anyone sends
+        gates: agree.Agreement | agree.NoAgreement = (
+            agree.Agreement(store, self.group.group_name, self.rank, ws, setup_timeout) if store is not None
+            else agree.NoAgreement())
+        mine = None
+        if failed is None:
+            try:
+                dev = cuda_device(None, "Communicator")
+                check_world_size(ws, "Communicator")
+                names = algorithm_names(algorithms, ws, "Communicator")
+                if not blocks:  # every block of a rank must be resident at once: no more blocks than SMs
+                    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+                    blocks = min(sms, layout.default_max_blocks_real(ws))
+                mine = topology.describe_local(dev.index, self.rank)
+            except Exception as exc:
+                failed = exc
+        # Every rank's GPU, through the store (bounded): every rank sees the same list, so the
+        # checks below raise on every rank alike (NotOneNVLinkDomainError names the pairs that
+        # cannot load/store each other's memory, docs/design.md), before any symmetric memory.
+        posted = gates.gate("the argument and environment checks", failed, _encode(mine))
+        descriptions = ([_decode(p) for p in posted] if store is not None
+                        else topology.gather_descriptions(self.group, dev.index))
+        topology.check_shared_gpus(descriptions, self.rank)
+        topology.outside_domain_path(descriptions, self.rank, "error")
+        size = scratch_bytes_per_rank(ws, names, blocks, customs, gs, fused_blocks)
+        # Collective steps run only once a gate has seen every rank ready for them; the store waits
+        # inside them (torch's rendezvous) give up after half the setup timeout, so the gate after
+        # them, which waits the whole setup timeout, hears from every rank.
+        def bounded() -> contextlib.AbstractContextManager[None]:
+            return agree.store_timeout(store, setup_timeout / 2) if store is not None else contextlib.nullcontext()
+
+        failed = None
+        try:
+            self._buf = symm_mem.empty(size, dtype=torch.uint8, device=dev)
+        except Exception as exc:
+            failed = exc
+        sizes = gates.gate("the scratch allocation", failed, str(size))
+        if len(set(sizes)) > 1:  # the same decision on every rank: the same list
+            raise UnsupportedError("Communicator: the ranks size their scratch differently (" +
+                                   "; ".join(f"rank {r}: {b} bytes" for r, b in enumerate(sizes)) +
+                                   "): their algorithms, max_blocks ($SOLLAT_MAX_BLOCKS), rmsnorm_max_blocks, "
+                                   "collectives or gather_scatter differ; nothing was mapped")
+        failed = None
+        try:
+            with bounded():
+                self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
+            ptrs = [int(p) for p in self._hdl.buffer_ptrs]
+        except Exception as exc:
+            failed = exc
+        gates.gate("the symmetric-memory rendezvous", failed)
+        failed = None
+        try:
+            self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs, invariant, fused_blocks)
+            self._init_scratch([self._buf])
+            torch.cuda.synchronize(dev)
+        except Exception as exc:
+            failed = exc
+        # Every rank's scratch is initialised (and synchronised) before any rank sends: this gate
+        # is the barrier, on the host, through the store.
+        gates.gate("the scratch initialisation", failed)
+        self._agreement = gates
+        self._fused_blocks = fused_blocks
         self._torch_twoshot: handover.TorchTwoShot | None = None
         self._torch_twoshot_bytes = self._torch_twoshot_capacity(twoshot_asked)
         self._agree_on_setup()
         if self._torch_twoshot_bytes:  # collective, and the same size on every rank (agreed above)
-            self._torch_twoshot = handover.TorchTwoShot(self.group, dev, self._torch_twoshot_bytes)
+            failed = None
+            try:
+                with bounded():
+                    self._torch_twoshot = handover.TorchTwoShot(self.group, dev, self._torch_twoshot_bytes)
+            except Exception as exc:
+                failed = exc
+            gates.gate("the torch two-shot buffer", failed)
         self._symm = handover.SymmetricTensors(self.group.group_name, dev)
 
     def _rank_arg(self) -> int:
@@ -166,12 +258,13 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
                                    "; ".join(f"rank {r}: {why}" for r, why in broken))
         select.agree([p.split("\t")[0] for p in posted], [p.split("\t", 1)[1] for p in posted])
         self._agreement.agree(f"timeout {self.timeout_s:g} s; algorithms {','.join(self._algos)}; "
-                              f"max_blocks {self.max_blocks}; torch_twoshot_bytes {self._torch_twoshot_bytes}; "
+                              f"max_blocks {self.max_blocks}; rmsnorm_max_blocks {self._fused_blocks}; "
+                              f"torch_twoshot_bytes {self._torch_twoshot_bytes}; "
                               f"collectives {';'.join(c.describe() for c in self._collectives.values())}; "
                               f"gather_scatter {self._gather_scatter}; "
                               f"rmsnorm two-shot {int(self._rmsnorm_twoshot)}; "
                               f"batch_invariant {int(self._batch_invariant)}",
-                              "the communicator's timeout, algorithms, max_blocks, torch_twoshot_bytes, "
+                              "the communicator's timeout, algorithms, max_blocks, rmsnorm_max_blocks, torch_twoshot_bytes, "
                               "collectives (name:protocol:options:source hash), gather_scatter, "
                               f"{algorithms.RMSNORM_TWOSHOT_ENV} and batch_invariant (${BATCH_INVARIANT_ENV})")
 

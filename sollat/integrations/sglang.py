@@ -6,14 +6,27 @@ all-reduce factory, ``sglang.srt.distributed.device_communicators.custom_all_red
 dispatch_custom_allreduce``; ``HookRegistry.apply_hooks`` installs it. ``GroupCoordinator``
 calls the factory for every group that may use a custom all-reduce and constructs what it returns
 with ``group=`` (the group's gloo group) and ``device=``. For the tensor-parallel groups
-(``tp``, and ``attention_tp`` where DP attention makes it a group of its own) the hook returns
-:class:`SollatCustomAllreduce`, which honours the contract GroupCoordinator relies on
-(``disabled``, ``should_custom_ar``, ``custom_all_reduce``, ``capture()``, ``close()``):
-sollat serves what the rule of ``core.py`` admits, and SGLang's own custom all-reduce (built as
-SGLang would have built it) keeps everything else, down to SGLang's NCCL paths when it declines
-too. Other groups keep SGLang's class. With ``--enable-deterministic-inference``
+(``tp``, and ``attention_tp`` where DP attention makes it a group of its own) the hook builds
+SGLang's own custom all-reduce as SGLang would, with sollat in front of it:
+
+* where SGLang's object is built and enabled, it is an instance of SGLang's own class (a subclass
+  of it that routes the calls the rule of ``core.py`` admits to sollat, :func:`routing_class`),
+  so every SGLang feature that checks ``isinstance(comm, CustomAllReduceV2)`` and reads its
+  state (the K3 SP collective, the custom all-gather, the K3 fused AllReduce + RMSNorm, the DP
+  attention buffer) keeps working on SGLang's own buffers;
+* where SGLang has none (its factory raised, or its object came up disabled: no NVLink, a world
+  size it does not support, no CUDA), :class:`SollatCustomAllreduce` serves what sollat admits
+  and keeps the contract GroupCoordinator relies on (``disabled``, ``should_custom_ar``,
+  ``custom_all_reduce``, ``capture()``, ``close()``); those features are off, as they would be
+  without the plugin.
+
+What sollat declines goes to SGLang's custom all-reduce, then to SGLang's NCCL paths. Other
+groups keep SGLang's class. With ``--enable-deterministic-inference``
 (``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``) sollat's communicator is in batch-invariant mode.
-Without the opt-in, :func:`register` returns at once and SGLang is untouched.
+Without the opt-in, :func:`register` returns at once and SGLang is untouched. With it, every
+variable the plugin reads is checked first; SGLang's loader logs a plugin's exception and goes on
+without it, so a value that is not understood raises ``SystemExit`` with one line (the variable
+and the values it takes): SGLang stops at start-up, before anything is hooked.
 """
 
 from __future__ import annotations
@@ -27,12 +40,13 @@ from typing import Any
 
 import torch
 
-from . import core
+from . import core, settings
 
 ENGINE = "SGLang"
 TARGET = "sglang.srt.distributed.device_communicators.custom_all_reduce.dispatch_custom_allreduce"
 GROUPS = ("tp", "attention_tp")  # the base names of SGLang's tensor-parallel groups
-logger = logging.getLogger("sglang.srt.plugins.sollat")
+DETERMINISTIC_ENV = "SGLANG_ENABLE_DETERMINISTIC_INFERENCE"
+logger = logging.getLogger("sglang.srt.plugins.sollat")  # under "sglang": SGLang's log set-up prints it
 _registered = False
 
 
@@ -45,19 +59,43 @@ def batch_invariant_mode() -> bool:
         os.environ.get(core.BATCH_INVARIANT_ENV))
 
 
-def register() -> None:
-    """The entry point: nothing unless ``SOLLAT_ENGINE_PLUGIN=1``; then register the hook once per
-    process and say so in one log line. (SGLang logs, and then ignores, an exception raised here:
-    a value of the variable that is not understood is reported in the log and leaves SGLang as it is.)"""
-    global _registered
-    if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _registered:
+def check_environment() -> None:
+    """SGLang's own variable the plugin reads, with SGLang's parser (which, left to itself, warns
+    and uses the default for a value it cannot read)."""
+    from sglang.srt.environ import envs
+
+    raw = os.environ.get(DETERMINISTIC_ENV)
+    if raw is None:
         return
+    try:
+        envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.parse(raw)
+    except ValueError:
+        raise settings.EnvironmentValueError(DETERMINISTIC_ENV, raw, "true, 1, yes, y or false, 0, no, n (any "
+                                             "case), as SGLang reads it") from None
+
+
+def summary_line(batch_invariant: bool, max_bytes: int) -> str:
+    """The one line ``register`` logs (docs/integrations.md shows it)."""
+    return core.summary(ENGINE, "tensor-parallel custom all-reduce (groups tp, attention_tp)", batch_invariant,
+                        max_bytes, "; SGLang's own custom all-reduce stays in place behind it (its features that "
+                        "check for CustomAllReduceV2 stay on)")
+
+
+def register() -> None:
+    """The entry point: nothing unless ``SOLLAT_ENGINE_PLUGIN=1``; then check the environment,
+    register the hook once per process and say so in one log line."""
+    global _registered
+    try:
+        if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _registered:
+            return
+        found = settings.check_environment(engine_checks=check_environment)
+    except settings.EnvironmentValueError as exc:
+        raise SystemExit(str(exc)) from None
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     HookRegistry.register(TARGET, dispatch_custom_allreduce, HookType.AROUND)
     _registered = True
-    logger.info("%s", core.summary(ENGINE, "tensor-parallel custom all-reduce (groups tp, attention_tp)",
-                                   batch_invariant_mode()))
+    logger.info("%s", summary_line(batch_invariant_mode(), found.max_bytes))
 
 
 def _coordinator_of(cpu_group: Any) -> Any:
@@ -85,30 +123,85 @@ def dispatch_custom_allreduce(original: Any, *args: Any, **kwargs: Any) -> Any:
         if engine_error is not None:
             raise engine_error
         return engine_cls
-    return functools.partial(SollatCustomAllreduce, engine_cls=engine_cls, coordinator=coordinator)
+    return functools.partial(custom_allreduce, engine_cls=engine_cls, coordinator=coordinator)
+
+
+def custom_allreduce(group: Any, device: Any, *, engine_cls: Any, coordinator: Any, **kwargs: Any) -> Any:
+    """What GroupCoordinator gets for a TP group: SGLang's own object with sollat in front (an
+    instance of SGLang's class) where SGLang built one, else :class:`SollatCustomAllreduce`.
+    Collective, as SGLang's own construction is: SGLang's object first, then sollat's
+    communicator, on every rank."""
+    adapter = core.GroupAdapter(engine=ENGINE, name=str(coordinator.unique_name),
+                                device_group=coordinator.device_group, cpu_group=group,
+                                device=torch.device(device), world_size=int(coordinator.world_size),
+                                batch_invariant=batch_invariant_mode(),
+                                max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)),
+                                log=logger)
+    engine_ca: Any = None
+    if engine_cls is not None:
+        cls = routing_class(engine_cls) if isinstance(engine_cls, type) else engine_cls
+        try:
+            engine_ca = cls(group=group, device=device, **kwargs)
+        except Exception as exc:  # as GroupCoordinator reports its own failure
+            logger.warning("sollat: SGLang's own custom all-reduce could not be set up (%s); what sollat "
+                           "declines goes to SGLang's NCCL paths", exc)
+    ca: Any
+    if isinstance(engine_ca, _SollatRouting) and not engine_ca.disabled:
+        engine_ca.sollat_adapter = adapter
+        ca = engine_ca
+    else:
+        ca = SollatCustomAllreduce(adapter, engine_ca)
+    adapter.ensure()  # built now, collectively, as SGLang builds its own in GroupCoordinator.__init__
+    return ca
+
+
+class _SollatRouting:
+    """sollat in front of SGLang's own custom all-reduce, mixed into a subclass of SGLang's class
+    (``routing_class``): the object is SGLang's, with SGLang's state and ``disabled`` flag (which
+    SGLang's piecewise CUDA-graph runner switches in place, for both); only the all-reduce entry
+    points ask sollat first. Without ``sollat_adapter`` it is SGLang's object unchanged."""
+
+    sollat_adapter: core.GroupAdapter | None = None
+
+    def should_custom_ar(self, inp: torch.Tensor) -> bool:
+        ad = self.sollat_adapter
+        if ad is not None and not self.disabled and ad.serves(inp):  # type: ignore[attr-defined]
+            return True
+        return bool(super().should_custom_ar(inp))  # type: ignore[misc]
+
+    def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
+        ad = self.sollat_adapter
+        if ad is not None and not self.disabled:  # type: ignore[attr-defined]
+            out = ad.all_reduce(input)
+            if out is not None:
+                return out
+        return super().custom_all_reduce(input)  # type: ignore[misc,no-any-return]
+
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        ad = self.sollat_adapter
+        with ad.capture() if ad is not None else contextlib.nullcontext(), super().capture():  # type: ignore[misc]
+            yield
+
+
+@functools.cache
+def routing_class(engine_cls: type) -> type:
+    """A subclass of SGLang's custom all-reduce class with sollat in front (``_SollatRouting``):
+    ``isinstance`` against SGLang's class holds for its objects."""
+    return type(f"Sollat{engine_cls.__name__}", (_SollatRouting, engine_cls), {"__module__": __name__})
 
 
 class SollatCustomAllreduce:
-    """sollat first, SGLang's custom all-reduce (``engine_ca``) second, for one TP group."""
+    """sollat first, then SGLang's custom all-reduce object ``engine_ca`` if any (one that came up
+    disabled, or None), for one TP group where SGLang has no working custom all-reduce of its own."""
 
-    def __init__(self, group: Any, device: Any, *, engine_cls: Any, coordinator: Any, **kwargs: Any) -> None:
-        self.world_size = int(coordinator.world_size)
-        self.adapter = core.GroupAdapter(engine=ENGINE, name=str(coordinator.unique_name),
-                                         device_group=coordinator.device_group, cpu_group=group,
-                                         device=torch.device(device), world_size=self.world_size,
-                                         batch_invariant=batch_invariant_mode())
-        self.engine_ca: Any = None
-        if engine_cls is not None:
-            try:
-                self.engine_ca = engine_cls(group=group, device=device, **kwargs)
-            except Exception as exc:  # as GroupCoordinator reports its own failure
-                logger.warning("sollat: SGLang's own custom all-reduce could not be set up (%s); what sollat "
-                               "declines goes to SGLang's NCCL paths", exc)
+    def __init__(self, adapter: core.GroupAdapter, engine_ca: Any = None) -> None:
+        self.sollat_adapter = adapter
+        self.world_size = adapter.world_size
+        self.engine_ca = engine_ca
         self._disabled = False
         self.original_disabled = False
         self._IS_CAPTURING = False
-        # Built now, collectively, as SGLang builds its own custom all-reduce in GroupCoordinator.__init__.
-        self.adapter.ensure()
 
     # SGLang's piecewise CUDA-graph runner switches ``disabled`` in place: it applies to both.
     @property
@@ -128,7 +221,7 @@ class SollatCustomAllreduce:
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         if self._disabled:
             return False
-        return self.adapter.serves(inp) or self._engine_serves(inp)
+        return self.sollat_adapter.serves(inp) or self._engine_serves(inp)
 
     def custom_all_reduce(self, input: torch.Tensor) -> torch.Tensor | None:
         """The sum over the group (a new tensor), or None when neither sollat nor SGLang's custom
@@ -136,7 +229,7 @@ class SollatCustomAllreduce:
         piecewise graph's eager split alike (it needs no registered buffers)."""
         if self._disabled:
             return None
-        out = self.adapter.all_reduce(input)
+        out = self.sollat_adapter.all_reduce(input)
         if out is not None:
             return out
         if self._engine_serves(input):
@@ -148,7 +241,7 @@ class SollatCustomAllreduce:
         engine = self.engine_ca.capture() if self.engine_ca is not None else contextlib.nullcontext()
         self._IS_CAPTURING = True
         try:
-            with self.adapter.capture(), engine:
+            with self.sollat_adapter.capture(), engine:
                 yield
         finally:
             self._IS_CAPTURING = False
@@ -158,7 +251,7 @@ class SollatCustomAllreduce:
             self.engine_ca.close()
 
     def __getattr__(self, name: str) -> Any:
-        # Anything else SGLang asks of its custom all-reduce (custom all-gather, ...) stays SGLang's.
+        # Anything else SGLang asks of its custom all-reduce stays SGLang's object's (if any).
         engine = self.__dict__.get("engine_ca")
         if engine is None or name.startswith("__"):
             raise AttributeError(name)

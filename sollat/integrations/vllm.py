@@ -13,25 +13,34 @@ vLLM's loader calls :func:`register` in every process, which patches three place
   ``vllm_pass.SollatAllReduceRMSNormPass`` at the place vLLM's AllReduce fusion takes.
 
 Under ``VLLM_BATCH_INVARIANT=1`` the adapter's communicator is built in sollat's batch-invariant mode.
-Without the opt-in, :func:`register` returns at once and vLLM is untouched.
+Without the opt-in, :func:`register` returns at once and vLLM is untouched. With it, every variable
+the plugin reads (sollat's, ``settings.check_environment``, and ``VLLM_BATCH_INVARIANT``) is
+checked first: a value that is not understood raises ``settings.EnvironmentValueError`` (one line:
+the variable and the values it takes), which vLLM's loader lets through, so vLLM stops at start-up
+before anything is patched. The plugin logs through vLLM's logger (``vllm_adapter.logger``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import core
-from .vllm_adapter import ENGINE, adapter, batch_invariant_mode
+from . import core, settings
+from .vllm_adapter import ENGINE, adapter, batch_invariant_mode, check_environment, logger
 
-__all__ = ["ENGINE", "adapter", "batch_invariant_mode", "register"]
+__all__ = ["ENGINE", "adapter", "batch_invariant_mode", "register", "summary_line"]
 
-logger = logging.getLogger("vllm.plugins.sollat")  # under "vllm": vLLM's handler prints it
 _installed = False
+
+
+def summary_line(batch_invariant: bool, max_bytes: int) -> str:
+    """The one line ``register`` logs (docs/integrations.md shows it)."""
+    return core.summary(ENGINE, "tensor-parallel all_reduce", batch_invariant, max_bytes,
+                        "; compile pass all_reduce + fused_add_rms_norm (+ static FP8 quant) -> sollat's fused op "
+                        "where fuse_allreduce_rms is off")
 
 
 def register() -> None:
@@ -40,6 +49,7 @@ def register() -> None:
     global _installed
     if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _installed:
         return
+    found = settings.check_environment(engine_checks=check_environment)  # before anything is patched
     from vllm.compilation.passes.pass_manager import PostGradPassManager
     from vllm.distributed.parallel_state import GroupCoordinator
 
@@ -49,9 +59,7 @@ def register() -> None:
     _wrap(GroupCoordinator, "graph_capture", _graph_capture)
     _wrap(PostGradPassManager, "configure", _configure)
     _installed = True
-    logger.info("%s", core.summary(ENGINE, "tensor-parallel all_reduce", batch_invariant_mode(),
-                                   "; compile pass all_reduce + fused_add_rms_norm (+ static FP8 quant) -> "
-                                   "sollat's fused op where fuse_allreduce_rms is off"))
+    logger().info("%s", summary_line(batch_invariant_mode(), found.max_bytes))
 
 
 def _wrap(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

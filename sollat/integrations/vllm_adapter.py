@@ -1,17 +1,42 @@
 """The sollat adapter of a vLLM group coordinator: what the plugin's patches (``vllm.py``) and the
 compile pass's ops (``vllm_pass.py``) both ask for (:func:`adapter`), so neither imports the other's
-module for it.
+module for it; and the plugin's logger, a child of vLLM's ``vllm`` logger (``init_logger``), so
+its lines carry vLLM's prefix and go where vLLM's own go.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from typing import Any
 
-from . import core
+from . import core, settings
 
 ENGINE = "vLLM"
+LOGGER = "vllm.plugins.sollat"
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 _ATTR = "_sollat_adapter"
+
+
+@functools.cache
+def logger() -> logging.Logger:
+    from vllm.logger import init_logger
+
+    return init_logger(LOGGER)
+
+
+def check_environment() -> None:
+    """vLLM's own variable the plugin reads, as vLLM reads it (``vllm.envs``: ``bool(int(value))``);
+    a value it cannot read stops the engine (settings.EnvironmentValueError)."""
+    import vllm.envs as envs
+
+    raw = os.environ.get(BATCH_INVARIANT_ENV)
+    try:
+        envs.environment_variables[BATCH_INVARIANT_ENV]()
+    except ValueError:
+        raise settings.EnvironmentValueError(BATCH_INVARIANT_ENV, str(raw), "an integer, as vLLM reads it "
+                                             "(0: off, 1: vLLM's batch-invariant mode, which sollat follows)") from None
 
 
 def batch_invariant_mode() -> bool:
@@ -35,6 +60,8 @@ def adapter(group: Any) -> core.GroupAdapter | None:
     if group is tp:
         made = core.GroupAdapter(engine=ENGINE, name=group.unique_name, device_group=group.device_group,
                                  cpu_group=group.cpu_group, device=group.device, world_size=group.world_size,
-                                 batch_invariant=batch_invariant_mode())
+                                 batch_invariant=batch_invariant_mode(),
+                                 max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)),
+                                 log=logger())
     group.__dict__[_ATTR] = made
     return made or None

@@ -17,8 +17,9 @@ otherwise take the ``fused_add_rms_norm`` + quant pair first).
 At run time the op asks the group's adapter (``core.GroupAdapter.all_reduce_rmsnorm``); a call
 the rule refuses is composed from vLLM's own parts: the group's all-reduce (itself routed by the
 plugin), the ``fused_add_rms_norm`` IR op and QuantFP8. The fused result has sollat's arithmetic
-(``sollat/collectives/rmsnorm.py``: rank-order fp32 sum, one rounding), which is within rounding of vLLM's
-unfused kernels, not bit-identical to them.
+(``sollat.rmsnorm.reference``: the rank-order fp32 sum rounded to the dtype, the residual added and
+rounded again, the norm in fp32), which is within rounding of vLLM's unfused kernels, not
+bit-identical to them.
 """
 
 from __future__ import annotations

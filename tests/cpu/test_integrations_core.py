@@ -1,17 +1,27 @@
-"""The engine-free core of the engine plugins (sollat/integrations/core.py): the opt-in, the rule,
-and a GroupAdapter over two gloo processes with stand-in communicators (no engine, no GPU)."""
+"""The engine-free core of the engine plugins (sollat/integrations/core.py, settings.py): the
+opt-in and every variable the plugins read, the rule and the engine limit, the communicator an
+engine builds (its footprint, and that decode-size calls keep their algorithm and geometry), and a
+GroupAdapter over two gloo processes with stand-in communicators (no engine, no GPU): one decision
+on every rank, one warning."""
 
 from __future__ import annotations
 
+import logging
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from sollat.collectives import select
+from sollat.collectives.algorithms import ALGORITHMS
+from sollat.collectives.validate import algorithm_names, checked_batch_invariant
+from sollat.device import layout
+from sollat.device.dtypes import DTYPES
 from sollat.errors import UnsupportedError
-from sollat.integrations import core
+from sollat.integrations import core, settings
 
 CPU = torch.device("cpu")
 
@@ -30,6 +40,73 @@ def test_opt_in_value_not_understood(value: str) -> None:
 def test_batch_invariant_env() -> None:
     assert core.sollat_batch_invariant_env("1") and not core.sollat_batch_invariant_env(None)
     assert not core.sollat_batch_invariant_env("0")
+
+
+# ---- the environment, checked at start-up ---------------------------------------------------------
+BAD = [("SOLLAT_ENGINE_PLUGIN", "yes", "0 or 1 (or unset)"),
+       ("SOLLAT_BATCH_INVARIANT", "yes", "0 or 1 (or unset)"),
+       ("SOLLAT_BATCH_INVARIANT", " 1", "0 or 1 (or unset)"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "lots", "a whole number of bytes >= 1"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "0", "a whole number of bytes >= 1"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "1.5MiB", "a whole number of bytes >= 1"),
+       ("SOLLAT_TIMEOUT_S", "soon", "a number of seconds > 0"),
+       ("SOLLAT_TIMEOUT_S", "-1", "a number of seconds > 0"),
+       ("SOLLAT_SETUP_TIMEOUT_S", "inf", "a number of seconds > 0"),
+       ("SOLLAT_MAX_BLOCKS", "many", "an integer 1..128"),
+       ("SOLLAT_MAX_BLOCKS", "0", "an integer 1..128"),
+       ("SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT", "on", "0 or 1 (or unset)"),
+       ("SOLLAT_ALLOW_PCIE_PEERS", "true", "0 or 1 (or unset)")]
+
+
+@pytest.mark.parametrize(("name", "value", "allowed"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+def test_a_value_not_understood_is_one_line_naming_the_variable(name: str, value: str, allowed: str) -> None:
+    env = {"SOLLAT_ENGINE_PLUGIN": "1", name: value}
+    with pytest.raises(settings.EnvironmentValueError) as ei:
+        settings.check_environment(env)
+    text = str(ei.value)
+    assert "\n" not in text and text.startswith(f"sollat: {name}={value!r} is not understood; it takes {allowed}")
+    assert ei.value.name == name
+
+
+def test_good_values_pass_and_are_read() -> None:
+    env = {"SOLLAT_ENGINE_PLUGIN": "1", "SOLLAT_BATCH_INVARIANT": "1", "SOLLAT_ENGINE_MAX_BYTES": "4MiB",
+           "SOLLAT_TIMEOUT_S": "12.5", "SOLLAT_SETUP_TIMEOUT_S": "60", "SOLLAT_MAX_BLOCKS": "32",
+           "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT": "0", "SOLLAT_ALLOW_PCIE_PEERS": " 1 "}
+    assert settings.check_environment(env) == settings.Settings(batch_invariant=True, max_bytes=4 << 20)
+    assert settings.check_environment({}) == settings.Settings(batch_invariant=False,
+                                                               max_bytes=settings.DEFAULT_MAX_BYTES)
+
+
+def test_engine_checks_run_after_sollat_s() -> None:
+    seen: list[str] = []
+    settings.check_environment({}, engine_checks=lambda: seen.append("engine"))
+    assert seen == ["engine"]
+    with pytest.raises(settings.EnvironmentValueError, match="SOLLAT_TIMEOUT_S"):
+        settings.check_environment({"SOLLAT_TIMEOUT_S": "x"}, engine_checks=lambda: seen.append("too early"))
+    assert seen == ["engine"]
+
+
+@pytest.mark.parametrize("value", ["", "0", "1", "yes", " 1", "1 ", "true", "01", "2"])
+def test_the_plugin_accepts_batch_invariant_values_exactly_as_the_communicator(monkeypatch: pytest.MonkeyPatch,
+                                                                               value: str) -> None:
+    monkeypatch.setenv("SOLLAT_BATCH_INVARIANT", value)
+    try:
+        checked_batch_invariant(None, "X")
+        communicator_ok = True
+    except UnsupportedError:
+        communicator_ok = False
+    try:
+        settings.check_environment({"SOLLAT_BATCH_INVARIANT": value})
+        plugin_ok = True
+    except settings.EnvironmentValueError:
+        plugin_ok = False
+    assert plugin_ok == communicator_ok
+
+
+@pytest.mark.parametrize(("value", "n"), [(None, 1 << 20), ("", 1 << 20), ("4096", 4096), (" 2MiB ", 2 << 20),
+                                          ("64kib", 64 << 10), ("1GiB", 1 << 30), ("1", 1)])
+def test_max_message_bytes(value: str | None, n: int) -> None:
+    assert settings.max_message_bytes(value) == n
 
 
 def test_all_reduce_rule() -> None:
@@ -71,6 +148,20 @@ def test_rmsnorm_rule() -> None:
     assert core.rmsnorm_refusal(x, r, w, None) == "no sollat communicator"
 
 
+def test_the_engine_limit() -> None:
+    x = torch.zeros(256, dtype=torch.float32)  # 1 KiB
+    assert core.all_reduce_refusal(x, CPU, 1024) is None
+    assert core.all_reduce_refusal(x, CPU, 1023) == "1024 bytes > SOLLAT_ENGINE_MAX_BYTES (1023)"
+    assert core.all_reduce_refusal(x, CPU, None) is None
+    w = torch.ones(256)
+    assert core.rmsnorm_refusal(x[None], x[None], w, CPU, max_bytes=1023) == "1024 bytes > SOLLAT_ENGINE_MAX_BYTES (1023)"
+    ad = core.GroupAdapter(engine="t", name="tp", device_group=None, cpu_group=None, device=CPU, world_size=2,
+                           batch_invariant=False, max_bytes=1023)
+    assert ad.max_bytes == 1023
+    ad.batch_invariant = True  # no threshold in batch-invariant mode: a row never changes implementation
+    assert ad.max_bytes is None
+
+
 def test_domain_rule() -> None:
     assert core.domain_refusal(2, ["a", "a"]) is None
     assert core.domain_refusal(8, ["a"] * 8) is None
@@ -78,6 +169,111 @@ def test_domain_rule() -> None:
     assert core.domain_refusal(72, ["a"] * 72) is None
     assert core.domain_refusal(73, ["a"] * 73).startswith("world size 73")
     assert "spans hosts ['a', 'b']" in str(core.domain_refusal(2, ["a", "b"]))
+
+
+# ---- the communicator an engine builds ------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+FOOTPRINT_MIB = {2: 36.0, 4: 40.0, 8: 48.0}  # docs/integrations.md states these
+H200_SMS = 132
+
+
+def test_engine_scratch_per_rank_is_at_most_64_mib_at_tp8_and_the_docs_say_how_much() -> None:
+    from sollat.comm.state import scratch_bytes_per_rank
+
+    assert settings.scratch_bytes(8) <= 64 << 20
+    doc = " ".join((ROOT / "docs" / "integrations.md").read_text().split())
+    for tp, mib in FOOTPRINT_MIB.items():
+        got = settings.scratch_bytes(tp, sms=H200_SMS)
+        assert got == settings.scratch_bytes(tp)  # an H200 has the SMs for the default blocks
+        assert round(got / 2**20, 1) == mib, (tp, got / 2**20)
+        blocks = min(H200_SMS, layout.default_max_blocks_real(tp))
+        plain = scratch_bytes_per_rank(tp, algorithm_names(None, tp), blocks, (), True) / 2**20
+        assert f"| {tp} | {mib:.1f} MiB | {plain:.1f} MiB |" in doc, tp
+    for tp in (9, 16, 72):
+        assert f"{settings.scratch_bytes(tp) / 2**20:.1f} MiB at {tp}" in doc, tp
+
+
+def test_the_docs_show_the_log_lines_and_world_sizes_the_code_has() -> None:
+    from sollat.integrations import sglang, vllm
+
+    doc = (ROOT / "docs" / "integrations.md").read_text()
+    assert vllm.summary_line(False, settings.DEFAULT_MAX_BYTES) in doc
+    assert sglang.summary_line(False, settings.DEFAULT_MAX_BYTES) in doc
+    assert f"world sizes {core.MIN_WORLD_SIZE}..{layout.MAX_RANKS}" in doc and "2..8" not in doc
+    assert f"2 to {layout.MAX_RANKS} ranks" in " ".join(doc.split())
+
+
+def test_the_default_factory_builds_the_engine_communicator(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    import sollat.comm.real as real
+
+    made: list[tuple[Any, dict[str, Any]]] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 8)
+    monkeypatch.setattr(real, "Communicator", lambda group, **kw: made.append((group, kw)) or "comm")
+    assert core.sollat_communicator("tp-group", torch.device("cuda", 0), False) == "comm"
+    assert core.sollat_communicator("tp-group", torch.device("cuda", 0), True) == "comm"
+    opts = {"algorithms": ("oneshot_ll", "oneshot_sentinel"), "gather_scatter": False, "rmsnorm_max_blocks": 16}
+    assert made == [("tp-group", opts), ("tp-group", {"batch_invariant": True, **opts})]
+
+
+def _sizes() -> list[int]:
+    out = set()
+    for p in range(4, 21):  # 16 B .. 1 MiB, and either side of every power of two
+        out |= {(1 << p) - 16, 1 << p, (1 << p) + 16}
+    return sorted(n for n in out if 16 <= n <= settings.DEFAULT_MAX_BYTES)
+
+
+# Where the engine's communicator runs another algorithm than a plain one for a decode-size call:
+# the generic table (3 to 8 ranks) gives exactly 1 MiB to the two-shot, which the engine lacks; the
+# table's next rule, the one-shot sentinel, serves it (the same sum, bit for bit).
+CHANGED = {2: [], 4: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")],
+           8: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")]}
+
+
+@pytest.mark.parametrize("world", sorted(CHANGED))
+def test_decode_size_calls_keep_their_algorithm_on_the_shipped_tables(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path, world: int) -> None:
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))  # the shipped tables only
+    table = select.find_table("NVIDIA H200", world, mode="real", interconnect="nvlink")
+    full = algorithm_names(None, world)
+    engine = settings.communicator_options(world)["algorithms"]
+    changed = []
+    for nbytes in _sizes():
+        for dtype in (torch.bfloat16, torch.float32, torch.float16):
+            if nbytes % DTYPES[dtype].size:
+                continue
+            for bi in (False, True):
+                d = select.choose(table, nbytes, dtype, "sum", deterministic=False, handovers={select.NCCL},
+                                  available=full, batch_invariant=bi)
+                e = select.choose(table, nbytes, dtype, "sum", deterministic=False, handovers={select.NCCL},
+                                  available=engine, batch_invariant=bi)
+                assert e in engine and ALGORITHMS[e].deterministic, (nbytes, dtype, e)
+                if d != e and (nbytes, d, e) not in changed:
+                    changed.append((nbytes, d, e))
+    assert changed == CHANGED[world]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_fused_calls_auto_makes_keep_their_geometry_in_the_engine_regions(world: int) -> None:
+    from sollat.collectives import rmsnorm
+    from sollat.collectives.algorithms import RMSNORM_ALGORITHMS, RMSNORM_MAX_BLOCKS
+
+    def geometry(alg: Any, dt: Any, rows: int, hidden: int, blocks: int) -> Any:  # as RmsnormCalls plans it
+        geo = rmsnorm.row_geometry(alg, dt, rows, hidden, world, blocks)
+        if geo.row_blocks > blocks:
+            geo = rmsnorm.row_geometry(alg, dt, rows, hidden, world, blocks, widest_blocks=blocks)
+        return geo
+
+    for name in rmsnorm.AUTO_ALGOS:
+        alg = RMSNORM_ALGORITHMS[rmsnorm.internal_name(name)]
+        for dtype in rmsnorm.DTYPES_SUPPORTED:
+            for hidden in (2048, 4096, 5120, 7168, 8192, 16384):
+                for rows in range(1, rmsnorm.AUTO_FUSED_MAX_ROWS + 1):
+                    dt = DTYPES[dtype]
+                    assert (geometry(alg, dt, rows, hidden, settings.ENGINE_RMSNORM_MAX_BLOCKS)
+                            == geometry(alg, dt, rows, hidden, RMSNORM_MAX_BLOCKS)), (name, dtype, hidden, rows)
 
 
 def test_factory_seam_checks_and_restores() -> None:
@@ -132,36 +328,66 @@ class _SumDouble:
         return (y, r, y.to(torch.float8_e4m3fn)) if kw.get("fp8_scale") is not None else (y, r)
 
 
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((record.levelname, record.getMessage()))
+
+
 def _two_ranks(rank: int, port: int, fail_rank: int, out: str) -> None:
     import json
+    import os
+    import time
 
     import torch.distributed as dist
 
+    os.environ["SOLLAT_SETUP_TIMEOUT_S"] = "3"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     _SumDouble.fail_rank = fail_rank
     core.set_communicator_factory(_SumDouble)
     group = dist.new_group([0, 1], backend="gloo")
+    log = logging.getLogger("engine.plugins.sollat")
+    lines = _Lines()
+    log.addHandler(lines)
+    log.setLevel(logging.DEBUG)
     ad = core.GroupAdapter(engine="test", name="tp:0", device_group=group, cpu_group=group, device=CPU, world_size=2,
-                           batch_invariant=True)
+                           batch_invariant=True, log=log)
     got: dict[str, Any] = {}
-    got["int32_first"] = ad.all_reduce(torch.ones(2, dtype=torch.int32)) is None  # declined: nothing built
-    got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
-    y = ad.all_reduce(torch.full((3,), float(rank + 1)))
-    got["y"] = None if y is None else y.tolist()
-    x, r, w = torch.full((2, 4), float(rank)), torch.ones(2, 4), torch.ones(4)
-    fused = ad.all_reduce_rmsnorm(x, r, w, 1e-6)
-    got["fused_r"] = None if fused is None else fused[1].tolist()
-    got["fp8"] = None if ad.all_reduce_rmsnorm(x, r, w, 1e-6, fp8_scale=torch.ones(1)) is None else 3
-    with ad.capture():
-        got["capturing"] = ad.capturing
-    got["unavailable"] = ad.unavailable
-    got["batch_invariant"] = ad.batch_invariant
-    got["counts"] = dict(ad.counts)
+    if fail_rank == 2 and rank == 1:  # "absent": rank 1 never builds the adapter's communicator
+        time.sleep(4)
+        got["absent"] = True
+    else:
+        t0 = time.monotonic()
+        got["int32_first"] = ad.all_reduce(torch.ones(2, dtype=torch.int32)) is None  # declined: nothing built
+        got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
+        y = ad.all_reduce(torch.full((3,), float(rank + 1)))
+        got["seconds"] = time.monotonic() - t0
+        got["y"] = None if y is None else y.tolist()
+        x, r, w = torch.full((2, 4), float(rank)), torch.ones(2, 4), torch.ones(4)
+        fused = ad.all_reduce_rmsnorm(x, r, w, 1e-6)
+        got["fused_r"] = None if fused is None else fused[1].tolist()
+        got["fp8"] = None if ad.all_reduce_rmsnorm(x, r, w, 1e-6, fp8_scale=torch.ones(1)) is None else 3
+        with ad.capture():
+            got["capturing"] = ad.capturing
+        got["unavailable"] = ad.unavailable
+        got["batch_invariant"] = ad.batch_invariant
+        got["counts"] = dict(ad.counts)
+    got["log"] = lines.records
     Path(out, f"{rank}.json").write_text(json.dumps(got))
-    dist.destroy_process_group()
+    store = dist.distributed_c10d._get_default_store()  # leave together; rank 0 serves the store: last
+    store.set(f"done/{rank}", "1")
+    store.wait(["done/0", "done/1"], timedelta(seconds=60))
+    if rank == 1:
+        store.set("left/1", "1")
+    else:
+        store.wait(["left/1"], timedelta(seconds=60))
+    os._exit(0)
 
 
-@pytest.mark.parametrize("fail_rank", [-1, 1], ids=["built", "rank1_fails"])
+@pytest.mark.parametrize("fail_rank", [-1, 1, 2], ids=["built", "rank1_fails", "rank1_absent"])
 def test_adapter_agrees_on_every_rank(tmp_path: Path, fail_rank: int) -> None:
     import json
 
@@ -171,17 +397,29 @@ def test_adapter_agrees_on_every_rank(tmp_path: Path, fail_rank: int) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     mp.spawn(_two_ranks, args=(port, fail_rank, str(tmp_path)), nprocs=2)
+    got = {rank: json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)}
+    if fail_rank == 2:
+        g = got[0]
+        assert g["y"] is None and g["seconds"] < 3 + 5  # within the setup timeout, not the store's own
+        assert g["unavailable"].startswith("rank 0: PeerTimeoutError: sollat: rank(s) [1] did not reach")
+        assert [lv for lv, _ in g["log"]] == ["WARNING"] and "keeps the engine's all-reduce" in g["log"][0][1]
+        assert got[1]["log"] == []
+        return
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert got["int32_first"] and not got["built_after_int32"]
-        assert got["capturing"] is True
+        g = got[rank]
+        assert g["int32_first"] and not g["built_after_int32"]
+        assert g["capturing"] is True
         if fail_rank < 0:
-            assert got["y"] == [3.0, 3.0, 3.0]
-            assert got["fused_r"] == [[2.0] * 4] * 2  # 0 + 1 summed, plus the residual 1
-            assert got["fp8"] == 3
-            assert got["unavailable"] is None and got["batch_invariant"] is True
-            assert got["counts"] == {"declined:no sollat communicator": 1, "all_reduce": 1, "all_reduce_rmsnorm": 2}
+            assert g["y"] == [3.0, 3.0, 3.0]
+            assert g["fused_r"] == [[2.0] * 4] * 2  # 0 + 1 summed, plus the residual 1
+            assert g["fp8"] == 3
+            assert g["unavailable"] is None and g["batch_invariant"] is True
+            assert g["counts"] == {"declined:no sollat communicator": 1, "all_reduce": 1, "all_reduce_rmsnorm": 2}
+            assert g["log"] == []
         else:  # one rank could not build it: neither rank routes anything to sollat
-            assert got["y"] is None and got["fused_r"] is None and got["fp8"] is None
-            assert got["unavailable"] == "rank 1: RuntimeError: no peer memory here"
-            assert got["counts"] == {"declined:no sollat communicator": 4}
+            assert g["y"] is None and g["fused_r"] is None and g["fp8"] is None
+            assert g["unavailable"] == "rank 1: RuntimeError: no peer memory here"
+            assert g["counts"] == {"declined:no sollat communicator": 4}
+    if fail_rank == 1:  # one warning for the group (rank 0's), the same text on every rank
+        want = "sollat: test group tp:0 keeps the engine's all-reduce: rank 1: RuntimeError: no peer memory here"
+        assert got[0]["log"] == [["WARNING", want]] and got[1]["log"] == [["DEBUG", want]]

@@ -48,11 +48,20 @@ def rank_input(rank: int, shape: tuple[int, ...], dtype: torch.dtype, seed: int)
 
 
 def rank_order_sum(xs: list[torch.Tensor]) -> torch.Tensor:
-    """The sum of every rank's input in rank order, in float64 (round it to the dtype to compare)."""
-    acc = xs[0].double()
-    for x in xs[1:]:
-        acc = acc + x.double()
-    return acc
+    """sollat's sum of every rank's input (``sollat.gather_scatter.rank_order_reduce``: rank order,
+    fp32 accumulation for 16-bit types, one rounding to the dtype). With two ranks every order of
+    summation gives these bits, so the engines' own paths (gloo) give them too."""
+    from sollat.gather_scatter import rank_order_reduce
+
+    return rank_order_reduce(xs, "sum")
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and dtypes and equal raw bits (NaNs compare by their bits too)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return bool(torch.equal(a.contiguous().view(ints), b.contiguous().view(ints)))
 
 
 def write_rank_result(out: Path, rank: int, got: dict[str, Any]) -> None:

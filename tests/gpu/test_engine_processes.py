@@ -1,0 +1,45 @@
+"""The engine plugins' adapter core on real ranks (``engine_worker.py``, no engine installed) at 2,
+3 and 4 processes; where the host has fewer GPUs than ranks (one GPU: every launch here), the
+processes share GPU 0 over gloo (``_procs``), whose kernels time-slice, so each call costs
+milliseconds and the worker makes a few dozen per mode.
+
+It proves, on every rank: the rule (what goes to the engine), one communicator per group built
+with the engine options, every routed all-reduce and fused AllReduce + RMSNorm (+ FP8) result bit
+for bit sollat's reference eagerly, in a CUDA graph and under ``torch.compile`` (the fused op the
+vLLM pass inserts), in the default and the batch-invariant mode, the same bits on every rank; and
+one decision on every rank, within the setup timeout, with one warning, when the construction
+fails on rank 1 (a bad environment value, its scratch allocation out of memory, its rendezvous
+failing). Every rank must print PASS for every section of its PLAN and SUMMARY failed=0; the
+launcher kills the whole launch after TIMEOUT_S.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from . import _procs
+from .engine_worker import SECTIONS
+
+pytestmark = [pytest.mark.gpu]
+
+WORKER = Path(__file__).with_name("engine_worker.py")
+TIMEOUT_S = 600
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+def test_engine_adapter_on_real_ranks(nproc: int) -> None:
+    rc, out = _procs.launch(WORKER, nproc, [], _procs.child_env(nproc, GPUS), TIMEOUT_S)
+    fails = "\n".join(line for line in out.splitlines() if " FAIL " in line)
+    tail = f"FAIL lines:\n{fails[-4000:]}\n--- last 6000 characters of output ---\n{out[-6000:]}"
+    for r in range(nproc):
+        assert f"RANK {r} PLAN {','.join(SECTIONS)} " in out, f"rank {r} has no (or another) PLAN\n{tail}"
+        missing = [s for s in SECTIONS if f"RANK {r} PASS {s} (" not in out]
+        assert not missing, f"rank {r}: no PASS for {missing}\n{tail}"
+        assert re.search(rf"RANK {r} SUMMARY passed={len(SECTIONS)} failed=0\b", out), f"rank {r}: SUMMARY\n{tail}"
+    assert rc == 0, f"torchrun exit status {rc}\n{tail}"
