@@ -27,7 +27,7 @@ EXHAUSTIVE: list[Config] = [
     _c("oneshot-ll-3r1t", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 2)),
     _c("oneshot-sentinel-3r1t", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 2), sig_words=False),
     _c("oneshot-ll-2r2t", algorithm="oneshot", protocol="ll", nranks=2, threads=2, calls=(2, 5, 1)),
-    _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 5, 1)),
+    _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 3, 1)),
     _c("oneshot-ll-2r1t-bits2", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3, 1), epoch_bits=2),
     _c("oneshot-sentinel-2r1t-slots2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3), max_slots=2),
     _c("oneshot-sentinel-2r1t-blocks2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3),
@@ -132,6 +132,8 @@ _T_LL = Config(algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2))
 _T_SE = Config(algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 4, 2))
 _LL128 = Config(algorithm="ll128", nranks=2, calls=(2, 4, 2))
 _RACE = ("reset-race", "overwrite", "stale", "wrong-sum", "deadlock")
+#: A call that differs between ranks: some rank finishes it, or writes a finite output of it.
+_ACCEPTED = ("accepted",)
 
 PLANTED: list[Planted] = [
     _p("single-buffer/oneshot-ll", _O_LL.with_mutation(Mutation.SINGLE_BUFFER), ("overwrite",),
@@ -150,8 +152,8 @@ PLANTED: list[Planted] = [
        "LL: the flag carries the epoch"),
     _p("epoch-bits-1/oneshot", replace(_O_LL, calls=(2, 2), epoch_bits=1), ("stale",),
        "LL: at least 2 epoch bits (stale lines hold e-2)"),
-    # Not a mutation: the LL variant of the fused RMSNorm two-shot as it was written (session 5),
-    # found on a GPU (session 6) and by this model; sollat ships that two-shot in sentinel only.
+    # Not a mutation: the fused RMSNorm two-shot in LL (its owner-only exchange leaves a pair's
+    # line many epochs old); sollat ships that two-shot in sentinel only.
     _p("owner-only-slots/rmsnorm-twoshot-ll-bits2", Config(algorithm="rmsnorm_twoshot", protocol="ll", nranks=2,
                                                            calls=(1, 3, 1, 2), epoch_bits=2),
        ("stale", "mismatch"), "LL: a slot is rewritten at least every other epoch of its channel (the fused "
@@ -197,7 +199,7 @@ PLANTED: list[Planted] = [
        ptx_only=True),
     _p("no-signature-line/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 1, 1),
                                                     faults=(Fault("mismatch", 1, 0),), reset_at=2)
-       .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
+       .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
        "sentinel: a signature word with every line-0 send, checked by the receiver"),
     # The signature word's epoch field: exchanged with every line-0 send, a word of one-shot and
     # two-shot holds e-2 at worst (2 bits suffice, as for LL lines); the fused two-shot writes a
@@ -210,16 +212,36 @@ PLANTED: list[Planted] = [
     _p("signature-once/oneshot-sentinel-sigbits2", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1),
                                                           sig_epoch_bits=2).with_mutation(Mutation.SIGNATURE_ONCE),
        ("stale", "mismatch"), "sentinel: the signature word travels with every line-0 send (it holds e-2 at worst)"),
-    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
-    # (all-gather) only; rank 2's call is compared with nobody's.
-    _p("ring-in-fused-twoshot/rmsnorm-twoshot-sentinel",
-       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(Fault("mismatch", 2, 0),),
-              reset_at=1).with_mutation(Mutation.RING_IN_FUSED_TWOSHOT), ("unnoticed",),
-       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
     _p("no-signature-line/twoshot-sentinel", Config(algorithm="twoshot", protocol="sentinel", calls=(2, 2, 2),
                                                     faults=(Fault("mismatch", 0, 1),), reset_at=2)
-       .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
+       .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
        "sentinel: a signature word with every line-0 send, checked by the receiver"),
+    # One detection scheme each, with the odd rank's call differing in its signature and its data:
+    # a rank that finishes the call, or writes any finite output of it, is caught ("accepted").
+    # The ring (words only to rank + 1): rank 0 checks rank 2's word only and sums rank 1's data.
+    _p("sig-ring/oneshot-sentinel-3r", Config(algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1,),
+                                              faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.SIG_RING),
+       _ACCEPTED, "sentinel: every receive from a peer checks that peer's signature word, not only rank - 1's"),
+    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
+    # (all-gather) only; rank 2's call is compared with nobody's.
+    _p("sig-ring/rmsnorm-twoshot-sentinel",
+       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(Fault("mismatch", 2, 0),),
+              reset_at=1).with_mutation(Mutation.SIG_RING), _ACCEPTED,
+       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
+    # Words in thread 0 of a block only: thread 1 takes the odd rank's line unchecked.
+    _p("sig-thread0/oneshot-sentinel-2t", Config(algorithm="oneshot", protocol="sentinel", threads=2, calls=(2,),
+                                                 faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.SIG_THREAD0),
+       _ACCEPTED, "sentinel: every thread's receive checks a signature word, not only thread 0's"),
+    _p("ll-tag-ignored/oneshot-ll", Config(algorithm="oneshot", protocol="ll", calls=(1,),
+                                           faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.LL_TAG_IGNORED),
+       _ACCEPTED, "LL: a line is taken only when its flags carry the reader's tags, not its epoch alone"),
+    _p("ll-tag-ignored/twoshot-ll-3r", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3,),
+                                              faults=(Fault("mismatch", 2, 0),)).with_mutation(Mutation.LL_TAG_IGNORED),
+       _ACCEPTED, "LL: a line is taken only when its flags carry the reader's tags, not its epoch alone"),
+    # The owner sums the odd rank's adds and writes its own chunk before any all-gather flag is seen.
+    _p("ll128-no-sig-words/ll128", Config(algorithm="ll128", calls=(2,), faults=(Fault("mismatch", 1, 0),))
+       .with_mutation(Mutation.LL128_NO_SIG_WORDS), _ACCEPTED,
+       "LL128: the owner's counter poll also waits for every source's signature word"),
 ]
 
 #: Mutations the checker proves harmless in a given algorithm (documented, and tested as such).
@@ -227,8 +249,8 @@ BENIGN: list[Planted] = [
     _p("single-buffer/twoshot-ll", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3, 7, 2))
        .with_mutation(Mutation.SINGLE_BUFFER), (),
        "two-shot: the all-gather receive is the credit for the next reduce-scatter send"),
-    _p("single-buffer/ll128", Config(algorithm="ll128", nranks=2, calls=(4, 6)).with_mutation(Mutation.SINGLE_BUFFER),
-       (),
+    _p("single-buffer/ll128", Config(algorithm="ll128", nranks=2, calls=(4, 6), ll128_lines=1)
+       .with_mutation(Mutation.SINGLE_BUFFER), (),
        "two-shot: the all-gather receive is the credit for the next reduce-scatter add"),
     _p("no-reuse-fence/ll128", Config(algorithm="ll128", nranks=2, calls=(6, 2), ll128_lines=1)
        .with_mutation(Mutation.NO_REUSE_FENCE),

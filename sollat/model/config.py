@@ -61,32 +61,41 @@ class Mutation(enum.Enum):
     #: Fault path: the record code is loaded before ``griddepcontrol.wait`` (PDL): a kernel reads
     #: the record as it was when the previous kernel of its rank started.
     EARLY_PRIOR = "early-prior"
-    #: The LL line before session 10: 8 bytes of payload and one 8-byte flag in one 16-byte store
-    #: (``protocol_ll.h`` at 1be0c58). Harmless if the store is never torn (``memory="strong"``);
-    #: PTX performs a vector access as its 8-byte parts in any order, so the flag word may be
-    #: seen before the payload word.
+    #: An LL line of 8 bytes of payload and one 8-byte flag in one 16-byte store, instead of one flag
+    #: per 8-byte word. Harmless if the store is never torn (``memory="strong"``); PTX performs a
+    #: vector access as its 8-byte parts in any order, so the flag word may be seen before the
+    #: payload word.
     SINGLE_FLAG_LINE = "single-flag-line"
     #: The fence between a completed receive and the next send of a buffer (``LLBuffer``'s
-    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only where the code
-    #: before session 10 had one: after sentinel resets. No fence after an LL receive, none at the
-    #: top of a pass or before LL128's next adds: the next send then rests on the control dependency
-    #: on the poll, which PTX does not order.
+    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only after sentinel
+    #: resets: no fence after an LL receive, none at the top of a pass or before LL128's next adds.
+    #: The next send then rests on the control dependency on the poll, which PTX does not order.
     NO_REUSE_FENCE = "no-reuse-fence"
     #: Every protocol fence at ``.gpu`` scope (``fence<Scope::Gpu>`` literals) although the ranks
     #: are on different GPUs (``Config.ranks="real"``): PTX's fences then order nothing for a peer.
     GPU_FENCE = "gpu-fence"
-    #: Sentinel buffers without the signature word (the code before session 10): a peer that made
-    #: another call with the same line count is summed, not reported.
+    #: Sentinel buffers without signature words: a peer that made another call with the same line
+    #: count is summed, not reported.
     NO_SIGNATURE_LINE = "no-signature-line"
     #: The signature word only with the call's first line-0 send to each peer (and polled only with
-    #: the first line-0 receive), not with every one: a call of p passes then leaves the word of one
+    #: the first receive from it), not with every one: a call of p passes then leaves the word of one
     #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
     #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
     SIGNATURE_ONCE = "signature-once"
-    #: The fused two-shot with the built-in kernels' ring of signature words (``SigPeers::Ring``:
-    #: only to rank + 1) instead of a word with every line-0 send (``SigPeers::Every``): a row's
-    #: exchange is only with its owner, so from 4 ranks on a rank's call is compared with nobody's.
-    RING_IN_FUSED_TWOSHOT = "ring-in-fused-twoshot"
+    #: Sentinel signature words in a ring: stored only to rank + 1 and polled only from rank - 1. A
+    #: rank whose ring neighbour agrees with it sums the data of a rank whose call differs (from 3
+    #: ranks on), and in the fused two-shot, whose exchange is only with a row's owner, a rank's call
+    #: can be compared with nobody's.
+    SIG_RING = "sig-ring"
+    #: Sentinel signature words only in thread 0 of each block (its channel 0): every other thread
+    #: accepts its peers' lines unchecked.
+    SIG_THREAD0 = "sig-thread0"
+    #: An LL flag checked for its epoch only (``ProtoLL::check`` ignoring the tags): a line of this
+    #: epoch from a call with another signature is taken as data.
+    LL_TAG_IGNORED = "ll-tag-ignored"
+    #: LL128's reduce-scatter without signature words: an owner sums the adds of a rank whose call
+    #: differs once the counters read R, writes the sum and all-gathers it under its own signature.
+    LL128_NO_SIG_WORDS = "ll128-no-sig-words"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -99,9 +108,12 @@ class Fault:
     """A fault injected by the device test hooks (``SOLLAT_TEST_HOOKS``, ``CommState``).
 
     ``absent``: the rank's threads of call ``call`` end at once without sending (``prologue``
-    returns false), so its peers time out. ``mismatch``: the rank calls with another signature
-    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag, and
-    sentinel peers a signature word with the right epoch and a foreign signature.
+    returns false), so its peers time out. ``mismatch``: the rank makes another call, with the same
+    cut: another signature (``call_signature`` flips bit 1) and other data (every value it sends or
+    adds differs from the other ranks' call). LL peers see the right epoch with a foreign flag,
+    sentinel peers a signature word with the right epoch and a foreign signature, LL128 owners a
+    reduce-scatter signature word with a foreign signature; no finite output of that call is right
+    on any rank.
     """
 
     kind: str  # "absent" | "mismatch"
@@ -121,7 +133,7 @@ class Fault:
 ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
 PROTOCOLS = ("ll", "sentinel")
 #: "ptx": the PTX memory consistency model (ptx.PtxMachine; docs/protocol-model.md, "The PTX
-#: mode"); "strong": the model before session 10 (untorn 16-byte lines, stores to peers in program
+#: mode"); "strong": a model stronger than PTX (untorn 16-byte lines, stores to peers in program
 #: order, no store before an earlier load).
 MEMORY = ("ptx", "strong")
 #: Where the ranks run: "real" (one GPU each: a peer is outside .gpu scope) or "virtual" (all on one
@@ -176,18 +188,15 @@ class Config:
     memory: str = "ptx"
     ranks: str = "real"
     tear: str = "flags"
-    #: Sentinel buffers' signature words (``ll_buffer.h``, "Signature words"). False: not modelled in
-    #: this configuration (the data lines only). Leaving them out only removes a store and a load
-    #: that nothing else waits for (a thread's signature poll delays nothing but its own pass), so
-    #: every data-line behaviour with them is one without them: large configurations check the data
-    #: lines so, small ones the signature words too.
+    #: Signature words (sentinel buffers: ``ll_buffer.h``, "Signature words"; LL128's reduce-scatter:
+    #: ``allreduce_ll128.cu``). False: not modelled in this configuration (the data lines only).
+    #: Leaving them out only removes stores and loads that nothing else waits for (a thread's word
+    #: poll delays nothing but its own pass), so every data-line behaviour with them is one without
+    #: them: large configurations check the data lines so, small ones the signature words too.
+    #: Configurations with a call mismatch keep them (they are what detects it).
     sig_words: bool = True
     #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
     sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
-    #: Which line-0 sends carry a signature word (``ll_buffer.h`` SigPeers): "ring" (the device: the
-    #: one-shot, the two-shot, AllGather, ReduceScatter send only to rank + 1; the fused two-shot to
-    #: every peer) or "every" (every line-0 send, in every algorithm).
-    sig_peers: str = "ring"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -200,8 +209,6 @@ class Config:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
         if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
             raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
-        if self.sig_peers not in ("ring", "every"):
-            raise ValueError(f"sig_peers must be 'ring' or 'every', got {self.sig_peers!r}")
         if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
             raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
         for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
@@ -250,9 +257,19 @@ class Config:
 
     @property
     def signature_words(self) -> bool:
-        """Sentinel buffers carry a signature word per (block, parity, sender) in every receiver's
-        region, exchanged with every line-0 send (not LL: every LL line carries the signature)."""
+        """Sentinel buffers carry a signature word per (parity, sender, block, thread) in every
+        receiver's region, stored with every line-0 send and polled with every receive (not LL:
+        every LL line carries the signature)."""
         return self.proto == "sentinel" and self.sig_words and not self.has(Mutation.NO_SIGNATURE_LINE)
+
+    @property
+    def ll128_signature_words(self) -> bool:
+        """LL128's reduce-scatter carries a signature word per (owner, parity, source, warp)."""
+        return self.algorithm == "ll128" and self.sig_words and not self.has(Mutation.LL128_NO_SIG_WORDS)
+
+    def mismatched(self, call: int) -> bool:
+        """Whether some rank's call ``call`` differs from the others' (an injected mismatch)."""
+        return any(f.kind == "mismatch" and f.call == call for f in self.faults)
 
     def with_mutation(self, *ms: Mutation) -> Config:
         return replace(self, mutations=self.mutations | frozenset(ms))
@@ -270,10 +287,8 @@ class Config:
             extra.append(self.ranks)
         if self.tear != "flags":
             extra.append(f"tear={self.tear}")
-        if self.proto == "sentinel" and not self.sig_words:
+        if not self.sig_words and (self.proto == "sentinel" or self.algorithm == "ll128"):
             extra.append("no-sig-words")
-        if self.proto == "sentinel" and self.sig_peers != "ring":
-            extra.append(f"sig={self.sig_peers}")
         if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
             extra.append(f"sig-bits={self.sig_epoch_bits}")
         if self.epoch_bits != EPOCH_FIELD_BITS:
