@@ -11,13 +11,14 @@ where the cut of a call is ``layout.plan`` and the epoch of every line-channel i
 device memory that advances once per iteration in which the channel carries data.
 
 The generators below follow the kernels statement by statement (``allreduce_oneshot.cu``,
-``allreduce_twoshot.cu``, ``allreduce_ll128.cu``, the exchange of ``allreduce_rmsnorm.cu``'s two-shot) and the ``LLBuffer`` primitives they call
+``allreduce_twoshot.cu``, ``allreduce_ll128.cu``, the exchange of ``allreduce_rmsnorm.cu``'s two-shot;
+``allreduce_oneshot_wide.cu`` in ``wide.py``) and the ``LLBuffer`` primitives they call
 (``impl/ll_buffer__funcs.h``): ``bcast``/``send`` (a fence at the peer scope first when a receive
 of the buffer completed since its last send: ``beforeSend``; two-shot: one fence for both buffers
 at the top of every pass after the first, ``releaseReceivesWith``; LL128: one before the adds of
 every iteration after the first), ``recvReduce``/``recvGather`` (``pollAll``: every line polled;
-a sentinel line reset once read; thread 0's channel 0 also polls each peer's signature word with
-its line-0 lines), ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel
+a sentinel line reset once read; each thread also polls each peer's signature word with its
+lines), ``advanceEpoch`` (channels used since the last advance) and ``commit`` (kernel
 end).
 
 =====================  =======================================================================
@@ -39,7 +40,6 @@ from sollat.device.layout import Geometry
 
 from . import protocols, rules
 from .config import Config, Mutation
-from .generator import ProgramGenerator
 from .program import (
     ADD,
     ADDC,
@@ -58,6 +58,7 @@ from .program import (
     input_value,
 )
 from .scratch import Scratch
+from .wide import WideOneshot
 
 __all__ = ["Programs", "build"]
 
@@ -84,13 +85,14 @@ class Programs:
         return threads
 
 
-class _Gen(ProgramGenerator):
-    """The thread programs of each algorithm, statement by statement after its kernel."""
+class _Gen(WideOneshot):
+    """The thread programs of each algorithm, statement by statement after its kernel (the wide
+    one-shot's in ``wide.py``)."""
 
     def make(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
         """Threads of call ``k`` (``n`` lines) on rank ``r``; advances ``epochs`` as the call would."""
         return {"oneshot": self.oneshot, "twoshot": self.twoshot, "ll128": self.ll128,
-                "rmsnorm_twoshot": self.rowshot}[self.cfg.algorithm](r, k, n, epochs)
+                "rmsnorm_twoshot": self.rowshot, "oneshot_wide": self.oneshot_wide}[self.cfg.algorithm](r, k, n, epochs)
     # ---- one-shot: allreduce_oneshot.cu ---------------------------------------------------------
     def oneshot(self, r: int, k: int, n: int, epochs: Epochs) -> list[ThreadProgram]:
         cfg, R = self.cfg, self.cfg.nranks
@@ -385,5 +387,6 @@ def _check_outputs(cfg: Config, calls: list[list[list[ThreadProgram]]]) -> None:
     for r, per_rank in enumerate(calls):
         for k, threads in enumerate(per_rank):
             written = sorted(ins.value for th in threads for ins in th.code if ins.op == OUT)
-            if written != list(range(cfg.calls[k])):
-                raise AssertionError(f"rank {r} call {k}: outputs written {written}, want 0..{cfg.calls[k] - 1}")
+            want = rules.out_lines(cfg, cfg.calls[k])
+            if written != list(range(want)):
+                raise AssertionError(f"rank {r} call {k}: outputs written {written}, want 0..{want - 1}")

@@ -60,6 +60,14 @@ EXHAUSTIVE: list[Config] = [
        ranks="virtual"),
     _c("ll128-split-torn-2r1t-virtual", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
        ll128_split=True, ll128_lines=1, ranks="virtual"),
+    # the wide one-shot: a thread per (peer group, line), paired across groups by sendToSlot; a window
+    # of 1 or 2 ranks makes several groups of 2-3 ranks (threads = lines per block)
+    _c("oneshot-wide-2r2t-w1", algorithm="oneshot_wide", protocol="ll", nranks=2, threads=2, peer_window=1,
+       calls=(1, 3, 2)),
+    _c("oneshot-wide-3r1t-w1", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=1, peer_window=1,
+       calls=(1, 2)),
+    _c("oneshot-wide-3r1t-w2", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=1, peer_window=2,
+       calls=(1, 3, 2)),
 ]
 
 #: Larger configurations for random schedules: more ranks, blocks, slots, threads and calls.
@@ -103,6 +111,11 @@ RANDOM: list[tuple[Config, int]] = [
         calls=(2, 1, 1, 1, 3)), 2000),
     (_c("oneshot-sentinel-3r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3), tear="all"),
      300),
+    # the wide one-shot: 3 groups over 2 blocks and several passes; 2 lines per block, 3 ranks
+    (_c("oneshot-wide-5r2t-w2-b2", algorithm="oneshot_wide", protocol="ll", nranks=5, threads=2, peer_window=2,
+        max_blocks=2, calls=(1, 5, 2, 9, 3)), 300),
+    (_c("oneshot-wide-3r2t-w2", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=2, peer_window=2,
+        calls=(1, 3, 2, 5)), 1000),
 ]
 
 
@@ -238,6 +251,19 @@ PLANTED: list[Planted] = [
     _p("ll-tag-ignored/twoshot-ll-3r", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3,),
                                               faults=(Fault("mismatch", 2, 0),)).with_mutation(Mutation.LL_TAG_IGNORED),
        _ACCEPTED, "LL: a line is taken only when its flags carry the reader's tags, not its epoch alone"),
+    # The wide one-shot: lines per block fitted to each call make a slot index play another (group,
+    # line) role in the next call (its writer and reader count different channels' epochs); a line
+    # stored in the writer's own slot is read by no thread that credits the writer; no fence
+    # between a receive and the next pass's sendToSlot.
+    _p("wide-fitted-lines/oneshot-wide-3r", Config(algorithm="oneshot_wide", protocol="ll", nranks=3, threads=2,
+                                                   calls=(1, 2)).with_mutation(Mutation.WIDE_FITTED_LINES),
+       ("overwrite", "deadlock", "stale"), "wide one-shot: lines per block fixed per world size, whatever the message"),
+    _p("wide-own-slot/oneshot-wide-3r", Config(algorithm="oneshot_wide", protocol="ll", nranks=3, calls=(1, 2))
+       .with_mutation(Mutation.WIDE_OWN_SLOT), ("deadlock", "overwrite", "stale"),
+       "wide one-shot: a line goes to the slot of its reader, the thread that sends the writer that line"),
+    _p("no-reuse-fence/oneshot-wide", Config(algorithm="oneshot_wide", protocol="ll", peer_window=1, calls=(3,))
+       .with_mutation(Mutation.NO_REUSE_FENCE), ("overwrite",),
+       "wide one-shot: a fence between a receive and the next pass's sendToSlot", ptx_only=True),
     # The owner sums the odd rank's adds and writes its own chunk before any all-gather flag is seen.
     _p("ll128-no-sig-words/ll128", Config(algorithm="ll128", calls=(2,), faults=(Fault("mismatch", 1, 0),))
        .with_mutation(Mutation.LL128_NO_SIG_WORDS), _ACCEPTED,

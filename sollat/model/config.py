@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from sollat.device import layout
+
 
 class Mutation(enum.Enum):
     """A planted protocol bug. Each names the device rule it breaks."""
@@ -96,6 +98,14 @@ class Mutation(enum.Enum):
     #: LL128's reduce-scatter without signature words: an owner sums the adds of a rank whose call
     #: differs once the counters read R, writes the sum and all-gathers it under its own signature.
     LL128_NO_SIG_WORDS = "ll128-no-sig-words"
+    #: The wide one-shot with lines per block fitted to the message instead of fixed per world
+    #: size: a slot index then plays another (group, line) role from one call to the next, and a
+    #: line's writer and reader count its epochs on different channels.
+    WIDE_FITTED_LINES = "wide-fitted-lines"
+    #: The wide one-shot storing a peer's line into the writer's own slot (``send``) instead of the
+    #: slot of its reader, thread (group of the writer, line) (``sendToSlot``): the line lands where
+    #: no thread that credits the writer reads it.
+    WIDE_OWN_SLOT = "wide-own-slot"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -130,7 +140,7 @@ class Fault:
         return f"{self.kind}(r{self.rank}@{self.call}{extra})"
 
 
-ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
+ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot", "oneshot_wide")
 PROTOCOLS = ("ll", "sentinel")
 #: "ptx": the PTX memory consistency model (ptx.PtxMachine; docs/protocol-model.md, "The PTX
 #: mode"); "strong": a model stronger than PTX (untorn 16-byte lines, stores to peers in program
@@ -160,11 +170,13 @@ class Config:
     :func:`sollat.device.layout.plan` chooses, at bundle granularity.
     """
 
-    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" (rows of one line each)
+    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" | "oneshot_wide"
     protocol: str = "ll"  # "ll" | "sentinel"; LL128's all-gather is always LL
     nranks: int = 2
     calls: tuple[int, ...] = (1, 2)  # model lines per call (message for one-shot, whole message for two-shot)
-    threads: int = 1  # model threads per block at full width; divides MAX_THREADS // WARP
+    #: model threads per block at full width; divides MAX_THREADS // WARP. The wide one-shot: its
+    #: lines per block (a block has one thread per (peer group, line))
+    threads: int = 1
     max_blocks: int = 1
     max_slots: int = 1
     epoch_bits: int = EPOCH_FIELD_BITS  # SOLLAT_EPOCH_BITS
@@ -175,6 +187,9 @@ class Config:
     ll128_split: bool = False
     ll128_lines: int = 2  # lines per warp (device: 4)
     ll128_lanes: int = 2  # 16-byte lanes per line (device: 8)
+    #: The wide one-shot's peer window: ranks per peer group (device: abi.PEER_WINDOW, 8). The model
+    #: runs the kernel's rules with a narrower window, so that its few ranks form several groups.
+    peer_window: int = 2
     mutations: frozenset[Mutation] = field(default_factory=frozenset)
     name: str = ""
     #: Injected faults (the fault path: ``fault.h``, ``refused()``, ``poison_from``).
@@ -217,7 +232,17 @@ class Config:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
             raise ValueError("ll128_lines and ll128_lanes must be positive")
+        if self.algorithm == "oneshot_wide":
+            self._check_wide()
         self._check_faults()
+
+    def _check_wide(self) -> None:
+        groups = -(-self.nranks // max(self.peer_window, 1))
+        if self.protocol != "ll" or self.peer_window < 1 or self.threads * groups > layout.MAX_THREADS:
+            raise ValueError(f"the wide one-shot is LL, with a peer window >= 1 and lines per block x groups "
+                             f"<= {layout.MAX_THREADS}")
+        if self.fault_path:  # a fault stops the whole block at its barrier, which the model does not have
+            raise ValueError("the wide one-shot is modelled without the fault path (its block barrier is not modelled)")
 
     def _check_faults(self) -> None:
         if self.timeouts not in TIMEOUTS:
@@ -297,6 +322,8 @@ class Config:
             extra.append("torn")
         if self.algorithm == "ll128" and self.ll128_split:
             extra.append("split")
+        if self.algorithm == "oneshot_wide":
+            extra.append(f"window={self.peer_window}")
         extra += [f.label() for f in self.faults]
         if self.reset_at is not None:
             extra.append(f"reset@{self.reset_at}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import protocols
+from . import protocols, rules
 from .algorithms import Programs, build
 from .config import Config, Mutation
 from .program import ADDC, COMBINE, ISSUE_ADD, OUT, RESET, ZERO, Epochs, Instr, ThreadProgram
@@ -231,7 +231,7 @@ class MachineBase:
             return Violation("refused-after-reset", f"r{r} refuses call {k} after reset(): its record holds "
                              f"{FAULT_NAMES.get(prior, prior)}")
         if not absent and not cfg.has(Mutation.NO_POISON):
-            fx.outs[r] = (1 << cfg.calls[k]) - 1
+            fx.outs[r] = (1 << rules.out_lines(cfg, cfg.calls[k])) - 1
         self._finish_threads(st, r)
         fx.abort[r] = (1 << len(code)) - 1
         if log is not None:
@@ -248,7 +248,7 @@ class MachineBase:
         if k in self.mismatched and not st.fx.abort[r]:
             return Violation("accepted", f"r{r} completes call {k} without a fault, although {self._differs(k)}: "
                              "its outputs are a result of calls that differ")
-        n = self.cfg.calls[k]
+        n = rules.out_lines(self.cfg, self.cfg.calls[k])
         missing = [x for x in range(n) if not st.fx.outs[r] >> x & 1]
         if missing and self.cfg.fault_at("absent", r, k) is None:
             return Violation("unwritten", f"r{r} ends call {k} without writing output line(s) {missing}: neither "

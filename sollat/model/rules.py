@@ -39,6 +39,7 @@ DEVICE_ONESHOT = "sollat/device/csrc/kernels/allreduce_oneshot.cu"
 DEVICE_TWOSHOT = "sollat/device/csrc/kernels/allreduce_twoshot.cu"
 DEVICE_LL128_KERNEL = "sollat/device/csrc/kernels/allreduce_ll128.cu"
 DEVICE_RMSNORM = "sollat/device/csrc/kernels/allreduce_rmsnorm.cu"
+DEVICE_WIDE = "sollat/device/csrc/kernels/allreduce_oneshot_wide.cu"
 DEVICE_LAYOUT = "sollat/device/abi_layout.py"
 
 
@@ -205,3 +206,41 @@ def chunk_lines(cfg: Config, call_lines: int) -> int:
     receiver) pair carries data in every iteration in which the channel does.
     """
     return layout.chunk_count(call_lines, cfg.nranks)
+
+
+# ---- the wide one-shot (allreduce_oneshot_wide.cu; abi_layout.py's peer-group formulas) -----------
+def wide_groups(cfg: Config) -> int:
+    """``peer_groups``: ceil(R / window) groups of ``Config.peer_window`` ranks (device: 8)."""
+    return layout.ceil_div(cfg.nranks, cfg.peer_window)
+
+
+def peer_group_plan(lines: int, lb: int, groups: int, max_blocks: int) -> Geometry:
+    """``layout.plan_peer_groups`` for ``lb`` lines per block and ``groups`` groups: a block is
+    ``groups`` threads for each of its ``lb`` lines, blocks up to ``max_blocks``, then passes."""
+    blocks = min(max_blocks, layout.ceil_div(max(lines, 1), lb))
+    return Geometry(blocks, lb * groups, 1, layout.ceil_div(max(lines, 1), blocks * lb))
+
+
+def wide_geometry(cfg: Config, lines: int) -> Geometry:
+    """The cut of a call of ``lines`` lines: ``Config.threads`` lines per block whatever the
+    message (``peer_group_lines`` depends on the world size alone). ``WIDE_FITTED_LINES``: as few
+    lines per block as the message needs over as many blocks (``min(lb, ceil(lines / blocks))``)."""
+    geo = peer_group_plan(lines, cfg.threads, wide_groups(cfg), cfg.max_blocks)
+    if not cfg.has(Mutation.WIDE_FITTED_LINES):
+        return geo
+    lb = min(cfg.threads, layout.ceil_div(max(lines, 1), geo.blocks))
+    return Geometry(geo.blocks, lb * wide_groups(cfg), 1, layout.ceil_div(max(lines, 1), geo.blocks * lb))
+
+
+def wide_channel(block: int, group: int, line: int, lb: int) -> int:
+    """``peer_group_slot``: the channel of thread (group, line) of ``block``, whose threadIdx.x is
+    ``group * lb + line``: ``slot_index(block, 0, group * lb + line)``."""
+    return layout.slot_index(block, 0, group * lb + line)
+
+
+def out_lines(cfg: Config, lines: int) -> int:
+    """Output lines the model checks per call of ``lines`` lines: one per line, and in the wide
+    one-shot one per (line, group): the sum over a group's ranks, the part of the line's rank-order
+    sum that the thread of that group receives (the block's reduction from shared memory is local
+    arithmetic)."""
+    return lines * wide_groups(cfg) if cfg.algorithm == "oneshot_wide" else lines
