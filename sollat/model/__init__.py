@@ -1,7 +1,7 @@
 """Executable model of sollat's barrier-free protocols, and a checker that drives it.
 
-The model runs the one-shot, two-shot and LL128-atomic AllReduce kernels (and the exchange of the
-fused RMSNorm two-shot) as thread programs of memory operations (LL, sentinel, epoch-parity double
+The model runs the one-shot, two-shot, LL128-atomic and wide one-shot AllReduce kernels (and the
+exchange of the fused RMSNorm two-shot) as thread programs of memory operations (LL, sentinel, epoch-parity double
 buffering, chunked iterations, kernel boundaries), with the slot mapping and geometry taken from :mod:`sollat.device.layout`. The checker
 explores adversarial random schedules and, for tiny configurations, every interleaving; it
 checks exact sums, that no line is overwritten before it is consumed, that no reader accepts

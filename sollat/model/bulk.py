@@ -15,7 +15,10 @@ or read before it is full. This model follows one block's channel on every rank 
   another (the kernel boundary);
 * a flag carries its call's signature with the sequence number, and an area the signature of the
   call that wrote it: a wait that finds its sequence number with another signature records a call
-  mismatch (that rank stops: ``D``), and a read of an area another call wrote is a wrong sum.
+  mismatch (that rank stops: ``D``), and a read of an area another call wrote is a wrong sum (the
+  area holds that call's data: the calls differ in their data as well as their signature). A rank
+  completes a call only after reading every peer's areas, so a rank that completes a call that
+  differs has read one.
 
 Every interleaving of the ranks' programs is explored (depth-first, states memoised). Planted
 variants must fail: one parity, posting before the writes end, sending the reduce-scatter two
@@ -294,8 +297,8 @@ PLANTED: tuple[tuple[str, int, tuple[int, ...], Variant], ...] = (
     ("bulk-one-parity", 2, (2, 1), Variant(parities=1)),
     ("bulk-post-before-data", 2, (1, 1), Variant(post_before_write_end=True)),
     ("bulk-send-two-ahead", 2, (4,), Variant(send_ahead=2)),
-    # PTX: the flag's release/acquire is what orders the area (the kernel before session 10 read
-    # the area with raw ld.global.cg asm and stored it with plain stores, outside memory.h)
+    # PTX: the flag's release/acquire is what orders the area (a relaxed post or wait, e.g. raw
+    # ld.global.cg asm and plain stores outside memory.h, leaves it unordered)
     ("bulk-relaxed-post", 2, (2, 1), Variant(release_post=False)),
     ("bulk-relaxed-wait", 2, (2, 1), Variant(acquire_wait=False)),
 )
@@ -310,4 +313,5 @@ MISMATCH: tuple[tuple[str, int, tuple[Call, ...], tuple[Call, ...], Variant], ..
 )
 MISMATCH_PLANTED: tuple[tuple[str, int, tuple[Call, ...], tuple[Call, ...], Variant], ...] = (
     ("bulk-unsigned-flags", 2, ((2, 1),), ((2, 2),), Variant(signed=False)),
+    ("bulk-unsigned-flags-r3", 3, ((1, 1), (1, 2)), ((1, 1), (1, 5)), Variant(signed=False)),
 )

@@ -27,7 +27,7 @@ EXHAUSTIVE: list[Config] = [
     _c("oneshot-ll-3r1t", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 2)),
     _c("oneshot-sentinel-3r1t", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 2), sig_words=False),
     _c("oneshot-ll-2r2t", algorithm="oneshot", protocol="ll", nranks=2, threads=2, calls=(2, 5, 1)),
-    _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 5, 1)),
+    _c("oneshot-sentinel-2r2t", algorithm="oneshot", protocol="sentinel", nranks=2, threads=2, calls=(2, 3, 1)),
     _c("oneshot-ll-2r1t-bits2", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3, 1), epoch_bits=2),
     _c("oneshot-sentinel-2r1t-slots2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3), max_slots=2),
     _c("oneshot-sentinel-2r1t-blocks2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 3),
@@ -60,6 +60,14 @@ EXHAUSTIVE: list[Config] = [
        ranks="virtual"),
     _c("ll128-split-torn-2r1t-virtual", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
        ll128_split=True, ll128_lines=1, ranks="virtual"),
+    # the wide one-shot: a thread per (peer group, line), paired across groups by sendToSlot; a window
+    # of 1 or 2 ranks makes several groups of 2-3 ranks (threads = lines per block)
+    _c("oneshot-wide-2r2t-w1", algorithm="oneshot_wide", protocol="ll", nranks=2, threads=2, peer_window=1,
+       calls=(1, 3, 2)),
+    _c("oneshot-wide-3r1t-w1", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=1, peer_window=1,
+       calls=(1, 2)),
+    _c("oneshot-wide-3r1t-w2", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=1, peer_window=2,
+       calls=(1, 3, 2)),
 ]
 
 #: Larger configurations for random schedules: more ranks, blocks, slots, threads and calls.
@@ -103,6 +111,11 @@ RANDOM: list[tuple[Config, int]] = [
         calls=(2, 1, 1, 1, 3)), 2000),
     (_c("oneshot-sentinel-3r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3), tear="all"),
      300),
+    # the wide one-shot: 3 groups over 2 blocks and several passes; 2 lines per block, 3 ranks
+    (_c("oneshot-wide-5r2t-w2-b2", algorithm="oneshot_wide", protocol="ll", nranks=5, threads=2, peer_window=2,
+        max_blocks=2, calls=(1, 5, 2, 9, 3)), 300),
+    (_c("oneshot-wide-3r2t-w2", algorithm="oneshot_wide", protocol="ll", nranks=3, threads=2, peer_window=2,
+        calls=(1, 3, 2, 5)), 1000),
 ]
 
 
@@ -132,6 +145,8 @@ _T_LL = Config(algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2))
 _T_SE = Config(algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 4, 2))
 _LL128 = Config(algorithm="ll128", nranks=2, calls=(2, 4, 2))
 _RACE = ("reset-race", "overwrite", "stale", "wrong-sum", "deadlock")
+#: A call that differs between ranks: some rank finishes it, or writes a finite output of it.
+_ACCEPTED = ("accepted",)
 
 PLANTED: list[Planted] = [
     _p("single-buffer/oneshot-ll", _O_LL.with_mutation(Mutation.SINGLE_BUFFER), ("overwrite",),
@@ -150,8 +165,8 @@ PLANTED: list[Planted] = [
        "LL: the flag carries the epoch"),
     _p("epoch-bits-1/oneshot", replace(_O_LL, calls=(2, 2), epoch_bits=1), ("stale",),
        "LL: at least 2 epoch bits (stale lines hold e-2)"),
-    # Not a mutation: the LL variant of the fused RMSNorm two-shot as it was written (session 5),
-    # found on a GPU (session 6) and by this model; sollat ships that two-shot in sentinel only.
+    # Not a mutation: the fused RMSNorm two-shot in LL (its owner-only exchange leaves a pair's
+    # line many epochs old); sollat ships that two-shot in sentinel only.
     _p("owner-only-slots/rmsnorm-twoshot-ll-bits2", Config(algorithm="rmsnorm_twoshot", protocol="ll", nranks=2,
                                                            calls=(1, 3, 1, 2), epoch_bits=2),
        ("stale", "mismatch"), "LL: a slot is rewritten at least every other epoch of its channel (the fused "
@@ -197,7 +212,7 @@ PLANTED: list[Planted] = [
        ptx_only=True),
     _p("no-signature-line/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 1, 1),
                                                     faults=(Fault("mismatch", 1, 0),), reset_at=2)
-       .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
+       .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
        "sentinel: a signature word with every line-0 send, checked by the receiver"),
     # The signature word's epoch field: exchanged with every line-0 send, a word of one-shot and
     # two-shot holds e-2 at worst (2 bits suffice, as for LL lines); the fused two-shot writes a
@@ -210,16 +225,49 @@ PLANTED: list[Planted] = [
     _p("signature-once/oneshot-sentinel-sigbits2", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1),
                                                           sig_epoch_bits=2).with_mutation(Mutation.SIGNATURE_ONCE),
        ("stale", "mismatch"), "sentinel: the signature word travels with every line-0 send (it holds e-2 at worst)"),
-    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
-    # (all-gather) only; rank 2's call is compared with nobody's.
-    _p("ring-in-fused-twoshot/rmsnorm-twoshot-sentinel",
-       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(Fault("mismatch", 2, 0),),
-              reset_at=1).with_mutation(Mutation.RING_IN_FUSED_TWOSHOT), ("unnoticed",),
-       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
     _p("no-signature-line/twoshot-sentinel", Config(algorithm="twoshot", protocol="sentinel", calls=(2, 2, 2),
                                                     faults=(Fault("mismatch", 0, 1),), reset_at=2)
-       .with_mutation(Mutation.NO_SIGNATURE_LINE), ("unnoticed",),
+       .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
        "sentinel: a signature word with every line-0 send, checked by the receiver"),
+    # One detection scheme each, with the odd rank's call differing in its signature and its data:
+    # a rank that finishes the call, or writes any finite output of it, is caught ("accepted").
+    # The ring (words only to rank + 1): rank 0 checks rank 2's word only and sums rank 1's data.
+    _p("sig-ring/oneshot-sentinel-3r", Config(algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1,),
+                                              faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.SIG_RING),
+       _ACCEPTED, "sentinel: every receive from a peer checks that peer's signature word, not only rank - 1's"),
+    # One row, owned by rank 0, 4 ranks: the ring compares 3 -> 0 (reduce-scatter) and 0 -> 1
+    # (all-gather) only; rank 2's call is compared with nobody's.
+    _p("sig-ring/rmsnorm-twoshot-sentinel",
+       Config(algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4, calls=(1, 1), faults=(Fault("mismatch", 2, 0),),
+              reset_at=1).with_mutation(Mutation.SIG_RING), _ACCEPTED,
+       "the fused two-shot's exchange is only with a row's owner: a signature word with every line-0 send"),
+    # Words in thread 0 of a block only: thread 1 takes the odd rank's line unchecked.
+    _p("sig-thread0/oneshot-sentinel-2t", Config(algorithm="oneshot", protocol="sentinel", threads=2, calls=(2,),
+                                                 faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.SIG_THREAD0),
+       _ACCEPTED, "sentinel: every thread's receive checks a signature word, not only thread 0's"),
+    _p("ll-tag-ignored/oneshot-ll", Config(algorithm="oneshot", protocol="ll", calls=(1,),
+                                           faults=(Fault("mismatch", 1, 0),)).with_mutation(Mutation.LL_TAG_IGNORED),
+       _ACCEPTED, "LL: a line is taken only when its flags carry the reader's tags, not its epoch alone"),
+    _p("ll-tag-ignored/twoshot-ll-3r", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3,),
+                                              faults=(Fault("mismatch", 2, 0),)).with_mutation(Mutation.LL_TAG_IGNORED),
+       _ACCEPTED, "LL: a line is taken only when its flags carry the reader's tags, not its epoch alone"),
+    # The wide one-shot: lines per block fitted to each call make a slot index play another (group,
+    # line) role in the next call (its writer and reader count different channels' epochs); a line
+    # stored in the writer's own slot is read by no thread that credits the writer; no fence
+    # between a receive and the next pass's sendToSlot.
+    _p("wide-fitted-lines/oneshot-wide-3r", Config(algorithm="oneshot_wide", protocol="ll", nranks=3, threads=2,
+                                                   calls=(1, 2)).with_mutation(Mutation.WIDE_FITTED_LINES),
+       ("overwrite", "deadlock", "stale"), "wide one-shot: lines per block fixed per world size, whatever the message"),
+    _p("wide-own-slot/oneshot-wide-3r", Config(algorithm="oneshot_wide", protocol="ll", nranks=3, calls=(1, 2))
+       .with_mutation(Mutation.WIDE_OWN_SLOT), ("deadlock", "overwrite", "stale"),
+       "wide one-shot: a line goes to the slot of its reader, the thread that sends the writer that line"),
+    _p("no-reuse-fence/oneshot-wide", Config(algorithm="oneshot_wide", protocol="ll", peer_window=1, calls=(3,))
+       .with_mutation(Mutation.NO_REUSE_FENCE), ("overwrite",),
+       "wide one-shot: a fence between a receive and the next pass's sendToSlot", ptx_only=True),
+    # The owner sums the odd rank's adds and writes its own chunk before any all-gather flag is seen.
+    _p("ll128-no-sig-words/ll128", Config(algorithm="ll128", calls=(2,), faults=(Fault("mismatch", 1, 0),))
+       .with_mutation(Mutation.LL128_NO_SIG_WORDS), _ACCEPTED,
+       "LL128: the owner's counter poll also waits for every source's signature word"),
 ]
 
 #: Mutations the checker proves harmless in a given algorithm (documented, and tested as such).
@@ -227,8 +275,8 @@ BENIGN: list[Planted] = [
     _p("single-buffer/twoshot-ll", Config(algorithm="twoshot", protocol="ll", nranks=3, calls=(3, 7, 2))
        .with_mutation(Mutation.SINGLE_BUFFER), (),
        "two-shot: the all-gather receive is the credit for the next reduce-scatter send"),
-    _p("single-buffer/ll128", Config(algorithm="ll128", nranks=2, calls=(4, 6)).with_mutation(Mutation.SINGLE_BUFFER),
-       (),
+    _p("single-buffer/ll128", Config(algorithm="ll128", nranks=2, calls=(4, 6), ll128_lines=1)
+       .with_mutation(Mutation.SINGLE_BUFFER), (),
        "two-shot: the all-gather receive is the credit for the next reduce-scatter add"),
     _p("no-reuse-fence/ll128", Config(algorithm="ll128", nranks=2, calls=(6, 2), ll128_lines=1)
        .with_mutation(Mutation.NO_REUSE_FENCE),

@@ -13,6 +13,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
+from sollat.device import layout
+
 
 class Mutation(enum.Enum):
     """A planted protocol bug. Each names the device rule it breaks."""
@@ -61,32 +63,49 @@ class Mutation(enum.Enum):
     #: Fault path: the record code is loaded before ``griddepcontrol.wait`` (PDL): a kernel reads
     #: the record as it was when the previous kernel of its rank started.
     EARLY_PRIOR = "early-prior"
-    #: The LL line before session 10: 8 bytes of payload and one 8-byte flag in one 16-byte store
-    #: (``protocol_ll.h`` at 1be0c58). Harmless if the store is never torn (``memory="strong"``);
-    #: PTX performs a vector access as its 8-byte parts in any order, so the flag word may be
-    #: seen before the payload word.
+    #: An LL line of 8 bytes of payload and one 8-byte flag in one 16-byte store, instead of one flag
+    #: per 8-byte word. Harmless if the store is never torn (``memory="strong"``); PTX performs a
+    #: vector access as its 8-byte parts in any order, so the flag word may be seen before the
+    #: payload word.
     SINGLE_FLAG_LINE = "single-flag-line"
     #: The fence between a completed receive and the next send of a buffer (``LLBuffer``'s
-    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only where the code
-    #: before session 10 had one: after sentinel resets. No fence after an LL receive, none at the
-    #: top of a pass or before LL128's next adds: the next send then rests on the control dependency
-    #: on the poll, which PTX does not order.
+    #: ``received`` flag, ``releaseReceivesWith``, LL128's fence before the adds) only after sentinel
+    #: resets: no fence after an LL receive, none at the top of a pass or before LL128's next adds.
+    #: The next send then rests on the control dependency on the poll, which PTX does not order.
     NO_REUSE_FENCE = "no-reuse-fence"
     #: Every protocol fence at ``.gpu`` scope (``fence<Scope::Gpu>`` literals) although the ranks
     #: are on different GPUs (``Config.ranks="real"``): PTX's fences then order nothing for a peer.
     GPU_FENCE = "gpu-fence"
-    #: Sentinel buffers without the signature word (the code before session 10): a peer that made
-    #: another call with the same line count is summed, not reported.
+    #: Sentinel buffers without signature words: a peer that made another call with the same line
+    #: count is summed, not reported.
     NO_SIGNATURE_LINE = "no-signature-line"
     #: The signature word only with the call's first line-0 send to each peer (and polled only with
-    #: the first line-0 receive), not with every one: a call of p passes then leaves the word of one
+    #: the first receive from it), not with every one: a call of p passes then leaves the word of one
     #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
     #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
     SIGNATURE_ONCE = "signature-once"
-    #: The fused two-shot with the built-in kernels' ring of signature words (``SigPeers::Ring``:
-    #: only to rank + 1) instead of a word with every line-0 send (``SigPeers::Every``): a row's
-    #: exchange is only with its owner, so from 4 ranks on a rank's call is compared with nobody's.
-    RING_IN_FUSED_TWOSHOT = "ring-in-fused-twoshot"
+    #: Sentinel signature words in a ring: stored only to rank + 1 and polled only from rank - 1. A
+    #: rank whose ring neighbour agrees with it sums the data of a rank whose call differs (from 3
+    #: ranks on), and in the fused two-shot, whose exchange is only with a row's owner, a rank's call
+    #: can be compared with nobody's.
+    SIG_RING = "sig-ring"
+    #: Sentinel signature words only in thread 0 of each block (its channel 0): every other thread
+    #: accepts its peers' lines unchecked.
+    SIG_THREAD0 = "sig-thread0"
+    #: An LL flag checked for its epoch only (``ProtoLL::check`` ignoring the tags): a line of this
+    #: epoch from a call with another signature is taken as data.
+    LL_TAG_IGNORED = "ll-tag-ignored"
+    #: LL128's reduce-scatter without signature words: an owner sums the adds of a rank whose call
+    #: differs once the counters read R, writes the sum and all-gathers it under its own signature.
+    LL128_NO_SIG_WORDS = "ll128-no-sig-words"
+    #: The wide one-shot with lines per block fitted to the message instead of fixed per world
+    #: size: a slot index then plays another (group, line) role from one call to the next, and a
+    #: line's writer and reader count its epochs on different channels.
+    WIDE_FITTED_LINES = "wide-fitted-lines"
+    #: The wide one-shot storing a peer's line into the writer's own slot (``send``) instead of the
+    #: slot of its reader, thread (group of the writer, line) (``sendToSlot``): the line lands where
+    #: no thread that credits the writer reads it.
+    WIDE_OWN_SLOT = "wide-own-slot"
 
 
 FAULT_KINDS = ("absent", "mismatch")
@@ -99,9 +118,12 @@ class Fault:
     """A fault injected by the device test hooks (``SOLLAT_TEST_HOOKS``, ``CommState``).
 
     ``absent``: the rank's threads of call ``call`` end at once without sending (``prologue``
-    returns false), so its peers time out. ``mismatch``: the rank calls with another signature
-    (``call_signature`` flips bit 1), so LL peers see the right epoch with a foreign flag, and
-    sentinel peers a signature word with the right epoch and a foreign signature.
+    returns false), so its peers time out. ``mismatch``: the rank makes another call, with the same
+    cut: another signature (``call_signature`` flips bit 1) and other data (every value it sends or
+    adds differs from the other ranks' call). LL peers see the right epoch with a foreign flag,
+    sentinel peers a signature word with the right epoch and a foreign signature, LL128 owners a
+    reduce-scatter signature word with a foreign signature; no finite output of that call is right
+    on any rank.
     """
 
     kind: str  # "absent" | "mismatch"
@@ -118,10 +140,10 @@ class Fault:
         return f"{self.kind}(r{self.rank}@{self.call}{extra})"
 
 
-ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot")
+ALGORITHMS = ("oneshot", "twoshot", "ll128", "rmsnorm_twoshot", "oneshot_wide")
 PROTOCOLS = ("ll", "sentinel")
 #: "ptx": the PTX memory consistency model (ptx.PtxMachine; docs/protocol-model.md, "The PTX
-#: mode"); "strong": the model before session 10 (untorn 16-byte lines, stores to peers in program
+#: mode"); "strong": a model stronger than PTX (untorn 16-byte lines, stores to peers in program
 #: order, no store before an earlier load).
 MEMORY = ("ptx", "strong")
 #: Where the ranks run: "real" (one GPU each: a peer is outside .gpu scope) or "virtual" (all on one
@@ -148,11 +170,13 @@ class Config:
     :func:`sollat.device.layout.plan` chooses, at bundle granularity.
     """
 
-    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" (rows of one line each)
+    algorithm: str = "oneshot"  # "oneshot" | "twoshot" | "ll128" | "rmsnorm_twoshot" | "oneshot_wide"
     protocol: str = "ll"  # "ll" | "sentinel"; LL128's all-gather is always LL
     nranks: int = 2
     calls: tuple[int, ...] = (1, 2)  # model lines per call (message for one-shot, whole message for two-shot)
-    threads: int = 1  # model threads per block at full width; divides MAX_THREADS // WARP
+    #: model threads per block at full width; divides MAX_THREADS // WARP. The wide one-shot: its
+    #: lines per block (a block has one thread per (peer group, line))
+    threads: int = 1
     max_blocks: int = 1
     max_slots: int = 1
     epoch_bits: int = EPOCH_FIELD_BITS  # SOLLAT_EPOCH_BITS
@@ -163,6 +187,9 @@ class Config:
     ll128_split: bool = False
     ll128_lines: int = 2  # lines per warp (device: 4)
     ll128_lanes: int = 2  # 16-byte lanes per line (device: 8)
+    #: The wide one-shot's peer window: ranks per peer group (device: abi.PEER_WINDOW, 8). The model
+    #: runs the kernel's rules with a narrower window, so that its few ranks form several groups.
+    peer_window: int = 2
     mutations: frozenset[Mutation] = field(default_factory=frozenset)
     name: str = ""
     #: Injected faults (the fault path: ``fault.h``, ``refused()``, ``poison_from``).
@@ -176,18 +203,15 @@ class Config:
     memory: str = "ptx"
     ranks: str = "real"
     tear: str = "flags"
-    #: Sentinel buffers' signature words (``ll_buffer.h``, "Signature words"). False: not modelled in
-    #: this configuration (the data lines only). Leaving them out only removes a store and a load
-    #: that nothing else waits for (a thread's signature poll delays nothing but its own pass), so
-    #: every data-line behaviour with them is one without them: large configurations check the data
-    #: lines so, small ones the signature words too.
+    #: Signature words (sentinel buffers: ``ll_buffer.h``, "Signature words"; LL128's reduce-scatter:
+    #: ``allreduce_ll128.cu``). False: not modelled in this configuration (the data lines only).
+    #: Leaving them out only removes stores and loads that nothing else waits for (a thread's word
+    #: poll delays nothing but its own pass), so every data-line behaviour with them is one without
+    #: them: large configurations check the data lines so, small ones the signature words too.
+    #: Configurations with a call mismatch keep them (they are what detects it).
     sig_words: bool = True
     #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
     sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
-    #: Which line-0 sends carry a signature word (``ll_buffer.h`` SigPeers): "ring" (the device: the
-    #: one-shot, the two-shot, AllGather, ReduceScatter send only to rank + 1; the fused two-shot to
-    #: every peer) or "every" (every line-0 send, in every algorithm).
-    sig_peers: str = "ring"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -200,8 +224,6 @@ class Config:
             raise ValueError("calls must be a non-empty tuple of positive sizes")
         if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
             raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
-        if self.sig_peers not in ("ring", "every"):
-            raise ValueError(f"sig_peers must be 'ring' or 'every', got {self.sig_peers!r}")
         if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
             raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
         for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
@@ -210,7 +232,17 @@ class Config:
                 raise ValueError(f"{what} must be one of {allowed}, got {value!r}")
         if self.ll128_lines < 1 or self.ll128_lanes < 1:
             raise ValueError("ll128_lines and ll128_lanes must be positive")
+        if self.algorithm == "oneshot_wide":
+            self._check_wide()
         self._check_faults()
+
+    def _check_wide(self) -> None:
+        groups = -(-self.nranks // max(self.peer_window, 1))
+        if self.protocol != "ll" or self.peer_window < 1 or self.threads * groups > layout.MAX_THREADS:
+            raise ValueError(f"the wide one-shot is LL, with a peer window >= 1 and lines per block x groups "
+                             f"<= {layout.MAX_THREADS}")
+        if self.fault_path:  # a fault stops the whole block at its barrier, which the model does not have
+            raise ValueError("the wide one-shot is modelled without the fault path (its block barrier is not modelled)")
 
     def _check_faults(self) -> None:
         if self.timeouts not in TIMEOUTS:
@@ -250,9 +282,19 @@ class Config:
 
     @property
     def signature_words(self) -> bool:
-        """Sentinel buffers carry a signature word per (block, parity, sender) in every receiver's
-        region, exchanged with every line-0 send (not LL: every LL line carries the signature)."""
+        """Sentinel buffers carry a signature word per (parity, sender, block, thread) in every
+        receiver's region, stored with every line-0 send and polled with every receive (not LL:
+        every LL line carries the signature)."""
         return self.proto == "sentinel" and self.sig_words and not self.has(Mutation.NO_SIGNATURE_LINE)
+
+    @property
+    def ll128_signature_words(self) -> bool:
+        """LL128's reduce-scatter carries a signature word per (owner, parity, source, warp)."""
+        return self.algorithm == "ll128" and self.sig_words and not self.has(Mutation.LL128_NO_SIG_WORDS)
+
+    def mismatched(self, call: int) -> bool:
+        """Whether some rank's call ``call`` differs from the others' (an injected mismatch)."""
+        return any(f.kind == "mismatch" and f.call == call for f in self.faults)
 
     def with_mutation(self, *ms: Mutation) -> Config:
         return replace(self, mutations=self.mutations | frozenset(ms))
@@ -270,10 +312,8 @@ class Config:
             extra.append(self.ranks)
         if self.tear != "flags":
             extra.append(f"tear={self.tear}")
-        if self.proto == "sentinel" and not self.sig_words:
+        if not self.sig_words and (self.proto == "sentinel" or self.algorithm == "ll128"):
             extra.append("no-sig-words")
-        if self.proto == "sentinel" and self.sig_peers != "ring":
-            extra.append(f"sig={self.sig_peers}")
         if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
             extra.append(f"sig-bits={self.sig_epoch_bits}")
         if self.epoch_bits != EPOCH_FIELD_BITS:
@@ -282,6 +322,8 @@ class Config:
             extra.append("torn")
         if self.algorithm == "ll128" and self.ll128_split:
             extra.append("split")
+        if self.algorithm == "oneshot_wide":
+            extra.append(f"window={self.peer_window}")
         extra += [f.label() for f in self.faults]
         if self.reset_at is not None:
             extra.append(f"reset@{self.reset_at}")

@@ -59,27 +59,37 @@ FAULT_EXHAUSTIVE: list[Config] = [
     _c("f-ll128-any", timeouts="any", **_L),
     _c("f-ll128-mismatch", faults=(mismatch(1, 0),), **_L),
     _c("f-ll128-absent-mid", algorithm="ll128", nranks=2, calls=(2, 5, 3, 2), faults=(absent(1, 1),), reset_at=3),
-    # sentinel call mismatches: seen in the signature words (ll_buffer.h), recorded on every rank
+    # sentinel call mismatches: seen in the signature words (ll_buffer.h), recorded on every rank;
+    # every thread checks its own words, and the fused two-shot's exchange goes through a row's owner
     _c("f-oneshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(1, 0),), **_O),
     _c("f-twoshot-sentinel-mismatch", protocol="sentinel", faults=(mismatch(0, 1),), **_T),
+    _c("f-rmsnorm-twoshot-sentinel-3r-mismatch", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=3,
+       calls=(1, 3, 1), faults=(mismatch(0, 1),), reset_at=2),
 ]
 
 #: Explored exhaustively too, in the tests marked slow only (PTX state graphs of 50,000+ states).
 FAULT_EXHAUSTIVE_LARGE: list[Config] = [
-    # the ring of signature words (SigPeers::Ring) from 3 ranks on: rank 1 differs from both
-    # neighbours (72,320 states)
-    _c("f-oneshot-sentinel-3r-mismatch", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1,),
-       faults=(mismatch(1, 0),)),
+    # two threads, each checking its own words (54,101 states)
+    _c("f-oneshot-sentinel-2t-mismatch", algorithm="oneshot", protocol="sentinel", threads=2, calls=(2, 1),
+       faults=(mismatch(1, 0),), reset_at=1),
 ]
 
 #: Larger configurations for random schedules: (config, runs).
 FAULT_RANDOM: list[tuple[Config, int]] = [
-    # the fused two-shot's words with every line-0 send: rank 2 of 4 is compared with row 0's owner
-    # (ring-in-fused-twoshot/rmsnorm-twoshot-sentinel is the same with the ring: unnoticed)
+    # 3 ranks, rank 1 differs: each other rank sees it in rank 1's words, rank 1 in both of theirs
+    # (exhaustively: 766,720 states)
+    (_c("f-oneshot-sentinel-3r-mismatch", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1,),
+        faults=(mismatch(1, 0),)), 300),
+    # the fused two-shot: rank 2 of 4 is compared with row 0's owner (sig-ring/rmsnorm-twoshot-sentinel
+    # is the same with a ring of words: rank 2 is compared with nobody)
     (_c("f-rmsnorm-twoshot-sentinel-4r-mismatch", algorithm="rmsnorm_twoshot", protocol="sentinel", nranks=4,
         calls=(1, 1), faults=(mismatch(2, 0),), reset_at=1), 100),
-    (_c("f-oneshot-sentinel-3r-mismatch-every", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 1, 1),
-        faults=(mismatch(1, 0),), reset_at=2, sig_peers="every"), 100),
+    (_c("f-oneshot-sentinel-3r-mismatch-calls3", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1, 1, 1),
+        faults=(mismatch(1, 0),), reset_at=2), 100),
+    (_c("f-twoshot-sentinel-3r2t-mismatch", algorithm="twoshot", protocol="sentinel", nranks=3, threads=2,
+        calls=(4, 6, 2), faults=(mismatch(1, 1),), reset_at=2), 100),
+    (_c("f-ll128-3r2t-mismatch", algorithm="ll128", nranks=3, threads=2, calls=(3, 7, 2), faults=(mismatch(2, 0),),
+        reset_at=2), 150),
     # an absent rank in a middle call with spurious timeouts, 3 ranks (PTX mode: ~60,000 states)
     (_c("f-oneshot-ll-3r-absent-mid-any", algorithm="oneshot", protocol="ll", nranks=3, calls=(1, 3, 2, 1),
         faults=(absent(1, 1),), reset_at=3, timeouts="any"), 300),

@@ -1,17 +1,19 @@
 """What the program generator of every algorithm (``algorithms._Gen``) shares: the scratch lines
-(``LLBuffer::peerLine``/``ownLine``, LL128 accumulator lines), the signature words, ``pollAll``
-and the loop over a call's (block, thread) programs and iterations."""
+(``LLBuffer::peerLine``/``ownLine``, LL128 accumulator lines), the signature words, ``pollAll``,
+the inputs of a call (another call's where the mismatch hook makes a rank differ) and the loop
+over a call's (block, thread) programs and iterations."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
+from sollat.device import layout
 from sollat.device.layout import Geometry
 
 from . import rules
 from .config import Config, Mutation
-from .program import POLL, SEND, Builder, ThreadProgram, split_line
+from .program import POLL, SEND, Builder, Epochs, ThreadProgram, input_value, split_line
 from .scratch import LineInfo, Scratch
 
 
@@ -27,7 +29,15 @@ class ProgramGenerator:
 
     def sig(self, r: int, k: int, n: int) -> int:
         """The call signature; the mismatch test hook flips bit 1 (``call_signature``)."""
-        return rules.signature(self.cfg, n) ^ (2 if self.cfg.fault_at("mismatch", r, k) else 0)
+        return rules.signature(self.cfg, n) ^ (2 if self.differs(r, k) else 0)
+
+    def differs(self, r: int, k: int) -> bool:
+        """Rank r's call k is another call than the other ranks' (the mismatch hook)."""
+        return self.cfg.fault_at("mismatch", r, k) is not None
+
+    def inp(self, r: int, k: int, x: int, elem: int = 0) -> int:
+        """Rank r's input of line x (element ``elem``) in call k: another call's data if it differs."""
+        return input_value(r, k, x, elem, self.differs(r, k))
 
     def both_parities(self) -> None:
         """Registers the other parity of every line, so that a call run from epochs that differ
@@ -38,7 +48,7 @@ class ProgramGenerator:
             if info.kind == "ll128":
                 self.acc_line(info.rank, info.parity + 1, info.slot, info.sub)
             elif info.kind == "sig":
-                self.sig_line(info.rank, info.buffer, info.parity + 1, info.src, info.slot)
+                self.word(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.sub)
             else:
                 self.line(info.rank, info.buffer, info.parity + 1, info.src, info.slot, info.kind)
 
@@ -48,65 +58,64 @@ class ProgramGenerator:
         addr = rules.line_address(self.cfg, par, src, slot)
         return self.scratch.line(LineInfo(rank, buffer, kind or self.kind, par, src, slot, 0, addr))
 
+    def word(self, rank: int, buffer: str, epoch: int, src: int, channel: int, word: int) -> int:
+        """A signature word from ``src`` in ``rank``'s region of ``buffer``, parity ``epoch & 1``:
+        in-part word ``word`` of the (parity, src) part (sentinel buffers) or of the accumulator
+        buffer's (parity, 1) part (LL128); ``channel`` names the thread it belongs to."""
+        par = rules.parity(self.cfg, epoch)
+        part = 1 if buffer == "acc" else src
+        addr = rules.signature_address(self.cfg, par, part, word)
+        return self.scratch.line(LineInfo(rank, buffer, "sig", par, src, channel, word, addr))
+
     # ---- signature words (sentinel buffers: ll_buffer.h, "Signature words") -----------------------
     def sig_thread(self, B: Builder, b: int, t: int) -> None:
-        """The thread of block ``b`` whose channel 0 is (b, slot 0, thread 0) carries the block's
-        signature words: model thread 0 (its bundle's first real thread is thread 0)."""
-        if self.cfg.signature_words and t == 0:
-            B.sig_block = b
+        """Every thread's channel 0 carries a signature word: the word of its bundle's first real
+        thread (``SIG_THREAD0``: thread 0 of the block only)."""
+        if self.cfg.signature_words and (t == 0 or not self.cfg.has(Mutation.SIG_THREAD0)):
+            B.sig_owner = (b, t * rules.bundle(self.cfg))
 
-    def sig_ring(self) -> bool:
-        """``SigPeers::Ring``: the word goes to rank + 1 only (and is polled from rank - 1). The
-        device's built-in all-to-all kernels; the fused two-shot sends one with every line-0 send
-        (``Mutation.RING_IN_FUSED_TWOSHOT`` gives it the ring too)."""
-        if self.cfg.sig_peers != "ring":
-            return False
-        return self.cfg.algorithm != "rmsnorm_twoshot" or self.cfg.has(Mutation.RING_IN_FUSED_TWOSHOT)
+    def _sig_where(self, B: Builder, buffer: str, epochs: Epochs) -> tuple[int, int, int]:
+        """(channel 0 of the thread, its epoch in ``buffer``, the thread's in-part word)."""
+        assert B.sig_owner is not None
+        b, thread = B.sig_owner
+        ch = layout.slot_index(b, 0, thread)
+        return ch, epochs.get((buffer, ch), 0), rules.signature_word(b, thread)
 
-    def sig_line(self, rank: int, buffer: str, epoch: int, src: int, block: int) -> int:
-        """The signature word of ``block`` from ``src`` in ``rank``'s region of ``buffer``, parity
-        ``epoch & 1`` (the parity of the line-0 data line it travels with)."""
-        par = rules.parity(self.cfg, epoch)
-        addr = rules.signature_address(self.cfg, par, src, block)
-        return self.scratch.line(LineInfo(rank, buffer, "sig", par, src, block, 0, addr))
-
-    def sig_send(self, B: Builder, r: int, k: int, sig: int, buffer: str, p: int,
-                 epochs: dict[tuple[str, int], int]) -> None:
-        """With each line-0 send (or bcast) of ``buffer`` to ``p``, channel 0's thread stores the
-        block's signature word ``sig << 32 | epoch`` (channel 0's epoch) into p's region, at the
-        (parity, source r) part: one aligned 8-byte volatile store. ``SIGNATURE_ONCE``: with the
-        call's first line-0 send to ``p`` only."""
-        b = B.sig_block
-        if b is None or (self.sig_ring() and p != (r + 1) % self.cfg.nranks):
+    def sig_send(self, B: Builder, r: int, k: int, sig: int, buffer: str, p: int, epochs: Epochs) -> None:
+        """Before each line-0 send (or bcast) of ``buffer`` to ``p``, the thread stores its
+        signature word ``sig << 32 | epoch`` (its channel 0's epoch) into p's region at the
+        (parity, source r) part: one aligned 8-byte volatile store. ``SIG_RING``: only to rank + 1;
+        ``SIGNATURE_ONCE``: only with the call's first line-0 send to ``p``."""
+        if B.sig_owner is None or (self.cfg.has(Mutation.SIG_RING) and p != (r + 1) % self.cfg.nranks):
             return
         if self.cfg.has(Mutation.SIGNATURE_ONCE):
             if p in B.sig_sent.setdefault(buffer, set()):
                 return
             B.sig_sent[buffer].add(p)
-        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
-        B.emit(SEND, line=self.sig_line(p, buffer, e, r, b), value=0, flag=rules.sig_word(self.cfg, sig, e),
-               tag=(k, -1 - b, e), peer=p)
+        ch, e, w = self._sig_where(B, buffer, epochs)
+        B.emit(SEND, line=self.word(p, buffer, e, r, ch, w), value=0, flag=rules.sig_word(self.cfg, sig, e),
+               tag=(k, -1 - ch, e), peer=p)
 
-    def sig_items(self, B: Builder, r: int, k: int, sig: int, buffer: str, peers: list[int],
-                  epochs: dict[tuple[str, int], int]) -> None:
-        """With each line-0 receive of ``buffer`` from a peer in ``peers``, channel 0's thread polls
-        that peer's signature word in the same wait (one 8-byte volatile load per poll). The word is
-        never cleared: it only ever holds epochs e, e-2, ... of its parity (written with the line-0
-        data of the same channel, pass and parity), so its reuse rests on that line's credit and
-        fence. ``SIGNATURE_ONCE``: with the call's first line-0 receive from the peer only."""
-        b = B.sig_block
-        if b is None:
+    def sig_items(self, B: Builder, r: int, k: int, sig: int, buffer: str, peers: list[int], epochs: Epochs) -> None:
+        """With each receive of ``buffer`` from a peer in ``peers`` (any of its lines), the thread
+        polls that peer's signature word for this thread in the same wait (one 8-byte volatile load
+        per poll); the receive is complete when its lines are and the word equals (own signature,
+        own channel-0 epoch). The word is never cleared: it only ever holds epochs e, e-2, ... of its
+        parity (written with the line-0 data of the same thread, pass and parity), so its reuse rests
+        on that line's credit and fence. ``SIG_RING``: only from rank - 1; ``SIGNATURE_ONCE``: only
+        with the call's first receive from the peer."""
+        if B.sig_owner is None:
             return
-        e = epochs.get((buffer, rules.channel(self.cfg, b, 0, 0)), 0)
-        for p in peers:
-            if self.sig_ring() and p != (r - 1) % self.cfg.nranks:
+        ch, e, w = self._sig_where(B, buffer, epochs)
+        for p in dict.fromkeys(peers):
+            if self.cfg.has(Mutation.SIG_RING) and p != (r - 1) % self.cfg.nranks:
                 continue
             if self.cfg.has(Mutation.SIGNATURE_ONCE):
                 if p in B.sig_polled.setdefault(buffer, set()):
                     continue
                 B.sig_polled[buffer].add(p)
-            B.emit(POLL, line=self.sig_line(r, buffer, e, p, b), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
-                   tag=(k, -1 - b, e), peer=p)
+            B.emit(POLL, line=self.word(r, buffer, e, p, ch, w), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
+                   tag=(k, -1 - ch, e), peer=p)
 
     def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
         par = rules.parity(self.cfg, epoch)
@@ -114,12 +123,17 @@ class ProgramGenerator:
         return self.scratch.line(LineInfo(rank, "acc", "ll128", par, -1, slot, sub, addr))
 
     def flag(self, sig: int, epoch: int) -> Any:
+        """The flag an LL send writes (sentinel: none)."""
         return rules.ll_flag(self.cfg, sig, epoch) if self.kind == "ll" else None
 
+    def want(self, sig: int, epoch: int) -> Any:
+        """The flag an LL poll waits for (sentinel: none)."""
+        return rules.ll_want(self.cfg, sig, epoch) if self.kind == "ll" else None
+
     def _poll_all(self, B: Builder, r: int, buffer: str, items: list[tuple[int, int, int, int, Any]],
-                  sig: int, epochs: dict[tuple[str, int], int]) -> None:
-        """``LLBuffer::pollAll``: poll every (peer, slot) line until complete; a sentinel line is
-        reset as soon as it is read (``checkPolls``).
+                  sig: int, epochs: Epochs) -> None:
+        """``LLBuffer::pollAll``: poll every (peer, slot) line, and each peer's signature word for
+        this thread, until complete; a sentinel line is reset as soon as it is read (``checkPolls``).
 
         ``items``: (peer, slot i, channel s, register, ghost tag) in the device's (peer, slot) order.
         """
@@ -127,13 +141,12 @@ class ProgramGenerator:
             B.at(B.it, i)
             e = epochs.get((buffer, s), 0)
             ln = self.line(r, buffer, e, p, s)
-            B.emit(POLL, line=ln, reg=reg, flag=self.flag(sig, e), tag=tag, peer=p)
+            B.emit(POLL, line=ln, reg=reg, flag=self.want(sig, e), tag=tag, peer=p)
             if self.kind == "sentinel":
                 B.reset(buffer, ln)
         if items:
             B.at(B.it, 0)
-            self.sig_items(B, r, items[0][4][0], sig, buffer,
-                           [p for p, i, *_ in items if i == 0], epochs)
+            self.sig_items(B, r, items[0][4][0], sig, buffer, [p for p, *_ in items], epochs)
             B.received_from(buffer)
 
     def _active(self, geo: Geometry, it: int, b: int, t: int, lines: int) -> list[tuple[int, int, int]]:
@@ -144,7 +157,7 @@ class ProgramGenerator:
 
     def _threads(self, r: int, k: int, geo: Geometry, lines: int,
                  iteration: Callable[[Builder, int, list[tuple[int, int, int]]], None],
-                 epochs: dict[tuple[str, int], int]) -> list[ThreadProgram]:
+                 epochs: Epochs) -> list[ThreadProgram]:
         """One program per (block, thread) of call ``k`` on rank ``r``: ``iteration(B, it, chans)``
         for every iteration in which the thread has data (``_active``), then the kernel end
         (``commit``)."""

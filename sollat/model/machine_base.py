@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import protocols
+from . import protocols, rules
 from .algorithms import Programs, build
 from .config import Config, Mutation
 from .program import ADDC, COMBINE, ISSUE_ADD, OUT, RESET, ZERO, Epochs, Instr, ThreadProgram
@@ -49,6 +49,8 @@ class MachineBase:
         self.zero_line = protocols.ll128_zero(cfg.ll128_lanes, cfg.ll128_lines)
         self.boundary_orders = not cfg.has(Mutation.NO_BOUNDARY_ORDER)
         self.fault = cfg.fault_path
+        #: calls some rank makes with other arguments (its signature and data differ)
+        self.mismatched = frozenset(k for k in range(self.ncalls) if cfg.mismatched(k))
         #: upper bound on the steps of any run (shared steps + delayed stores)
         self.max_steps = self.programs.shared_steps + sum(
             1 for rank in self.code for call in rank for th in call for ins in th
@@ -229,7 +231,7 @@ class MachineBase:
             return Violation("refused-after-reset", f"r{r} refuses call {k} after reset(): its record holds "
                              f"{FAULT_NAMES.get(prior, prior)}")
         if not absent and not cfg.has(Mutation.NO_POISON):
-            fx.outs[r] = (1 << cfg.calls[k]) - 1
+            fx.outs[r] = (1 << rules.out_lines(cfg, cfg.calls[k])) - 1
         self._finish_threads(st, r)
         fx.abort[r] = (1 << len(code)) - 1
         if log is not None:
@@ -239,9 +241,14 @@ class MachineBase:
         return None
 
     def _end_call(self, st: State, r: int, k: int) -> Violation | None:
-        """Kernel end: every output line of the call holds the exact sum or NaN (absent: untouched)."""
+        """Kernel end: every output line of the call holds the exact sum or NaN (absent: untouched);
+        a call that differs between ranks ends with a fault on every rank (a thread gave up or
+        refused)."""
         assert st.fx is not None
-        n = self.cfg.calls[k]
+        if k in self.mismatched and not st.fx.abort[r]:
+            return Violation("accepted", f"r{r} completes call {k} without a fault, although {self._differs(k)}: "
+                             "its outputs are a result of calls that differ")
+        n = rules.out_lines(self.cfg, self.cfg.calls[k])
         missing = [x for x in range(n) if not st.fx.outs[r] >> x & 1]
         if missing and self.cfg.fault_at("absent", r, k) is None:
             return Violation("unwritten", f"r{r} ends call {k} without writing output line(s) {missing}: neither "
@@ -262,10 +269,18 @@ class MachineBase:
                 log.append(f"    {ins.where}: OUT line {ins.value} = {got}")
             if st.fx is not None:
                 st.fx.outs[r] |= 1 << ins.value
+            if st.call[r] in self.mismatched:  # whatever its value: no finite result of it is right
+                return Violation("accepted", f"r{r} ({ins.where}) writes output line {ins.value} = {got} of call "
+                                 f"{st.call[r]}, although {self._differs(st.call[r])}: a finite result of calls "
+                                 "that differ (it must raise, or write NaN)")
             if got != ins.expect:
                 return Violation("wrong-sum", f"r{r} ({ins.where}) writes output line {ins.value} = {got}, "
                                  f"the exact sum is {ins.expect}")
         return None
+
+    def _differs(self, k: int) -> str:
+        ranks = [f.rank for f in self.cfg.faults if f.kind == "mismatch" and f.call == k]
+        return f"rank(s) {ranks} make(s) another call {k} (other signature, other data)"
 
     def _set_reg(self, st: State, r: int, j: int, reg: int, value: Any) -> None:
         regs = list(st.regs[r][j])

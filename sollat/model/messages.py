@@ -14,7 +14,7 @@ def fmt_tag(tag: Any) -> str:
         return "nothing"
     (k, m, e), *rest = tag if isinstance(tag[0], tuple) else (tag,)
     who = f" from r{rest[0]}" if rest else ""
-    what = f"line {m}" if m >= 0 else f"block {-1 - m}'s signature word"  # ProgramGenerator.sig_send
+    what = f"line {m}" if m >= 0 else f"channel {-1 - m}'s signature word"  # ProgramGenerator.sig_send
     return f"call {k} {what} epoch {e}{who}"
 
 

@@ -58,9 +58,16 @@ def split_line(cfg: Config, kind: str) -> bool:
     return kind == "ll" and cfg.has(Mutation.SINGLE_FLAG_LINE)
 
 
-def input_value(rank: int, call: int, line: int, elem: int = 0) -> int:
-    """Deterministic, call-dependent inputs: a stale or lost contribution changes the sum."""
-    return 1 + ((rank + 1) * 7919 + (call + 1) * 104729 + (line + 1) * 1299709 + elem * 15485863) % 997
+#: Added to every input of a call that differs from the other ranks' (``Fault("mismatch")``): its
+#: values lie above every value of an agreeing call, so data of the two calls never coincide.
+DIFFERING = 1000
+
+
+def input_value(rank: int, call: int, line: int, elem: int = 0, differs: bool = False) -> int:
+    """Deterministic, call-dependent inputs: a stale or lost contribution changes the sum.
+    ``differs``: the rank's call differs from the others' (the mismatch hook), and so do its data."""
+    value = 1 + ((rank + 1) * 7919 + (call + 1) * 104729 + (line + 1) * 1299709 + elem * 15485863) % 997
+    return value + DIFFERING if differs else value
 
 
 class Builder:
@@ -70,9 +77,8 @@ class Builder:
     receive of that buffer completes; the next send of the buffer issues ``fence<peer_scope()>``
     (``fence.acq_rel.sys`` on real ranks, ``.gpu`` on virtual ones) first: PTX orders a poll's load
     before a later store to another line, and a reset before a later send, by nothing but a fence
-    (no order from the poll loop's control dependency). ``dirty`` is the rule before session 10
-    (``resetPending``: a fence only after sentinel resets), which ``Mutation.NO_REUSE_FENCE``
-    restores.
+    (no order from the poll loop's control dependency). ``dirty`` is set by sentinel resets only:
+    ``Mutation.NO_REUSE_FENCE`` fences by it (a fence only after resets).
     """
 
     def __init__(self, cfg: Config, label: str) -> None:
@@ -83,10 +89,10 @@ class Builder:
         self.scope = rules.fence_scope(cfg)
         self.where = label
         self.it = 0
-        #: Signature words (sentinel buffers, channel 0's thread of a block): the block, and
-        #: (``SIGNATURE_ONCE``) per buffer the peers this thread has sent its word to / polled
-        #: theirs from in this call.
-        self.sig_block: int | None = None
+        #: Signature words (sentinel buffers): the (block, real thread) whose word this thread
+        #: stores and polls, None if it carries none; and (``SIGNATURE_ONCE``) per buffer the peers
+        #: this thread has sent its word to / polled theirs from in this call.
+        self.sig_owner: tuple[int, int] | None = None
         self.sig_sent: dict[str, set[int]] = {}
         self.sig_polled: dict[str, set[int]] = {}
 
@@ -121,8 +127,8 @@ class Builder:
 
     def release(self, *buffers: str) -> None:
         """``releaseReceives`` / ``releaseReceivesWith``: one fence for every buffer that owes one
-        (two-shot: at the top of every pass; LL128: before the adds of every iteration). Not in the
-        code before session 10 (``NO_REUSE_FENCE``)."""
+        (two-shot: at the top of every pass; LL128: before the adds of every iteration).
+        ``NO_REUSE_FENCE``: none."""
         if self.cfg.has(Mutation.NO_REUSE_FENCE):
             return
         if any(self._owes(b) for b in buffers):
@@ -134,8 +140,8 @@ class Builder:
         self.received[buffer] = True
 
     def reset(self, buffer: str, line: int) -> None:
-        """``ProtoSentinel::reset`` of a consumed line (``pollAll``); ``dirty`` is the rule before
-        session 10 (``resetPending``), which ``Mutation.NO_REUSE_FENCE`` fences by."""
+        """``ProtoSentinel::reset`` of a consumed line (``pollAll``); it sets ``dirty``, which
+        ``Mutation.NO_REUSE_FENCE`` fences by."""
         if self.cfg.has(Mutation.SKIP_SENTINEL_RESET):
             return
         self.emit(RESET, line=line)

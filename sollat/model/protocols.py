@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .rules import DEVICE_LL, DEVICE_LL128, DEVICE_SENTINEL
+from .rules import ANY_TAG, DEVICE_LL, DEVICE_LL128, DEVICE_SENTINEL
 
 #: Sentinel "empty": all ones, a NaN in every float dtype (``Bits<T>::kSentinel``). Data never
 #: equals it because the sender canonicalises NaN (``ProtoSentinel::encode``); model data are ints.
@@ -25,17 +25,26 @@ Flag = tuple[int, int]
 
 def _other_call(f: Flag, want: Flag) -> bool:
     """``ll_other_call``: a word that holds this epoch with another tag (another call)."""
-    return f != want and f != (0, 0) and f[1] == want[1]
+    return f != want and f != (0, 0) and f[1] == want[1] and want[0] != ANY_TAG
+
+
+def _epoch_only(f: Flag, want: Flag) -> bool:
+    """``Mutation.LL_TAG_IGNORED``'s check of one word: written, and this epoch, whatever its tag."""
+    return want[0] == ANY_TAG and f[1] == want[1] and f[0] != 0
 
 
 def ll_check_flag(flag: Any, want: Any) -> int:
-    """``ll_check`` (``protocol_ll.h``) on the flag part of a line: 1 when every word carries the
-    wanted flag, -1 when a word carries this epoch with another tag, 0 otherwise (not yet written,
-    or torn: keep polling)."""
+    """``ll_check`` (``protocol_ll.h``) on the flag part of a line, or a signature word: 1 when
+    every word carries the wanted flag, -1 when a word carries this epoch with another tag, 0
+    otherwise (not yet written, or torn: keep polling)."""
     if flag == want:
         return 1
     if isinstance(want[0], tuple):  # two-flag line: one flag per 8-byte word
+        if _epoch_only(flag[0], want[0]) and _epoch_only(flag[1], want[1]):
+            return 1
         return -1 if _other_call(flag[0], want[0]) or _other_call(flag[1], want[1]) else 0
+    if _epoch_only(flag, want):
+        return 1
     return -1 if _other_call(flag, want) else 0
 
 

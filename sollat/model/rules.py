@@ -26,6 +26,9 @@ from sollat.device.layout import Geometry
 
 from .config import EPOCH_FIELD_BITS, Config, Mutation
 
+#: A reader's tag that matches every tag (``Mutation.LL_TAG_IGNORED``); protocols.py checks it.
+ANY_TAG = -1
+
 # Device files the rules below are implemented in (linked from docstrings and the docs).
 DEVICE_LL = "sollat/device/csrc/include/sollat/protocol_ll.h"
 DEVICE_SENTINEL = "sollat/device/csrc/include/sollat/protocol_sentinel.h"
@@ -35,6 +38,9 @@ DEVICE_LL128 = "sollat/device/csrc/include/sollat/ll128.h"
 DEVICE_ONESHOT = "sollat/device/csrc/kernels/allreduce_oneshot.cu"
 DEVICE_TWOSHOT = "sollat/device/csrc/kernels/allreduce_twoshot.cu"
 DEVICE_LL128_KERNEL = "sollat/device/csrc/kernels/allreduce_ll128.cu"
+DEVICE_RMSNORM = "sollat/device/csrc/kernels/allreduce_rmsnorm.cu"
+DEVICE_WIDE = "sollat/device/csrc/kernels/allreduce_oneshot_wide.cu"
+DEVICE_LAYOUT = "sollat/device/abi_layout.py"
 
 
 def bundle(cfg: Config) -> int:
@@ -106,14 +112,25 @@ def ll_tags(sig: int) -> tuple[int, int]:
 
 
 def ll_flag(cfg: Config, sig: int, epoch: int) -> Any:
-    """What an LL reader waits for. Two-flag line (``protocol_ll.h``): ((tag_0, e), (tag_1, e)),
-    one flag per 8-byte word, ``flag_h = tag_h << 16 | (epoch & mask)``. ``SINGLE_FLAG_LINE``: the
-    line before session 10, one 64-bit flag ``sig << 32 | epoch``: (sig, e)."""
+    """What an LL sender writes. Two-flag line (``protocol_ll.h``): ((tag_0, e), (tag_1, e)), one
+    flag per 8-byte word, ``flag_h = tag_h << 16 | (epoch & mask)``. ``SINGLE_FLAG_LINE``: one
+    64-bit flag ``sig << 32 | epoch`` for the whole line: (sig, e)."""
     e = 0 if cfg.has(Mutation.REUSED_FLAG) else epoch & epoch_mask(cfg)
     if cfg.has(Mutation.SINGLE_FLAG_LINE):
         return (sig, e)
     t0, t1 = ll_tags(sig)
     return ((t0, e), (t1, e))
+
+
+def ll_want(cfg: Config, sig: int, epoch: int) -> Any:
+    """What an LL reader waits for: the flag its own call writes (``ProtoLL::check``: both words
+    carry it). ``LL_TAG_IGNORED``: only the epoch is compared (``protocols.ANY_TAG``)."""
+    flag = ll_flag(cfg, sig, epoch)
+    if not cfg.has(Mutation.LL_TAG_IGNORED):
+        return flag
+    if cfg.has(Mutation.SINGLE_FLAG_LINE):
+        return (ANY_TAG, flag[1])
+    return tuple((ANY_TAG, e) for _, e in flag)
 
 
 def ll_rest(cfg: Config) -> Any:
@@ -122,20 +139,39 @@ def ll_rest(cfg: Config) -> Any:
 
 
 def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
-    """The signature word a sentinel buffer's channel-0 thread stores with every line-0 send, as
-    (high 32 bits, low 32 bits): ``sig << 32 | epoch`` (``ll_buffer.h``, "Signature words"), the
-    epoch that of channel 0, masked to ``Config.sig_epoch_bits`` (the device: all 32). The reader
-    accepts it when equal, reports a call mismatch when the low half is its epoch and the high half
-    neither 0 nor its signature (``protocols.ll_check_flag``), and polls on otherwise."""
+    """A signature word as (high 32 bits, low 32 bits): ``sig << 32 | epoch`` (``ll_buffer.h``,
+    "Signature words"; LL128's reduce-scatter words alike), the epoch masked to
+    ``Config.sig_epoch_bits`` (the device: all 32). The reader accepts it when equal, reports a call
+    mismatch when the low half is its epoch and the high half neither 0 nor its signature
+    (``protocols.ll_check_flag``), and polls on otherwise."""
     return sig, epoch & ((1 << cfg.sig_epoch_bits) - 1)
 
 
-def signature_address(cfg: Config, par: int, src: int, block: int) -> int:
-    """Line of the signature word of ``block`` from ``src`` (parity ``par``) in a receiver's region
-    of a sentinel buffer: ``layout.signature_line(block, lines_per_src)`` of the (parity, src) part,
-    past the data slots (``LLBuffer::sigWord``; the word is the line's first 8 bytes)."""
+#: The slot whose lines hold a sentinel buffer's signature words instead of data: the last one
+#: (a sentinel buffer's channels use the slots below it).
+SIGNATURE_SLOT = layout.MAX_SLOTS - 1
+
+
+def signature_word(block: int, thread: int) -> int:
+    """The 8-byte word, counted from the start of a receiver's (parity, source) part, of thread
+    ``thread`` of block ``block``: the first half of the block's ``SIGNATURE_SLOT`` lines, two
+    threads' words a line (``signature_word`` of ``abi_layout.py``, which renders ``layout.h``)."""
+    return 2 * layout.slot_index(block, SIGNATURE_SLOT, 0) + thread
+
+
+def signature_address(cfg: Config, par: int, src: int, word: int) -> int:
+    """8-byte word index, in a receiver's region of a buffer, of in-part word ``word`` of the
+    (parity, src) part: a sentinel buffer's words sit in their sender's part; LL128's reduce-scatter
+    words (``ll128_signature_slot``) in the accumulator buffer's source-1 part, which holds no
+    accumulator line."""
     lps = layout.lines_per_src(cfg.max_blocks)
-    return layout.line_index(par, src, layout.signature_line(block, lps), nranks=cfg.nranks, lines_per_src=lps)
+    return 2 * layout.line_index(par, src, 0, nranks=cfg.nranks, lines_per_src=lps) + word
+
+
+def ll128_signature_slot(cfg: Config, block: int, warp: int, src: int) -> int:
+    """In-part word of LL128's reduce-scatter signature word from ``src`` for warp ``warp`` of
+    ``block``: ``signature_word(block, warp * WARP + src)``, one word per (owner, source, warp)."""
+    return signature_word(block, warp * layout.WARP + src)
 
 
 def peer_scope(cfg: Config) -> str:
@@ -152,7 +188,7 @@ def fence_orders_peers(cfg: Config, scope: str) -> bool:
     """Whether a fence of ``scope`` orders anything a peer observes. PTX (ISA 9.1 §8.5 Scope, §8.7
     Morally strong operations, §8.9.4 Memory synchronization): two fences synchronise only when each
     one's scope includes the other's thread, and a peer of a real rank runs on another GPU. The
-    strong model (the model before session 10) treats every fence as global."""
+    strong model treats every fence as global."""
     return not cfg.ptx or scope == "sys" or cfg.ranks == "virtual"
 
 
@@ -170,3 +206,41 @@ def chunk_lines(cfg: Config, call_lines: int) -> int:
     receiver) pair carries data in every iteration in which the channel does.
     """
     return layout.chunk_count(call_lines, cfg.nranks)
+
+
+# ---- the wide one-shot (allreduce_oneshot_wide.cu; abi_layout.py's peer-group formulas) -----------
+def wide_groups(cfg: Config) -> int:
+    """``peer_groups``: ceil(R / window) groups of ``Config.peer_window`` ranks (device: 8)."""
+    return layout.ceil_div(cfg.nranks, cfg.peer_window)
+
+
+def peer_group_plan(lines: int, lb: int, groups: int, max_blocks: int) -> Geometry:
+    """``layout.plan_peer_groups`` for ``lb`` lines per block and ``groups`` groups: a block is
+    ``groups`` threads for each of its ``lb`` lines, blocks up to ``max_blocks``, then passes."""
+    blocks = min(max_blocks, layout.ceil_div(max(lines, 1), lb))
+    return Geometry(blocks, lb * groups, 1, layout.ceil_div(max(lines, 1), blocks * lb))
+
+
+def wide_geometry(cfg: Config, lines: int) -> Geometry:
+    """The cut of a call of ``lines`` lines: ``Config.threads`` lines per block whatever the
+    message (``peer_group_lines`` depends on the world size alone). ``WIDE_FITTED_LINES``: as few
+    lines per block as the message needs over as many blocks (``min(lb, ceil(lines / blocks))``)."""
+    geo = peer_group_plan(lines, cfg.threads, wide_groups(cfg), cfg.max_blocks)
+    if not cfg.has(Mutation.WIDE_FITTED_LINES):
+        return geo
+    lb = min(cfg.threads, layout.ceil_div(max(lines, 1), geo.blocks))
+    return Geometry(geo.blocks, lb * wide_groups(cfg), 1, layout.ceil_div(max(lines, 1), geo.blocks * lb))
+
+
+def wide_channel(block: int, group: int, line: int, lb: int) -> int:
+    """``peer_group_slot``: the channel of thread (group, line) of ``block``, whose threadIdx.x is
+    ``group * lb + line``: ``slot_index(block, 0, group * lb + line)``."""
+    return layout.slot_index(block, 0, group * lb + line)
+
+
+def out_lines(cfg: Config, lines: int) -> int:
+    """Output lines the model checks per call of ``lines`` lines: one per line, and in the wide
+    one-shot one per (line, group): the sum over a group's ranks, the part of the line's rank-order
+    sum that the thread of that group receives (the block's reduction from shared memory is local
+    arithmetic)."""
+    return lines * wide_groups(cfg) if cfg.algorithm == "oneshot_wide" else lines

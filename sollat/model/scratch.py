@@ -32,19 +32,19 @@ Ghost = tuple[int, Any, tuple[int, ...]]
 class LineInfo:
     rank: int  # whose memory
     buffer: str  # "oneshot" | "rs" | "ag" | "acc"
-    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a sentinel buffer's signature word)
+    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a signature word: 8 bytes)
     parity: int
     src: int  # sending rank (-1 for an LL128 accumulator: every rank adds)
-    slot: int  # line-channel index (layout.slot_index); a signature word: its block
-    sub: int  # line of the warp (LL128), else 0
-    address: int  # line index inside the rank's region of this buffer
+    slot: int  # line-channel index (layout.slot_index); a signature word: its thread's channel
+    sub: int  # line of the warp (LL128); a signature word: its 8-byte word inside its part; else 0
+    address: int  # line index inside the rank's region of this buffer (a signature word: word index)
     part: int = -1  # PTX mode, a line split into its 8-byte parts: which one (-1: the whole line)
 
     def name(self) -> str:
         if self.kind == "ll128":
             return f"r{self.rank}.acc[p{self.parity} ch{self.slot} line{self.sub}]@{self.address}"
         if self.kind == "sig":
-            return f"r{self.rank}.{self.buffer}.sig[p{self.parity} src{self.src} b{self.slot}]@{self.address}"
+            return f"r{self.rank}.{self.buffer}.sig[p{self.parity} src{self.src} ch{self.slot}]@w{self.address}"
         w = "" if self.part < 0 else f".w{self.part}"
         return f"r{self.rank}.{self.buffer}[p{self.parity} src{self.src} ch{self.slot}]@{self.address}{w}"
 
@@ -81,7 +81,8 @@ class Scratch:
         return 2 if self.infos[idx].part == 0 else 1
 
     def line(self, info: LineInfo) -> int:
-        key = (info.rank, info.buffer, info.address)
+        # a signature word is addressed in 8-byte words: its key stays apart from the 16-byte lines'
+        key = (info.rank, info.buffer, -1 - info.address if info.kind == "sig" else info.address)
         idx = self.index.get(key)
         if idx is None:
             idx = len(self.infos)

@@ -29,7 +29,7 @@ FAULT_NAMES = {layout.FAULT_TIMEOUT: "timeout", layout.FAULT_MISMATCH: "call mis
 @dataclass(frozen=True)
 class Violation:
     #: overwrite reset-race stale torn overshoot wrong-sum mismatch deadlock duplicate no-progress;
-    #: fault path: unwritten unnoticed refused-after-reset
+    #: fault path: unwritten unnoticed refused-after-reset accepted
     kind: str
     message: str
     line: int = -1  # dense scratch line involved, if any

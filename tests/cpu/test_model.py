@@ -2,7 +2,7 @@
 
 The default run checks the small exhaustive configurations (against the figures documented in
 docs/protocol-model.md) and a few random schedules on every random configuration. The full bounded
-sweep runs once per session (module fixture) on up to 2 worker processes in the tests marked
+sweep runs once per test run (module fixture) on up to 2 worker processes in the tests marked
 ``slow`` (``python3 -m pytest tests -m ''`` runs them, as CI does); set SOLLAT_MODEL_SOAK=<seconds>
 with ``-m slow`` to also run the long random soak.
 """
@@ -34,7 +34,7 @@ from sollat.model import (
 )
 from sollat.model.explore import Report, shortest_counterexample
 from sollat.model.fault_sweep import FAULT_MUTATIONS
-from sollat.model.program import POLL, SEND
+from sollat.model.program import ADD, FENCE, POLL, POLL128, SEND
 from sollat.model.state import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
 from sollat.model.trace import replay
@@ -245,7 +245,7 @@ def test_counterexample_reads_well(memory: str) -> None:
     assert "SEND" in text and "POLL" in text and "kernel boundary" in text
     if memory == "ptx":  # the fence that orders the pass, and the signature words, are in the trace
         assert "FENCE .sys (its earlier operations are performed)" in text
-        assert "SEND signature word (sig=" in text and "block 0's signature word epoch 0" in text
+        assert "SEND signature word (sig=" in text and "channel 0's signature word epoch 0" in text
 
 
 def test_torn_line_counterexample_is_short() -> None:
@@ -329,16 +329,33 @@ def test_model_geometry_is_layout_plan_at_bundle_granularity(threads: int, lines
     assert rules.channel(cfg, 1, 1, 1) == layout.slot_index(1, 1, g)
 
 
-@pytest.mark.parametrize("cfg", EXHAUSTIVE + [c for c, _ in RANDOM], ids=lambda c: c.name)
+@pytest.mark.parametrize("cfg", EXHAUSTIVE + [c for c, _ in RANDOM] + [p.config for p in PLANTED],
+                         ids=lambda c: c.name)
 def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
     m = Machine(cfg)
     assert not m.scratch.aliases
     lps = layout.lines_per_src(cfg.max_blocks)
+    data = {(i.rank, i.buffer, i.address) for i in m.scratch.infos if i.kind != "sig"}
     for info in m.scratch.infos:  # addresses stay inside the region the host allocates
-        assert 0 <= info.address < 2 * cfg.nranks * lps
-        if info.kind == "sig":  # layout.signature_line: the (parity, sender) part's tail, past the data slots
-            assert info.address // lps == info.parity * cfg.nranks + info.src
-            assert info.address % lps >= lps - layout.signature_lines(cfg.max_blocks)
+        if info.kind != "sig":
+            assert 0 <= info.address < 2 * cfg.nranks * lps
+            continue
+        # a word: 8 bytes in its (parity, part) part, in the lines of the signature slot, never in a data line
+        part = 1 if info.buffer == "acc" else info.src  # LL128's words: the accumulator buffer's source-1 part
+        line = info.address // 2
+        assert info.address == 2 * layout.line_index(info.parity, part, 0, nranks=cfg.nranks, lines_per_src=lps) \
+            + info.sub
+        assert line // lps == info.parity * cfg.nranks + part and line < 2 * cfg.nranks * lps
+        assert line % lps // layout.MAX_THREADS % layout.MAX_SLOTS == rules.SIGNATURE_SLOT
+        assert (info.rank, info.buffer, line) not in data
+
+
+def test_signature_word_is_the_layouts() -> None:
+    # rules.signature_word is the formula abi_layout.py declares (layout.signature_word), where it has one
+    device = getattr(layout, "signature_word", None)
+    if device is None:
+        pytest.skip("sollat.device.layout declares no signature_word in this tree")
+    assert all(rules.signature_word(b, t) == device(b, t) for b in (0, 1, 5) for t in (0, 1, 31, 32, 511))
 
 
 def test_ll_flag_rules() -> None:
@@ -377,35 +394,82 @@ def test_signature_word_rules() -> None:
 @pytest.mark.parametrize("algorithm", ["oneshot", "twoshot", "rmsnorm_twoshot"])
 @pytest.mark.parametrize("once", [False, True])
 def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool) -> None:
-    # Thread 0's channel 0 (block 0, slot 0, thread 0) stores one word with each line-0 send (every
-    # pass, every call; SigPeers::Ring in the one-shot and two-shot: only to rank + 1, polled only
-    # from rank - 1; the fused two-shot: every peer) into the receiver's (parity, sender) part, and
-    # polls one with each such line-0 receive; SIGNATURE_ONCE: only with the first of each call.
-    cfg = Config(algorithm=algorithm, protocol="sentinel", nranks=3, calls=(5, 2), threads=2)
-    ring = algorithm != "rmsnorm_twoshot"
+    # Every thread's channel 0 carries a word: the thread stores it with each line-0 send to a peer
+    # (every pass, every call, every peer) into the peer's (parity, sender) part, and polls the
+    # peer's word with each receive from it (any of its lines: each receive has a line 0);
+    # SIGNATURE_ONCE: only with the first of each call.
+    cfg = Config(algorithm=algorithm, protocol="sentinel", nranks=3, calls=(5, 2, 9), threads=2, max_slots=2)
     m = Machine(cfg.with_mutation(Mutation.SIGNATURE_ONCE) if once else cfg)
-    ch0 = rules.channel(cfg, 0, 0, 0)
+    g = rules.bundle(cfg)
+    infos = m.scratch.infos
     for r, rank in enumerate(m.code):
         for threads in rank:
             for t, code in enumerate(threads):
+                ch0 = rules.channel(cfg, 0, 0, t)
                 words = [i for i in code if i.line >= 0 and m.kinds[i.line] == "sig"]
-                if t:
-                    assert not words
-                    continue
-                line0 = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in code
-                         if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and m.scratch.infos[i.line].slot == ch0
-                         and (not ring or i.peer == (r + 1 if i.op == SEND else r - 1) % cfg.nranks)]
-                got = [(i.op, i.peer, m.scratch.infos[i.line].buffer, i.tag[2]) for i in words]
+                line0 = [(i.op, i.peer, infos[i.line].buffer, i.tag[2]) for i in code
+                         if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and infos[i.line].slot == ch0]
+                got = [(i.op, i.peer, infos[i.line].buffer, i.tag[2]) for i in words]
                 if once:
                     firsts = {(op, p, buf): e for op, p, buf, e in reversed(line0)}
                     assert sorted(got) == sorted((*key, e) for key, e in firsts.items())
                 else:
                     assert sorted(got) == sorted(line0) and got
                 for i in words:
-                    info = m.scratch.infos[i.line]
-                    assert info.parity == i.tag[2] & 1
+                    info = infos[i.line]
+                    assert info.parity == i.tag[2] & 1 and info.slot == ch0 and i.tag[1] == -1 - ch0
+                    assert info.sub == rules.signature_word(0, t * g)
                     assert i.flag == rules.sig_word(cfg, rules.signature(cfg, cfg.calls[i.tag[0]]), i.tag[2])
                     assert (info.rank, info.src) == ((i.peer, r) if i.op == SEND else (r, i.peer))
+                # a word goes before the line-0 data it travels with; a receive polls it in its own wait
+                for n, i in enumerate(code):
+                    if i in words and i.op == SEND:
+                        data = code[n + 1]
+                        assert data.op == SEND and data.peer == i.peer and infos[data.line].slot == ch0
+
+
+@pytest.mark.parametrize("mutation", [Mutation.SIG_RING, Mutation.SIG_THREAD0])
+def test_the_old_signature_schemes_are_mutations(mutation: Mutation) -> None:
+    # SIG_RING: words only to rank + 1 and from rank - 1; SIG_THREAD0: only thread 0 of a block
+    cfg = Config(algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2,), threads=2).with_mutation(mutation)
+    m = Machine(cfg)
+    for r, rank in enumerate(m.code):
+        assert len(rank[0]) == 2  # one pass of one line per thread
+        for t, code in enumerate(rank[0]):
+            words = [(i.op, i.peer) for i in code if m.kinds[i.line] == "sig"]
+            if mutation is Mutation.SIG_RING:
+                assert sorted(words) == [(SEND, (r + 1) % 3), (POLL, (r - 1) % 3)]
+            else:
+                assert len(words) == (4 if t == 0 else 0)
+
+
+def test_ll128_reduce_scatter_carries_signature_words() -> None:
+    # Each warp stores (sig, acc epoch) into every other owner before its adds, and the owner polls
+    # every other source's word for this warp before its zeroing fence and all-gather sends.
+    cfg = Config(algorithm="ll128", nranks=3, calls=(3, 6), threads=2)
+    m = Machine(cfg)
+    infos = m.scratch.infos
+    for r, rank in enumerate(m.code):
+        for k, threads in enumerate(rank):
+            for code in threads:
+                sends = [n for n, i in enumerate(code) if i.op == SEND and m.kinds[i.line] == "sig"]
+                polls = [n for n, i in enumerate(code) if i.op == POLL and m.kinds[i.line] == "sig"]
+                iters = sum(1 for i in code if i.op == POLL128) // cfg.ll128_lines
+                assert len(sends) == len(polls) == 2 * iters > 0
+                for n in sends:
+                    i = code[n]
+                    nxt = next(x for x in code[n:] if x.op in (ADD, POLL128))
+                    assert nxt.op == ADD and i.peer != r and infos[i.line].src == r and infos[i.line].rank == i.peer
+                    assert i.flag == rules.sig_word(cfg, rules.signature(cfg, cfg.calls[k]), i.tag[2])
+                for n in polls:
+                    i = code[n]
+                    assert infos[i.line].rank == r and infos[i.line].src == i.peer != r
+                    rest = code[n:]
+                    fence = next(x for x in rest if x.op == FENCE)  # the zeroing fence comes after it
+                    assert rest.index(fence) < next(x for x, y in enumerate(rest) if y.op == SEND and
+                                                    m.kinds[y.line] == "ll")
+    bare = Machine(cfg.with_mutation(Mutation.LL128_NO_SIG_WORDS))
+    assert not any(bare.kinds[i.line] == "sig" for th in bare.code[0][0] for i in th)
 
 
 @pytest.mark.parametrize("lines,lanes", [(1, 2), (2, 2), (2, 4), (4, 8)])
@@ -424,16 +488,17 @@ def test_ll128_pack_restore(lines: int, lanes: int) -> None:
 # ---- command line --------------------------------------------------------------------------------
 def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--list"]) == 0
-    assert cli.main(["--config", "ll128-2r1t", "--exhaustive"]) == 0
-    assert cli.main(["--config", "ll128-2r1t", "--exhaustive", "--memory", "strong"]) == 0
+    assert cli.main(["--config", "ll128-split-torn-2r1t", "--exhaustive"]) == 0
+    assert cli.main(["--config", "ll128-split-torn-2r1t", "--exhaustive", "--memory", "strong"]) == 0
     assert cli.main(["--config", "oneshot-sentinel-8r1t", "--runs", "20"]) == 0
     assert cli.main(["--mutation", "torn-ll128"]) == 0
     assert cli.main(["--mutation", "single-flag-line/oneshot-ll"]) == 0
     out = capsys.readouterr().out
     assert "planted bugs" in out and "VIOLATION [torn]" in out and "caught" in out
     assert "VIOLATION [stale]" in out and "harmless in the strong model" in out
-    assert f"{DOCUMENTED['ll128-2r1t'][2]} interleavings" in out  # as documented for ll128-2r1t
-    assert "ll128-2r1t[2,4,2] strong" in out
+    assert f"{DOCUMENTED['ll128-split-torn-2r1t'][2]} interleavings" in out  # as documented
+    assert "ll128-split-torn-2r1t[2,6,2] strong torn split" in out
+    assert "caught as accepted; breaks:" in out  # --list names each planted bug's verdict
 
 
 @pytest.mark.parametrize("argv", [

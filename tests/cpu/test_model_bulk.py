@@ -59,10 +59,15 @@ def test_a_call_mismatch_is_recorded_in_every_schedule(name: str, nranks: int, c
     assert res.ok, f"{name}: {res.violation}\n" + "\n".join(res.trace[-12:])
 
 
-def test_flags_without_the_signature_sum_another_calls_data() -> None:
-    name, nranks, calls, last, variant = bulk.MISMATCH_PLANTED[0]
+@pytest.mark.parametrize(("name", "nranks", "calls", "last", "variant"), bulk.MISMATCH_PLANTED,
+                         ids=[m[0] for m in bulk.MISMATCH_PLANTED])
+def test_flags_without_the_signature_sum_another_calls_data(name: str, nranks: int, calls: tuple[bulk.Call, ...],
+                                                           last: tuple[bulk.Call, ...], variant: bulk.Variant) -> None:
+    # the differing call's areas hold its own data: reading one is a wrong sum, reported as such
+    assert not variant.signed
     res = bulk.explore(nranks, calls, variant, last_rank_calls=last)
     assert not res.ok and "another signature" in res.violation, f"{name}: {res.violation or 'not caught'}"
+    assert res.trace and res.trace[-1].endswith(" R")  # caught at the read of the other call's area
 
 
 def test_identical_calls_never_record_a_mismatch() -> None:

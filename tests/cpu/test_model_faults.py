@@ -10,11 +10,12 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from sollat.device import layout
-from sollat.model import Config, Fault, Machine, Mutation, Report, exhaustive, random_runs
+from sollat.model import Config, Fault, Machine, Mutation, Report, exhaustive, program, random_runs
 from sollat.model.fault_sweep import (
     FAULT_BENIGN,
     FAULT_EXHAUSTIVE,
@@ -27,6 +28,7 @@ from sollat.model.fault_sweep import (
     find_fault_config,
     mismatch,
 )
+from sollat.model.program import ADD, SEND
 from sollat.model.state import GIVE_UP, Action, State
 from sollat.model.sweep import Planted, SweepResult
 from sollat.model.trace import replay
@@ -229,3 +231,45 @@ def test_healthy_configs_stay_off_the_fault_path() -> None:
     assert not cfg.fault_path and Machine(cfg).initial().fx is None
     assert Config(algorithm="oneshot", calls=(1, 2, 1), faults=(absent(1, 0),)).label() == \
         "oneshot-ll-2r1t[1,2,1] absent(r1@0)"
+
+
+# ---- a call that differs between ranks: other signature, other data, no finite result anywhere ------
+def _data(cfg: Config, r: int, k: int) -> list[object]:
+    m = Machine(cfg)
+    return [i.value for th in m.code[r][k] for i in th if i.op in (SEND, ADD) and i.value is not None
+            and m.kinds[i.line] != "sig"]
+
+
+@pytest.mark.parametrize(("algorithm", "protocol"), [("oneshot", "sentinel"), ("twoshot", "ll"), ("ll128", "ll"),
+                                                     ("rmsnorm_twoshot", "sentinel")])
+def test_the_mismatch_hook_sends_other_data(algorithm: str, protocol: str) -> None:
+    base = Config(algorithm=algorithm, protocol=protocol, calls=(4, 4), reset_at=1)
+    odd = replace(base, faults=(mismatch(1, 0),))
+    sent, healthy = _data(odd, 1, 0), _data(base, 1, 0)
+    assert len(sent) == len(healthy) > 0 and all(a != b for a, b in zip(sent, healthy, strict=True))
+    assert _data(odd, 0, 0) == _data(base, 0, 0) and _data(odd, 1, 1) == _data(base, 1, 1)
+
+
+def test_a_finite_output_of_a_differing_call_is_caught_whatever_its_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With the odd rank's data equal to the others' the sum it lets through is exact, and still the
+    # output of calls that differ: reported.
+    monkeypatch.setattr(program, "DIFFERING", 0)
+    cfg = Config(algorithm="oneshot", protocol="ll", calls=(1,), faults=(mismatch(1, 0),))
+    exact = program.input_value(0, 0, 0) + program.input_value(1, 0, 0)
+    ce = exhaustive(cfg.with_mutation(Mutation.LL_TAG_IGNORED)).counterexample
+    assert ce is not None and ce.violation.kind == "accepted" and f"= {exact} of call 0" in ce.violation.message
+    assert exhaustive(cfg).ok  # the tags are what tells the calls apart
+
+
+def test_a_rank_that_completes_a_differing_call_is_caught() -> None:
+    # Kernel end: a rank whose threads all finished a call that differs, none having given up.
+    m = Machine(Config(algorithm="oneshot", protocol="sentinel", calls=(1, 1), faults=(mismatch(1, 0),), reset_at=1))
+    st = m.initial()
+    assert st.fx is not None
+    st.fx.outs[0] = 1
+    v = m._end_call(st, 0, 0)
+    assert v is not None and v.kind == "accepted" and "completes call 0 without a fault" in v.message
+    st.fx.abort[0] = 1
+    assert m._end_call(st, 0, 0) is None
+    st.fx.abort[0] = 0
+    assert m._end_call(st, 0, 1) is None  # call 1 is the same on every rank
