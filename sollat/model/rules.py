@@ -147,16 +147,10 @@ def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
     return sig, epoch & ((1 << cfg.sig_epoch_bits) - 1)
 
 
-#: The slot whose lines hold a sentinel buffer's signature words instead of data: the last one
-#: (a sentinel buffer's channels use the slots below it).
-SIGNATURE_SLOT = layout.MAX_SLOTS - 1
-
-
-def signature_word(block: int, thread: int) -> int:
-    """The 8-byte word, counted from the start of a receiver's (parity, source) part, of thread
-    ``thread`` of block ``block``: the first half of the block's ``SIGNATURE_SLOT`` lines, two
-    threads' words a line (``signature_word`` of ``abi_layout.py``, which renders ``layout.h``)."""
-    return 2 * layout.slot_index(block, SIGNATURE_SLOT, 0) + thread
+#: The 8-byte word, counted from the start of a receiver's (parity, source) part, of thread
+#: ``thread`` of block ``block``: the layout's one formula (``abi_layout.py``, rendered into
+#: ``layout.h``): the first half of the block's ``layout.SIGNATURE_SLOT`` lines, two words a line.
+signature_word = layout.signature_word
 
 
 def signature_address(cfg: Config, par: int, src: int, word: int) -> int:
