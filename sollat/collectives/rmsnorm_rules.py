@@ -47,10 +47,10 @@ class Rules:
 
 
 # A fused one-shot for one or two rows of 16 KiB or more, unfused otherwise: measured on 2 H200s
-# before the epilogue served every virtual rank in one launch (docs/benchmarks.md run 18). The rule
-# of every table that has not measured its own.
+# with an epilogue launched once per virtual rank (docs/benchmarks.md, the fused RMSNorm on two
+# GPUs). The rule of every table that has not measured its own.
 DEFAULT = Rules((Rule(2, (16 << 10) - 1, UNFUSED), Rule(2, ANY_ROW_BYTES, FUSED)),
-                note="built-in default: a fused one-shot for 1-2 rows of >= 16 KiB (2 H200s, run 18)")
+                note="built-in default: a fused one-shot for 1-2 rows of >= 16 KiB (measured on 2 H200s)")
 
 
 def parse(d: Any, bad: Callable[[str], Exception]) -> Rules:

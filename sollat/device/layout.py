@@ -39,7 +39,7 @@ MAX_SLOTS = abi.MAX_SLOTS  # lines per thread per iteration (the kernel's kSlots
 WARP = abi.WARP
 PARITIES = abi.PARITIES  # parity = epoch & 1
 # Threads per block while a message can still spread over more blocks: more SMs then issue its
-# stores and polls (measured against 512, 256, 64 and 32: docs/benchmarks.md, run 13).
+# stores and polls (measured against 512, 256, 64 and 32: docs/benchmarks.md, block size).
 BLOCK_THREADS = 128
 
 PAYLOAD_BYTES = abi.PAYLOAD_BYTES
@@ -49,7 +49,7 @@ PAYLOAD_BYTES = abi.PAYLOAD_BYTES
 # than one pass (blocks x MAX_THREADS x MAX_SLOTS lines) is cut into passes inside the kernel, one
 # round trip each. Every block of a rank must be resident at once, so the limit is an SM count.
 # Real ranks: 128 blocks at 2 ranks measured best of 16/32/64/128 on 2x H200 (docs/benchmarks.md,
-# run 15: 1 MiB one-shot sentinel 17.8 -> 5.7 us); scratch grows with ranks x blocks, so the
+# blocks per rank: 1 MiB one-shot sentinel 17.8 -> 5.7 us); scratch grows with ranks x blocks, so the
 # default keeps ranks x blocks at 256 (128 MiB of scratch per rank with every algorithm enabled).
 MAX_BLOCKS_VIRTUAL = 16
 MAX_BLOCKS_LIMIT = 128
@@ -156,8 +156,8 @@ def plan_peer_groups(total_lines: int, world_size: int, *, max_blocks: int) -> G
     threads for each of its ``peer_group_lines(R)`` lines, whatever the message size, so a slot
     index plays the same (group, line) role in every call and the writer's and the reader's epochs
     of a line agree (abi_layout.py, "peer groups"); blocks up to ``max_blocks``, then passes.
-    (With lines per block fitted to the message, the first GPU run timed out at R = 9:
-    docs/benchmarks.md run 25.)"""
+    (Lines per block fitted to the message would let the epochs drift apart: a receive would wait
+    for a line no peer sends; the protocol model's wide-fitted-lines bug.)"""
     lb = peer_group_lines(world_size)
     blocks = min(max_blocks, ceil_div(max(total_lines, 1), lb))
     return Geometry(blocks, lb * peer_groups(world_size), 1, ceil_div(max(total_lines, 1), blocks * lb))

@@ -1,4 +1,4 @@
-"""``python -m sollat model``: the protocol model checker (CPU only).
+"""python -m sollat model: the protocol model checker (CPU only).
 
   --demo             short run: a few exhaustive searches, a few thousand adversarial random
                      schedules and one planted bug's counterexample (the default)
@@ -230,8 +230,10 @@ def _parser() -> Parser:
     ap.add_argument("--exhaustive", action="store_true", help="--config: exhaustive search instead of random")
     ap.add_argument("--memory", choices=MEMORY, default="ptx",
                     help="memory model: ptx (default, what CI checks) or strong (stronger than PTX)")
-    ap.add_argument("--seed", type=nonneg_int, default=0)
-    ap.add_argument("--workers", type=positive_int, default=default_workers())
+    ap.add_argument("--seed", type=nonneg_int, default=0,
+                    help="seed of the random schedules (default 0; --soak: 0 takes the clock)")
+    ap.add_argument("--workers", type=positive_int, default=default_workers(),
+                    help=f"processes for --sweep, --soak and the demo (default {default_workers()})")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every configuration's report")
     return ap
 

@@ -30,12 +30,12 @@ constexpr int kBuffers = kTwoshotBulkBuffers;  // abi.h (sollat/device/abi.py KE
 // Tuning, as module defines so that builds can be compared in one run (scripts/ab_latency.py
 // --define; docs/benchmarks.md): lines in flight per thread in every copy loop, and the most lines
 // an area carries per round (smaller rounds pipeline the phases more finely, larger ones post
-// fewer flags; at most the area's capacity). Measured no faster and removed: an all-gather pulled
-// from the owner's region instead of pushed (run 19); the next round's reduce-scatter sent before
-// this round's wait, which sollat/model/bulk.py proves safe ("bulk-r2-early-send"; run 20: equal
-// at 8-16 MiB, 5-7 % slower at 32-64 MiB).
+// fewer flags; at most the area's capacity). The all-gather is pushed, and a round's reduce-scatter
+// is sent after the previous round's wait: a pulled all-gather measured no faster, and sending the
+// next reduce-scatter early (safe: sollat/model/bulk.py, "bulk-r2-early-send") equal at 8-16 MiB,
+// 5-7 % slower at 32-64 MiB (docs/benchmarks.md, the bulk two-shot).
 #ifndef SOLLAT_BULK_UNROLL
-#define SOLLAT_BULK_UNROLL 2  // 2 / 4 / 8: 218.2 / 221.5 / 232.3 us at 64 MiB fp32 (run 19)
+#define SOLLAT_BULK_UNROLL 2  // 2 / 4 / 8: 218.2 / 221.5 / 232.3 us at 64 MiB fp32 (docs/benchmarks.md)
 #endif
 #ifndef SOLLAT_BULK_ROUND_LINES
 #define SOLLAT_BULK_ROUND_LINES kBulkDataLines

@@ -11,8 +11,8 @@
 // groups = peer_groups(R) threads per line, lb = peer_group_lines(R) lines per block (whole warps,
 // so a warp serves one group), blockDim.x = lb * groups. lb depends on R alone, never on the
 // message size: a slot index must play the same (group, line) role in every call, or the epochs of
-// a line's writer and reader drift apart (the first version, which fitted lb to the message, timed
-// out at R = 9: docs/benchmarks.md run 25; tests/cpu/test_wide_oneshot.py replays that).
+// a line's writer and reader drift apart and a receive waits for a line no peer sends
+// (tests/cpu/test_wide_oneshot.py and the protocol model's wide-fitted-lines bug show it).
 //
 // Channels (ll_buffer.h): thread (g, j) owns slot s(g, j) = peer_group_slot(block, g, j, R) and its
 // epoch counter. Rank r's line j for peer q is written by r's thread (group(q), j) and read by q's

@@ -168,7 +168,7 @@ __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
 // the wait: every read of those lines comes after it, served by L2, which is coherent. What step 2
 // buys is that the kernel-parameter lines (a prefetch needs its address) and these memory lines
 // are fetched while the previous kernel finishes instead of after it: 0.10 - 0.17 us per 128 B
-// call, never slower at any size measured (virtual ranks, docs/benchmarks.md run 21). Copying
+// call, never slower at any size measured (virtual ranks, docs/benchmarks.md, the kernel prologue). Copying
 // CommState into registers here as well measured slower for the two-shot (longer live ranges, a
 // stack frame), so it is read after the wait where it is used. With SOLLAT_TEST_HOOKS (test
 // builds only, so production kernels pay no extra load) the blocks of `absent_rank` return at
