@@ -34,6 +34,21 @@ def shares_gpu(nproc: int, gpus: int) -> bool:
     return gpus < nproc
 
 
+#: The world size the default test run launches where ranks share a GPU: odd, so that every order of
+#: summation is not the same (at 2 ranks a + b == b + a), and the fewest peers that still are many.
+#: The other world sizes run with ``-m ''`` (marked slow: each launch takes minutes there).
+DEFAULT_SHARED_WORLD = 3
+
+
+def world_param(nproc: int, gpus: int) -> object:
+    """``nproc`` as a pytest parameter: marked slow where its ranks would share a GPU and it is not
+    DEFAULT_SHARED_WORLD."""
+    import pytest
+
+    slow = shares_gpu(nproc, gpus) and nproc != DEFAULT_SHARED_WORLD
+    return pytest.param(nproc, marks=[pytest.mark.slow] if slow else [])
+
+
 def child_env(nproc: int, gpus: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a launch: this one, the safety variables, the checkout on PYTHONPATH,
     and in shared mode the variables that let N processes be ranks on one GPU."""

@@ -1,7 +1,8 @@
 """The engine plugins' adapter core on real ranks (``engine_worker.py``, no engine installed) at 2,
 3 and 4 processes; where the host has fewer GPUs than ranks (one GPU: every launch here), the
 processes share GPU 0 over gloo (``_procs``), whose kernels time-slice, so each call costs
-milliseconds and the worker makes a few dozen per mode.
+milliseconds and the worker makes a few dozen per mode. On such a host the default run launches 3
+processes; 2 and 4 are marked slow (``-m ''`` runs them).
 
 It proves, on every rank: the rule (what goes to the engine), one communicator per group built
 with the engine options, every routed all-reduce and fused AllReduce + RMSNorm (+ FP8) result bit
@@ -32,7 +33,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 @pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("nproc", [2, 3, 4])
+@pytest.mark.parametrize("nproc", [_procs.world_param(n, GPUS) for n in (2, 3, 4)])
 def test_engine_adapter_on_real_ranks(nproc: int) -> None:
     rc, out = _procs.launch(WORKER, nproc, [], _procs.child_env(nproc, GPUS), TIMEOUT_S)
     fails = "\n".join(line for line in out.splitlines() if " FAIL " in line)

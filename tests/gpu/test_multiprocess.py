@@ -6,7 +6,8 @@ than ranks (one GPU: every launch here), the processes share GPU 0 over a gloo g
 (``_procs``): the suite then proves processes, symmetric memory between them, faults seen by
 other processes, stream and call ordering, and skips by name the sections that need NCCL between
 distinct GPUs. A host with more GPUs also runs the suite on all of them. Every rank must print
-PASS for every section of its PLAN and SUMMARY failed=0.
+PASS for every section of its PLAN and SUMMARY failed=0. Where ranks share a GPU the default run
+launches 3 processes (the others, and every compile-skew launch, are marked slow: ``-m ''``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def assert_all_passed(rc: int, out: str, nproc: int) -> list[str]:
 
 
 @needs_a_gpu
-@pytest.mark.parametrize("nproc", WORLDS)
+@pytest.mark.parametrize("nproc", [_procs.world_param(n, GPUS) for n in WORLDS])
 def test_real_rank_suite(nproc: int) -> None:
     rc, out = launch(nproc, [], {}, MAIN_TIMEOUT_S)
     sections = assert_all_passed(rc, out, nproc)
@@ -60,6 +61,7 @@ def test_real_rank_suite(nproc: int) -> None:
 
 
 @needs_a_gpu
+@pytest.mark.slow  # each rank compiles its kernels with NVRTC into an empty cache: minutes
 @pytest.mark.parametrize("nproc", WORLDS)
 def test_real_rank_compile_skew(tmp_path: Path, nproc: int) -> None:
     cache = tmp_path / "empty-cache"
