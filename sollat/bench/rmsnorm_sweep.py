@@ -200,7 +200,7 @@ def format_row(row: Mapping[str, Any]) -> str:
 
 
 def rules_note(meta: Mapping[str, Any], ranks: int) -> str:
-    return (f"Measured {meta.get('date', '?')} by scripts/rmsnorm_bench.py (commit {meta.get('commit', '?')}) with "
+    return (f"Measured {meta.get('date', '?')} by scripts/rmsnorm_bench.py (docs/benchmarks.md, the fused RMSNorm sweep) with "
             f"{ranks} VIRTUAL ranks on one {meta.get('card', '?')}: they share one GPU's SMs and L2, so this rule does "
             "not predict NVLink; real-rank tables keep the built-in rule until measured on real ranks. Per (rows, "
             "row bytes) cell the algorithm with the smallest worst ratio to sollat's AllReduce + a torch.compile'd "
