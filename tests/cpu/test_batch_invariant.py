@@ -27,7 +27,7 @@ from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.device import abi, abi_header, build, layout
 from sollat.device.dtypes import DTYPES, OPS
 
-from .test_faults_host import _run_ranks
+from ._ranks import on_threads
 from .test_host_logic import fake_virtual
 
 F32 = torch.float32
@@ -532,9 +532,9 @@ def test_ranks_that_differ_in_the_mode_all_raise_at_construction() -> None:
 
     for seq, modes in enumerate(((False, False), (True, True))):
         comms = [make(r, modes[r], seq) for r in range(2)]
-        assert _run_ranks(2, lambda r, cs=comms: cs[r]._agree_on_setup()) == [None, None]
+        assert on_threads(2, lambda r, cs=comms: cs[r]._agree_on_setup()) == [None, None]
     comms = [make(0, True, 2), make(1, False, 2)]
-    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    res = on_threads(2, lambda r: comms[r]._agree_on_setup())
     assert all(isinstance(e, sollat.CallMismatchError) and "batch_invariant 1" in str(e) and "batch_invariant 0"
                in str(e) for e in res), res
 

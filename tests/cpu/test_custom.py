@@ -206,7 +206,7 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
     from sollat.comm import agree
     from sollat.comm.real import Communicator
 
-    from .test_faults_host import _run_ranks
+    from ._ranks import on_threads
 
     store = HashStore()
     store.set_timeout(timedelta(seconds=5))
@@ -222,10 +222,10 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
 
     a, b = Collective("tiny", TINY), Collective("tiny", TINY.replace("// VARIANT", "// edited"))
     comms = [make(0, [a], 0), make(1, [Collective("tiny", TINY)], 0)]
-    assert _run_ranks(2, lambda r: comms[r]._agree_on_setup()) == [None, None]
+    assert on_threads(2, lambda r: comms[r]._agree_on_setup()) == [None, None]
     comms = [make(0, [a], 1), make(1, [b], 1)]
-    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    res = on_threads(2, lambda r: comms[r]._agree_on_setup())
     assert all(isinstance(e, sollat.CallMismatchError) and "collectives" in str(e) for e in res), res
     comms = [make(0, [a], 2), make(1, [], 2)]
-    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    res = on_threads(2, lambda r: comms[r]._agree_on_setup())
     assert all(isinstance(e, sollat.CallMismatchError) for e in res), res

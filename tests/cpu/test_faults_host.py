@@ -3,7 +3,6 @@ record's decoding, and the ranks' store agreement (ranks simulated by threads on
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import numpy as np
@@ -13,6 +12,8 @@ import torch
 import sollat
 from sollat.comm import agree
 from sollat.device import abi, faults, layout
+
+from ._ranks import on_threads
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("inf"), float("nan"), "5", True, 1e9])
@@ -156,23 +157,6 @@ def test_a_claimed_record_is_reread_until_published() -> None:
     assert got[0] == layout.FAULT_TIMEOUT
 
 
-def _run_ranks(world: int, fn) -> list[object]:  # noqa: ANN001
-    out: list[object] = [None] * world
-
-    def body(r: int) -> None:
-        try:
-            out[r] = fn(r)
-        except Exception as e:  # collected and compared by the test
-            out[r] = e
-
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
-
-
 def test_agreement_passes_and_catches_a_differing_call_on_every_rank() -> None:
     from torch.distributed import HashStore
 
@@ -180,8 +164,8 @@ def test_agreement_passes_and_catches_a_differing_call_on_every_rank() -> None:
     store.set_timeout(timedelta(seconds=5))
     world = 3
     ags = [agree.Agreement(store, "gA", r, world, 5.0, seq=0) for r in range(world)]
-    assert _run_ranks(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8", "call")) == [None] * world
-    res = _run_ranks(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8" if r != 2 else "oneshot_ll|bf16|sum|n=16",
+    assert on_threads(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8", "call")) == [None] * world
+    res = on_threads(world, lambda r: ags[r].agree("oneshot_ll|f32|sum|n=8" if r != 2 else "oneshot_ll|bf16|sum|n=16",
                                                    "call"))
     assert all(isinstance(e, sollat.CallMismatchError) for e in res), res
     assert res[0].peer == 2 and res[2].peer == 0  # type: ignore[union-attr]
@@ -226,11 +210,11 @@ def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkey
         return c
 
     comms = [make(0, good, 0), make(1, sollat.UnsupportedError("sollat: /x/t.json: truncated"), 0)]
-    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    res = on_threads(2, lambda r: comms[r]._agree_on_setup())
     assert all(isinstance(e, sollat.UnsupportedError) and "rank 1: sollat: /x/t.json: truncated" in str(e)
                for e in res), res
     comms = [make(0, good, 1), make(1, other, 1)]
-    res = _run_ranks(2, lambda r: comms[r]._agree_on_setup())
+    res = on_threads(2, lambda r: comms[r]._agree_on_setup())
     assert all(isinstance(e, sollat.SollatError) and "x.json" in str(e) for e in res), res
     comms = [make(0, good, 2), make(1, good, 2)]
-    assert _run_ranks(2, lambda r: comms[r]._agree_on_setup()) == [None, None]
+    assert on_threads(2, lambda r: comms[r]._agree_on_setup()) == [None, None]

@@ -7,8 +7,6 @@ on every rank, one warning."""
 from __future__ import annotations
 
 import logging
-import socket
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,8 @@ from sollat.device import layout
 from sollat.device.dtypes import DTYPES
 from sollat.errors import UnsupportedError
 from sollat.integrations import core, settings
+
+from ._ranks import leave_together, two_processes
 
 CPU = torch.device("cpu")
 
@@ -377,27 +377,13 @@ def _two_ranks(rank: int, port: int, fail_rank: int, out: str) -> None:
         got["counts"] = dict(ad.counts)
     got["log"] = lines.records
     Path(out, f"{rank}.json").write_text(json.dumps(got))
-    store = dist.distributed_c10d._get_default_store()  # leave together; rank 0 serves the store: last
-    store.set(f"done/{rank}", "1")
-    store.wait(["done/0", "done/1"], timedelta(seconds=60))
-    if rank == 1:
-        store.set("left/1", "1")
-    else:
-        store.wait(["left/1"], timedelta(seconds=60))
-    os._exit(0)
+    leave_together(rank, "", 60)
 
 
 @pytest.mark.parametrize("fail_rank", [-1, 1, 2], ids=["built", "rank1_fails", "rank1_absent"])
 def test_adapter_agrees_on_every_rank(tmp_path: Path, fail_rank: int) -> None:
-    import json
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_two_ranks, args=(port, fail_rank, str(tmp_path)), nprocs=2)
-    got = {rank: json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)}
+    got = two_processes(_two_ranks, (fail_rank,), tmp_path)
     if fail_rank == 2:
         g = got[0]
         assert g["y"] is None and g["seconds"] < 3 + 5  # within the setup timeout, not the store's own

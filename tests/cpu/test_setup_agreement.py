@@ -9,10 +9,7 @@ setup timeout."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +21,8 @@ from sollat.comm import agree
 from sollat.comm.agree import SetupFailedError
 from sollat.errors import PeerTimeoutError
 
+from ._ranks import leave_together, on_threads, two_processes
+
 
 def _store(timeout_s: float = 30.0) -> Any:
     from torch.distributed import HashStore
@@ -33,32 +32,13 @@ def _store(timeout_s: float = 30.0) -> Any:
     return store
 
 
-def _ranks(world: int, fn: Callable[[int], Any], delay: dict[int, float] | None = None) -> list[Any]:
-    """fn(rank) on a thread per rank (rank r starts after delay[r] s): each result or exception."""
-    out: list[Any] = [None] * world
-
-    def run(r: int) -> None:
-        time.sleep((delay or {}).get(r, 0.0))
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:
-            out[r] = exc
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return out
-
-
 def _gates(store: Any, world: int, timeout_s: float, name: str) -> list[agree.Agreement]:
     return [agree.Agreement(store, name, r, world, timeout_s, seq=0) for r in range(world)]
 
 
 def test_every_payload_when_every_rank_succeeds() -> None:
     gates = _gates(_store(), 3, 5.0, "ok")
-    got = _ranks(3, lambda r: gates[r].gate("step", None, f"p{r}"))
+    got = on_threads(3, lambda r: gates[r].gate("step", None, f"p{r}"))
     assert got == [["p0", "p1", "p2"]] * 3
 
 
@@ -69,7 +49,7 @@ def test_one_rank_fails_every_rank_raises_naming_it() -> None:
     def step(r: int) -> list[str]:
         return gates[r].gate("the scratch allocation", oom if r == 1 else None)
 
-    got = _ranks(3, step)
+    got = on_threads(3, step)
     assert all(isinstance(e, SetupFailedError) for e in got), got
     assert {e.step for e in got} == {"the scratch allocation"}
     assert all(e.failures == {1: "OutOfMemoryError: CUDA out of memory. Tried to allocate 48.00 MiB"} for e in got)
@@ -80,14 +60,14 @@ def test_one_rank_fails_every_rank_raises_naming_it() -> None:
 def test_every_rank_failing_alike_raises_its_own_error() -> None:
     gates = _gates(_store(), 2, 5.0, "all")
     errors = [ValueError("algorithms must name at least one"), ValueError("algorithms must name at least one")]
-    got = _ranks(2, lambda r: gates[r].gate("arguments", errors[r]))
+    got = on_threads(2, lambda r: gates[r].gate("arguments", errors[r]))
     assert got[0] is errors[0] and got[1] is errors[1]
 
 
 def test_every_rank_failing_differently_is_one_decision() -> None:
     gates = _gates(_store(), 2, 5.0, "differently")
     errors = [TimeoutError("waited for rank 1"), RuntimeError("injected")]
-    got = _ranks(2, lambda r: gates[r].gate("rendezvous", errors[r]))
+    got = on_threads(2, lambda r: gates[r].gate("rendezvous", errors[r]))
     assert all(isinstance(e, SetupFailedError) for e in got), got
     assert got[0].failures == got[1].failures == {0: "TimeoutError: waited for rank 1", 1: "RuntimeError: injected"}
 
@@ -95,7 +75,7 @@ def test_every_rank_failing_differently_is_one_decision() -> None:
 def test_a_rank_that_never_arrives_is_named_on_every_rank_within_the_timeout() -> None:
     gates = _gates(_store(), 3, 0.5, "absent")
     t0 = time.monotonic()
-    got = _ranks(2, lambda r: gates[r].gate("the symmetric-memory rendezvous", None))
+    got = on_threads(2, lambda r: gates[r].gate("the symmetric-memory rendezvous", None))
     assert time.monotonic() - t0 < 10
     assert all(isinstance(e, SetupFailedError) and e.failures == {2: "did not reach the symmetric-memory "
                                                                       "rendezvous within 0.5 s (SOLLAT_SETUP_TIMEOUT_S)"}
@@ -105,14 +85,14 @@ def test_a_rank_that_never_arrives_is_named_on_every_rank_within_the_timeout() -
 def test_a_rank_arriving_after_the_others_gave_up_raises_too() -> None:
     """Without the round's decision it would see every key posted and go on alone."""
     gates = _gates(_store(), 2, 0.3, "late")
-    got = _ranks(2, lambda r: gates[r].gate("step", None, "x"), delay={1: 1.5})
+    got = on_threads(2, lambda r: gates[r].gate("step", None, "x"), delay={1: 1.5})
     assert all(isinstance(e, SetupFailedError) and e.failures == {1: "did not reach step within 0.3 s "
                                                                       "(SOLLAT_SETUP_TIMEOUT_S)"} for e in got), got
 
 
 def test_exchange_a_late_rank_gets_the_same_peer_timeout() -> None:
     ags = _gates(_store(), 2, 0.3, "xlate")
-    got = _ranks(2, lambda r: ags[r].exchange("v"), delay={1: 1.5})
+    got = on_threads(2, lambda r: ags[r].exchange("v"), delay={1: 1.5})
     assert all(isinstance(e, PeerTimeoutError) and e.peer == 1 for e in got), got
 
 
@@ -128,7 +108,7 @@ def test_a_store_without_compare_set_still_agrees() -> None:
 
     store = Plain(_store())
     gates = _gates(store, 2, 5.0, "plain")
-    assert _ranks(2, lambda r: gates[r].gate("step", None, str(r))) == [["0", "1"]] * 2
+    assert on_threads(2, lambda r: gates[r].gate("step", None, str(r))) == [["0", "1"]] * 2
 
 
 def test_store_timeout_bounds_a_wait_inside_and_restores_it() -> None:
@@ -208,27 +188,12 @@ def _construct(rank: int, port: int, scenario: str, out: str) -> None:
                        cause=type(exc.__cause__).__name__ if exc.__cause__ else None)
     got["seconds"] = time.monotonic() - t0
     Path(out, f"{rank}.json").write_text(json.dumps(got))
-    # Rank 0 serves the store: both leave once both are done (a process-group teardown would wait
-    # on collectives the failed construction never ran).
-    store = dist.distributed_c10d._get_default_store()
-    store.set(f"test-done/{rank}", "1")
-    store.wait(["test-done/0", "test-done/1"], timedelta(seconds=120))
-    if rank == 1:
-        store.set("test-left/1", "1")
-    else:
-        store.wait(["test-left/1"], timedelta(seconds=120))
-    os._exit(0)
+    leave_together(rank, "test-", 120)
 
 
 @pytest.mark.parametrize("scenario", ["env", "oom", "rendezvous", "absent"])
 def test_construction_failing_on_one_rank_is_one_decision(tmp_path: Path, scenario: str) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_construct, args=(port, scenario, str(tmp_path)), nprocs=2)
-    got = {r: json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)}
+    got = two_processes(_construct, (scenario,), tmp_path)
     ranks = [0] if scenario == "absent" else [0, 1]
     step = {"env": "the argument and environment checks", "oom": "the scratch allocation",
             "rendezvous": "the symmetric-memory rendezvous", "absent": "the argument and environment checks"}[scenario]
