@@ -16,13 +16,37 @@ against the rank-order sum (bitwise).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 import sollat
-from sollat.bench.timing import time_calls
+
+BENCH = Path(__file__).resolve().parents[1] / "sollat" / "bench"
+
+
+def checkout_time_calls() -> Any:
+    """This checkout's ``time_calls``, whichever tree's sollat is on PYTHONPATH: every tree an A/B
+    compares (scripts/ab_trees.py) is timed by the same code."""
+    pkg = types.ModuleType("_ab_bench")
+    pkg.__path__ = [str(BENCH)]
+    sys.modules[pkg.__name__] = pkg
+    for name in ("stats", "timing"):
+        spec = importlib.util.spec_from_file_location(f"_ab_bench.{name}", BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_ab_bench.timing"].time_calls
+
+
+time_calls = checkout_time_calls()
 
 
 def main() -> None:

@@ -21,12 +21,6 @@ __device__ __forceinline__ void allgather(const CallArgs& a, const T* in, T* out
   const u64 lines = (a.n + P::kElems - 1) / P::kElems, step = (u64)gridDim.x * blockDim.x * kSlots;
   const bool ia = is_aligned(in, sizeof(P));
   auto line = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
-  // The lanes of this warp with a line in the pass from `base`: lanes 0..k-1 (lines grow with the
-  // lane), which make the same sends and receives: they share the signature words (ll_buffer.h).
-  auto warp_lanes = [&](u64 base) {
-    const u64 lane0 = line(base, 0) - (threadIdx.x & (kWarpSize - 1));
-    return lane0 >= lines ? 0 : (int)(lines - lane0 < (u64)kWarpSize ? lines - lane0 : (u64)kWarpSize);
-  };
   auto put = [&](int r, u64 ln, const P& v) {  // rank r's line ln into its row of out
     T* dst = out + (u64)r * a.n;
     store_pack<T, sizeof(P)>(dst, ln * P::kElems, a.n, is_aligned(dst, sizeof(P)), v);
@@ -44,7 +38,6 @@ __device__ __forceinline__ void allgather(const CallArgs& a, const T* in, T* out
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), make_fault(a),
           slot_index(blockIdx.x, 0, threadIdx.x));
   for (u64 base = 0; line(base, 0) < lines; base += step) {  // one epoch per pass
-    buf.shareSignatures(warp_lanes(base));
     int active = 0;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)

@@ -29,12 +29,6 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
   // Line of slot i: consecutive threads take consecutive lines (coalesced loads and stores).
   auto line_of = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
-  // The lanes of this warp with a line in the pass from `base`: lanes 0..k-1 (lines grow with the
-  // lane), which make the same sends and receives: they share the signature words (ll_buffer.h).
-  auto warp_lanes = [&](u64 base) {
-    const u64 lane0 = line_of(base, 0) - (threadIdx.x & (kWarpSize - 1));
-    return lane0 >= lines ? 0 : (int)(lines - lane0 < (u64)kWarpSize ? lines - lane0 : (u64)kWarpSize);
-  };
   auto load_own = [&](u64 base, P (&own)[kSlots]) {
     int active = 0;
 #pragma unroll
@@ -71,7 +65,6 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
           slot_index(blockIdx.x, 0, threadIdx.x));
 
   for (u64 base = 0;;) {
-    buf.shareSignatures(warp_lanes(base));
     // Own lines as the peers receive them, so that every rank reduces the same bits.
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)

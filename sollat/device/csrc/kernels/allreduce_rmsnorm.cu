@@ -150,7 +150,6 @@ struct NoBuffer {
   template <typename T, class V> __device__ __forceinline__ V bcast(int, const V& v) { return v; }
   template <typename T, class... Args> __device__ __forceinline__ bool recvUnrolled(const Args&...) { return false; }
   __device__ __forceinline__ void releaseReceives() {}
-  __device__ __forceinline__ void shareSignatures(int) {}
   __device__ __forceinline__ void advanceEpoch() {}
   __device__ __forceinline__ void commit() {}
 };
@@ -199,12 +198,6 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
   // The first line of this warp's chunk of slot i in pass p (a multiple of 32; the same in every lane).
   auto chunk_line = [&](int p, int i) { return p * pass_lines + (j * kSlots + i) * threads + warp * kWarpSize; };
-  // The lanes of this warp with a line in pass p: lanes 0..k-1 (lines grow with the lane), which
-  // make the same sends and receives in the pass: they share the signature words (ll_buffer.h).
-  auto warp_lanes = [&](int p) {
-    const int lane0 = line_of(p, 0) - lane;
-    return lane0 >= row_lines ? 0 : (row_lines - lane0 < kWarpSize ? row_lines - lane0 : kWarpSize);
-  };
   // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
   auto active_in = [&](int p) {
     int n = 0;
@@ -358,11 +351,9 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
             if (i < active) own[i] = load_row(in, row, line_of(p, i));
         }
       }
-      buf.shareSignatures(warp_lanes(p));
-      ag.shareSignatures(warp_lanes(p));
       // No line in this pass: the thread's channels keep their epochs (nothing sent or received).
-      // After a fault `ok` is false in every lane that received in the pass (their vote), which
-      // are all lanes with a line in any later pass of the row (fewer lines each pass).
+      // A thread whose receive failed sends and receives nothing more; the block learns of it at
+      // the row's barrier below and writes NaN.
       if (ok && active > 0) {
         // r of line i of this pass, as every rank has it: into res_out and the line's squares.
         auto take = [&](int i, const P& r) {

@@ -75,13 +75,6 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
     }
   };
 
-  // The lanes of this warp with a chunk line in the pass from `base`: lanes 0..k-1 (lines grow
-  // with the lane), which make the same sends and receives: they share the signature words.
-  auto warp_lanes = [&](u64 base) {
-    const u64 lane0 = base + (u64)blockIdx.x * kSlots * blockDim.x + (threadIdx.x & ~(u32)(kWarpSize - 1));
-    return lane0 >= chunk_lines ? 0 : (int)(chunk_lines - lane0 < (u64)kWarpSize ? chunk_lines - lane0 : (u64)kWarpSize);
-  };
-
   u64 line[kSlots];
   int active = lines_of(0, line);
   if (active == 0) return;  // no line for this thread: its channels keep their epochs
@@ -95,8 +88,6 @@ __device__ __forceinline__ void twoshot(const CallArgs& a, const T* in, T* out) 
   Buf ag(make_desc<kMaxRanks>(a, 1, region), fault, slot0);
 
   for (u64 base = 0;;) {
-    rs.shareSignatures(warp_lanes(base));
-    ag.shareSignatures(warp_lanes(base));
     // The previous pass's receives (both buffers) before this pass's sends: one fence, none in
     // the first pass (ll_buffer.h).
     rs.releaseReceivesWith(ag);

@@ -42,10 +42,6 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   const u64 lines = (a.n + kElems - 1) / kElems;
   const u64 per_iter = (u64)gridDim.x * blockDim.x * kSlots;
   auto line_of = [&](u64 base, int i) { return base + ((u64)blockIdx.x * kSlots + i) * blockDim.x + threadIdx.x; };
-  auto warp_lanes = [&](u64 base) {  // as allreduce_oneshot.cu
-    const u64 lane0 = line_of(base, 0) - (threadIdx.x & (kWarpSize - 1));
-    return lane0 >= lines ? 0 : (int)(lines - lane0 < (u64)kWarpSize ? lines - lane0 : (u64)kWarpSize);
-  };
   auto load_own = [&](u64 base, P (&own)[kSlots]) {
     int active = 0;
 #pragma unroll
@@ -76,7 +72,6 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
           slot_index(blockIdx.x, 0, threadIdx.x));
 
   for (u64 base = 0;;) {
-    if (SOLLAT_BREAKDOWN != 4) buf.shareSignatures(warp_lanes(base));  // 4: a receive from itself, no peer
     if (SOLLAT_BREAKDOWN != 2 && SOLLAT_BREAKDOWN != 4) {
 #pragma unroll
       for (int i = 0; i < kSlots; ++i)

@@ -203,9 +203,10 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // `rank_stride` bytes further: virtual ranks' scratches are laid back to back). The record's code
 // is loaded right after the wait, so the load travels together with the input and descriptor loads
 // (relaxed: a nonzero code only makes the kernel refuse; no detail word is read), and lane 0's
-// value is every lane's: the lanes of a warp refuse together (the kernels that share signature
-// words vote among lanes, which must all be running). Every lane is here: blocks are whole warps. The parameter
-// list is sollat/device/abi.py's (abi.h SOLLAT_PARAMS), which the host packs in the same order.
+// value is every lane's: the lanes of a warp refuse together (LL128 and the fused RMSNorm's
+// butterflies sync all 32 lanes, which must all be running). Every lane is here: blocks are whole
+// warps. The parameter list is sollat/device/abi.py's (abi.h SOLLAT_PARAMS), which the host packs
+// in the same order.
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
   extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name(SOLLAT_PARAMS) {               \
     const int y = sollat::launch_rank();                                                                   \

@@ -58,14 +58,10 @@
 // this pass (one kernel launch sends them all; if the peer's call has other arguments, its word
 // carries another signature, or it never writes the word of this epoch and the receive times out).
 // The contract for kernels: a thread that sends a peer any line in a pass sends it line 0 too.
-// Sharing the words (shareSignatures(L)): in the built-in kernels, lanes 0..L-1 of a warp make the
-// same sends and receives in a pass. Then lane (index of the sender among the receiver's peers)
-// & (P - 1), P the largest power of two <= L, alone stores and polls the word of that pair (sender
-// and receiver compute the same lane), and every receive ends in a vote of the L lanes (agree):
-// one lane's mismatch or timeout fails the receive of all. With P >= peers every lane carries at
-// most one word, where each would carry one per peer. The vote moves a register value only; each
-// word's reuse still rests on its own thread's credit, because the pair's lanes exchange channel-0
-// data in every pass.
+// Every thread carries its own words, one per peer and pass: no thread's verdict rests on another
+// thread's poll, so the argument above holds per thread as written (the protocol model checks
+// exactly this scheme). The words of a warp's lanes are adjacent (signature_word), so a warp's
+// stores of them to one peer, and its polls of them from one peer, are one coalesced access each.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
 // base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
@@ -73,21 +69,19 @@
 // the peers in windows of kPeerWindow, in rank order: each window's loads are in flight together
 // and complete before the next window is polled; recvReduce folds each window into the running
 // rank-order result, so the bits are those of the unwindowed sum. bcast stores to every peer
-// back to back. Each window polls its peers' signature words with its lines and ends in its own
-// vote. A window is a pollAll of its own, and the fence rules above hold for every receive.
+// back to back. Each window polls its peers' signature words with its lines. A window is a
+// pollAll of its own, and the fence rules above hold for every receive.
 //
 // Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
 //   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
 //                protocol's order (Order::Volatile, Scope::Sys); a sentinel buffer's line-0 send to a
-//                peer is preceded by this thread's signature word (volatile, 8 bytes), unless another
-//                lane carries that pair's word (shareSignatures).
+//                peer is preceded by this thread's signature word (volatile, 8 bytes).
 //   recv*        polls with 16-byte loads (Proto::load, volatile) until the protocol says the line is
 //                complete (LL: both 8-byte words carry the wanted flag); every spin is bounded
 //                (fault.h): on timeout, a mismatch or another thread's fault they return false and
 //                the kernel must stop. Sentinel lines are reset as soon as their poll has read them
 //                (signature words never are). A fault record names the first line still missing (or
-//                the wrong one): its slot and epoch. Sets `received`. With shared signature words
-//                every receive ends in the sharing lanes' vote (a convergence point of those lanes).
+//                the wrong one): its slot and epoch. Sets `received`.
 //   releaseReceives  the send() fence on its own, if this buffer received since its last fence.
 //   advanceEpoch no memory access.
 //   commit       plain stores of the epoch counters; the kernel boundary orders them before the
@@ -118,16 +112,6 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // Loads the epochs of this thread's kSlots channels (slot_i = slot0 + i * kSlotStride). slot0 is
   // slot_index(block, 0, thread): a sentinel buffer's signature word is the (block, thread)'s.
   __device__ LLBuffer(const BufferDesc<kMaxRanks>& desc, const FaultSink& fault, int slot0);
-
-  // From now on (until called again), lanes 0..lanes-1 of this warp share the signature words
-  // ("Signature words" above). The caller guarantees that those lanes make the same sends and
-  // receives (every one of them calls each receive), in this pass and until the next call; 0 (the
-  // default): every thread stores and polls every peer's word, for any pattern of calls. LL
-  // buffers carry no words: a no-op.
-  __device__ void shareSignatures(int lanes) {
-    this->shareLanes = lanes;
-    this->shareMask = lanes > 0 ? (1 << (31 - __clz(lanes))) - 1 : -1;  // largest power of two <= lanes, minus 1
-  }
 
   // Writes line `i` of this thread to `peer` (normally a rank != own). Marks channel i used.
   template <typename T> __device__ void send(int peer, int i, const PackT<T>& v);
@@ -191,8 +175,6 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ long long sendOffset(int i) const;
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
-  __device__ bool sigDuty(int sender, int receiver) const;
-  __device__ bool agree(bool ok) const;
   __device__ SignatureWord::Word* sigWord(Line* base, int src) const;
   __device__ void sendSignature(Line* peerBase) const;
   __device__ SignatureWord::Word loadSignature(int src) const;

@@ -25,8 +25,6 @@ __device__ __forceinline__ LLBuffer<Proto, kMaxRanks, kSlots>::LLBuffer(const Bu
   this->slot0 = s0;
   this->used = 0;
   this->received = false;  // the kernel boundary orders the previous call's receives (ll_buffer.h)
-  this->shareLanes = 0;    // every thread writes and checks every peer's signature word (shareSignatures)
-  this->shareMask = -1;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) this->epoch[i] = desc.epochs[s0 + i * kSlotStride];  // weak: see commit()
 }
@@ -50,23 +48,6 @@ __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int
 }
 
 // ---- signature words (sentinel buffers; ll_buffer.h, "Signature words") ----------------------
-// This thread's lane in its warp (blockDim.x is a multiple of the warp size in every launch).
-__device__ __forceinline__ int warp_lane() { return (int)(threadIdx.x & (kWarpSize - 1)); }
-
-// Whether this thread carries the signature word of `sender`'s channel to `receiver` (it stores it
-// when it is the sender, polls it when it is the receiver): always, unless the warp shares the
-// words (shareSignatures), then lane (index of sender among receiver's peers) & shareMask, which
-// is below the sharing lanes (shareMask + 1 is the largest power of two <= their count: a mask,
-// not a division, on the path to every store and poll). Sender and receiver compute the same
-// lane from the same two ranks and the same lane count.
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::sigDuty(int sender, int receiver) const {
-  if (!kSig) return false;
-  if (this->shareMask < 0) return true;
-  const int idx = sender < receiver ? sender : sender - 1;
-  return (idx & this->shareMask) == warp_lane();
-}
-
 // Source `src`'s signature word for this thread in the region at `base`, in channel 0's parity:
 // layout.h signature_word, in the SIGNATURE_SLOT lines of this thread's block (no data slot of a
 // sentinel buffer reaches them: kSlots < kSignatureSlot).
@@ -87,18 +68,6 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::sendSignatur
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ SignatureWord::Word LLBuffer<Proto, kMaxRanks, kSlots>::loadSignature(int src) const {
   return ld<Order::Volatile, Scope::Sys>(sigWord(this->own, src));  // 8 bytes, single-copy atomic
-}
-
-// The end of every receive: with shared signature words, the lanes that share them agree (each
-// checked only its share of the peers' words, and a peer's word vouches for all of that peer's
-// lines of the pass). Converges lanes 0..shareLanes-1, which all make this receive (the contract
-// of shareSignatures). A register vote: it orders no memory access and needs none (each word's
-// reuse rests on its own thread's credit).
-template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::agree(bool ok) const {
-  if (!kSig || this->shareLanes <= 0) return ok;
-  const unsigned lanes = this->shareLanes >= kWarpSize ? 0xFFFFFFFFu : (1u << this->shareLanes) - 1u;
-  return __all_sync(lanes, ok);
 }
 
 // ---- where a wait is stuck (computed only for a fault record) ---------------------------------
@@ -175,7 +144,7 @@ template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
   // The signature word first: it then lands no later than the data the receiver polls with it.
-  if (kSig && i == 0 && sigDuty(this->d.rank, peer)) sendSignature(select_base(this->d, peer));
+  if (kSig && i == 0) sendSignature(select_base(this->d, peer));
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   Proto::store(peerLine(peer, i), l);  // the protocol's order (no fence: see beforeSend)
   this->used |= 1u << i;
@@ -197,14 +166,14 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
     for (int p = 0; p < this->d.nranks; ++p)
       if (p != this->d.rank) {
         Line* const b = wide_base(this->d, p);
-        if (sig && sigDuty(this->d.rank, p)) sendSignature(b);
+        if (sig) sendSignature(b);
         Proto::store(b + off, l);
       }
   } else {
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
       if (p < this->d.nranks && p != this->d.rank) {
-        if (sig && sigDuty(this->d.rank, p)) sendSignature(this->d.base[p]);
+        if (sig) sendSignature(this->d.base[p]);
         Proto::store(this->d.base[p] + off, l);
       }
   }
@@ -235,8 +204,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
 
 // Lines first..last-1 from `peer` (recv: one line; recvUnrolled: 0..n-1), every load in flight
 // before any is checked; a sentinel buffer also polls the peer's signature word for this thread
-// in the same loop (unless the warp shares the words and another lane carries it), and the
-// receive ends in the sharing lanes' vote (agree).
+// in the same loop.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(int peer, int first, int last,
@@ -245,9 +213,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i >= first && i < last) pending |= 1u << i;
-  bool sigWait = kSig && last > first && sigDuty(peer, this->d.rank);
+  bool sigWait = kSig && last > first;
   int bad = kPollClean;  // a line of another call: its index, or kSigWord for the signature word
-  bool ok = true;
   Line lines[kSlots];
   Spin spin(*this->fault);
   while (pending || sigWait) {
@@ -270,16 +237,13 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
     }
     if (bad != kPollClean) break;
     if ((pending || sigWait) &&
-        !spin.again(this->d.rank, [&]() { return lineAt(peer, pending ? __ffs(pending) - 1 : kSigWord); })) {
-      ok = false;
-      break;
-    }
+        !spin.again(this->d.rank, [&]() { return lineAt(peer, pending ? __ffs(pending) - 1 : kSigWord); }))
+      return false;
   }
   if (bad != kPollClean) {
     mismatch(peer, bad);
-    ok = false;
+    return false;
   }
-  if (!agree(ok)) return false;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i >= first && i < last) {
@@ -330,9 +294,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
 
 // Polls lines 0..n-1 of the peers w0 .. w0 + kWin - 1 (every peer: w0 = 0 when not wide) until all
 // are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
-// (checkPolls). A sentinel buffer polls, in the same loop, the signature word of every peer of the
-// window it carries (sigDuty), and the receive ends in the sharing lanes' vote (agree). Only the
-// polled lines are kept; payloads are extracted by the caller. Every bit and `bad` code is relative
+// (checkPolls). A sentinel buffer polls, in the same loop, this thread's signature word from
+// every peer of the window. Only the polled lines are kept; payloads are extracted by the caller. Every bit and `bad` code is relative
 // to w0: a data line p * kSlots + i, the signature word of peer p kSigBad + p.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
@@ -346,14 +309,13 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
       if (i < n) pending |= 1u << (p * kSlots + i);
-    if (kSig && n > 0 && sigDuty(w0 + p, this->d.rank)) sigPending |= 1u << p;
+    if (kSig && n > 0) sigPending |= 1u << p;
   }
 
   // Every outstanding load is in flight before any is checked. (A second poll set issued half a
   // round trip later, to see arrivals sooner, measured slower at R = 2 and 4, 128 B - 16 KiB:
   // docs/benchmarks.md.)
   int bad = kPollClean;
-  bool ok = true;
   Spin spin(*this->fault);
   while (pending | sigPending) {
     issuePolls(pending, lines, w0);
@@ -370,17 +332,14 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
         if (r < 0 && bad == kPollClean) bad = kSigBad + p;
       }
     if (bad != kPollClean) break;
-    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending, w0); })) {
-      ok = false;
-      break;
-    }
+    if ((pending | sigPending) && !spin.again(this->d.rank, [&]() { return firstMissing(pending, sigPending, w0); }))
+      return false;
   }
   if (bad != kPollClean) {
     if (bad >= kSigBad) mismatch(w0 + bad - kSigBad, kSigWord);
     else mismatch(w0 + bad / kSlots, bad % kSlots);
-    ok = false;
+    return false;
   }
-  if (!agree(ok)) return false;
   if (n > 0) this->received = true;  // the next send fences (checkPolls also reset every sentinel line it accepted)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)

@@ -44,8 +44,6 @@ struct LLBufferBase {
   u32 epoch[kSlots];
   unsigned used;          // bit i: channel i carried data since the last advanceEpoch
   bool received;          // a receive completed since this buffer's last fence (the next send fences)
-  int shareLanes;         // lanes of the warp sharing the signature words (0: none; LLBuffer::shareSignatures)
-  int shareMask;          // (largest power of two <= shareLanes) - 1: the duty lane mask; -1 when not shared
 };
 
 }  // namespace sollat
