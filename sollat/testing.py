@@ -33,10 +33,10 @@ from .device.dtypes import DTYPES
 
 def _communicator(comm: Any, who: str) -> Any:
     """``comm`` if it is a sollat communicator, else an UnsupportedError naming what it got."""
-    from .comm.api import CollectiveOps
+    from .comm.api import _Communicator
     from .errors import UnsupportedError
 
-    if not isinstance(comm, CollectiveOps):
+    if not isinstance(comm, _Communicator):
         raise UnsupportedError(f"sollat.testing.{who}: comm must be a sollat.Communicator or "
                                f"sollat.VirtualCommunicator, got {comm!r} ({type(comm).__name__})")
     return comm
@@ -104,7 +104,8 @@ def bare_launch(comm: Any, inputs: Sequence[Any], outputs: Sequence[Any], *, alg
     out=outputs)`` of a VirtualCommunicator launches, with the same prepacked arguments, and does
     nothing else (no checks, no stream ordering): what the launch alone costs on the host."""
     plan = comm._call_plan(inputs[0].numel(), _dtype_of(inputs[0]), op, algo, False)
-    ptrs = (*[t.data_ptr() for t in inputs], *comm._pad, *[o.data_ptr() for o in outputs], *comm._pad)
+    pad = comm._ranks.pad
+    ptrs = (*[t.data_ptr() for t in inputs], *pad, *[o.data_ptr() for o in outputs], *pad)
     dev_index = comm.device.index or 0
     bound = plan.bound
     return lambda: bound(launch.stream_handle(dev_index), ptrs)
@@ -117,11 +118,12 @@ def borrowed_communicator(vc: Any, launch_fn: Callable[[], None]) -> Any:
     kernel, e.g. from ``bare_launch``); everything else is Communicator's own code. For host
     overhead measurements only: its results are those of ``launch_fn``'s arguments."""
     from .collectives.handover import SymmetricTensors
+    from .comm.ranks import RealRanks
     from .comm.real import Communicator
 
     comm = object.__new__(Communicator)
     comm.__dict__.update(vc.__dict__)
-    comm._launch_ranks = 1  # one tensor per argument: the hot path's calling convention
+    comm._ranks = RealRanks(0, vc._ranks.scratch_views()[0])  # one tensor per argument: the hot path's convention
     comm._launch = lambda _plan, _ptrs: launch_fn()  # the checked path's launch
     comm._calls = _PlansLaunching(launch_fn)  # the hot path's: every plan it caches launches launch_fn
     comm._symm = SymmetricTensors("", vc.device)  # holds nothing: no call is zero-copy
@@ -136,7 +138,7 @@ class _PlansLaunching(dict):  # type: ignore[type-arg]
         self._launch_fn = launch_fn
 
     def __setitem__(self, key: Any, plan: Any) -> None:
-        from .comm.base import _Plan
+        from .comm.plan import _Plan
 
         if isinstance(plan, _Plan):
             fn = self._launch_fn

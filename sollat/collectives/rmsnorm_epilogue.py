@@ -2,7 +2,7 @@
 (residual add + RMSNorm, optionally the FP8 copy) on the AllReduce's output. One launch serves every
 launch rank of a communicator (grid.y = the rank; its pointers are a rank table, as the collectives'),
 so R virtual ranks cost one launch, as one real rank does. A communicator makes it one of its launch
-plans (``RmsnormCalls._rmsnorm_epilogue_plan``) and launches it on torch's current stream right after
+plans (``comm.plan.Kernels.rmsnorm_epilogue_plan``) and launches it on torch's current stream right after
 the AllReduce (PDL: its launch overlaps the AllReduce's tail).
 
 ``add_rmsnorm`` runs the same kernel on its own, on one GPU without a communicator: the residual

@@ -16,16 +16,18 @@ from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-from ..collectives import rmsnorm, rmsnorm_checks
+from ..collectives import gather_scatter, rmsnorm, rmsnorm_checks, select
 from ..collectives import rmsnorm_epilogue as epilogue
 from ..collectives.custom import Collective
 from ..device import launch
+from ..device.dtypes import DType
 from ..errors import UnsupportedError
-from .base import MAX_ELEMENTS, _Plan
-from .custom_calls import CustomCalls
-from .gather_scatter_calls import GatherScatterCalls
-from .ranks import RankConvention
-from .rmsnorm_calls import RmsnormCalls
+from . import custom_calls
+from . import gather_scatter_calls as gs
+from .base import _CommCore
+from .checks import MAX_ELEMENTS
+from .plan import _Plan
+from .ranks import per_rank_opt, pointer_table, same_call
 
 In = TypeVar("In")    # one tensor argument: a Tensor (Communicator) or a sequence of R (VirtualCommunicator)
 Out = TypeVar("Out")  # one result: a Tensor or a list of R
@@ -50,7 +52,7 @@ def _hot_numel(x: Any, out: Any, dev: int) -> int:
     return -1
 
 
-class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCalls, Generic[In, Out]):
+class _Communicator(_CommCore, Generic[In, Out]):
     """The public ops of both communicators. On a ``VirtualCommunicator`` every tensor argument is
     a list of one tensor per rank (rank r's at ``[r]``) and so is every result; a ``weight`` or
     ``fp8_scale`` may also be one tensor for every rank."""
@@ -72,14 +74,15 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         if _is_compiling():
             from ..collectives import ops
 
-            ys = ops.all_reduce(self._per_rank(tensor, "tensor", "all_reduce"), self.comm_id, op, algo, deterministic)
-            outs = self._per_rank_opt(out, "out", "all_reduce")
-            return self._result(ys if outs is None else [o.copy_(y.view(o.shape)) for o, y in zip(outs, ys, strict=True)])
+            ranks = self._ranks
+            ys = ops.all_reduce(ranks.per_rank(tensor, "tensor", "all_reduce"), self.comm_id, op, algo, deterministic)
+            outs = per_rank_opt(ranks, out, "out", "all_reduce")
+            return ranks.result(ys if outs is None else [o.copy_(y.view(o.shape)) for o, y in zip(outs, ys, strict=True)])
         # The hot path (one rank's tensor): an eager call's host time is on the decode critical
         # path. A call shape launched before, on tensors _hot_numel accepts, goes from one dict
         # lookup to one driver call. Anything else (a first call, a library path, a fault seen, any
         # argument to check) takes _all_reduce_ranks, which checks every argument with a clear error.
-        n = -1 if self._launch_ranks != 1 or self._faulted or self._err_host[0] else \
+        n = -1 if self._ranks.launch_ranks != 1 or self._faulted or self._err_host[0] else \
             _hot_numel(tensor, out, self._dev_index)
         if n > 0:
             y: Any = torch.empty_like(tensor) if out is None else out  # type: ignore[call-overload]
@@ -95,13 +98,15 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                     self._after_call()
                 return y  # type: ignore[no-any-return]
             out = y
-        return self._result(self._all_reduce_ranks(self._per_rank(tensor, "tensor", "all_reduce"), op, algo,
-                                                    self._per_rank_opt(out, "out", "all_reduce"), deterministic))
+        ranks = self._ranks
+        return ranks.result(self._all_reduce_ranks(ranks.per_rank(tensor, "tensor", "all_reduce"), op, algo,
+                                                   per_rank_opt(ranks, out, "out", "all_reduce"), deterministic))
 
     def _all_reduce_ranks(self, tensors: list[Any], op: str, algo: str, outs: list[Any] | None,
                           deterministic: bool) -> list[torch.Tensor]:
         self._before_call()
-        dt, xs = self._rank_inputs("all_reduce", tensors, "tensor", lambda t, what: self._check_common(t, op, what))
+        suffix = self._ranks.suffix
+        dt, xs = same_call(self._ranks, "all_reduce", tensors, "tensor", lambda t, what: self._check_common(t, op, what))
         if outs is None:
             ys = [torch.empty_like(x) for x in xs]
         else:
@@ -111,9 +116,9 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                 # An output on the input's device needs only the comparison below (the virtual
                 # ranks' eager path); anything else gets the input's checks and their messages.
                 if not (isinstance(o, torch.Tensor) and o.device == x0.device):
-                    self._check_common(o, op, "out" + self._suffix(r))
+                    self._check_common(o, op, "out" + suffix(r))
                 if o.numel() != x0.numel() or o.dtype != x0.dtype or not o.is_contiguous():
-                    what = "out" + self._suffix(r)
+                    what = "out" + suffix(r)
                     raise UnsupportedError(f"all_reduce: {what} must be a contiguous tensor with the input's dtype and "
                                            f"number of elements ({x0.numel()} {x0.dtype}), got {o.numel()} "
                                            f"{o.dtype}" + ("" if o.is_contiguous() else " (not contiguous)"))
@@ -126,9 +131,33 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
             self._library_all_reduce(plan, xs[0], ys[0], op)
             return ys
-        self._launch(plan, self._pointer_table(xs, ys))
+        self._launch(plan, pointer_table(self._ranks, xs, ys))
         self._after_call()
         return ys
+
+    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool,
+                   symmetric: bool = False) -> _Plan | str:
+        """Plan of one all_reduce call, or the name of a library path (select.HANDOVERS) (cached: the
+        eager hot path is one dict lookup). A new call shape is compiled here and then agreed on by
+        every rank (comm/agree.py) before its first launch: no peer's first-use compile can look like
+        a hang, and a call that differs between ranks is an error on every rank before anything runs.
+        ``symmetric``: the call is in place on a tensor in symmetric memory (``Communicator.empty``),
+        which may change the library path; part of the agreement, since the paths differ."""
+        key = (n, dt.torch_dtype, op, algo, deterministic, symmetric)
+        entry = self._calls.get(key)
+        if entry is None:
+            name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
+            if symmetric:
+                name = self._symmetric_path(name, algo, n * dt.size, dt.torch_dtype, op)
+            if name in select.LIBRARY_PATHS:
+                self._check_handover(name, n * dt.size, dt, op)
+                entry = name
+            else:
+                entry = self._kernels.plan(name, dt, op, n)
+            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}",
+                                  "this call (algorithm|dtype|op|elements|in place in symmetric memory)")
+            self._calls[key] = entry
+        return entry
 
     @overload
     def all_reduce_rmsnorm(self, x: In, residual: In, weight: torch.Tensor | In, eps: float = 1e-6,
@@ -166,12 +195,12 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         (vLLM's ``fused_add_rms_norm_static_fp8_quant``; every NaN as 0x7F; ``rmsnorm.fp8_reference``),
         into ``fp8_out`` when given (float8_e4m3fn, x's shape, contiguous).
         """
-        op = rmsnorm.OPNAME
-        xs, residuals = self._per_rank(x, "x", op), self._per_rank(residual, "residual", op)
-        weights = self._per_rank_or_shared(weight, "weight", op)
-        scales = None if fp8_scale is None else self._per_rank_or_shared(fp8_scale, "fp8_scale", op)
-        dsts = (self._per_rank_opt(out, "out", op), self._per_rank_opt(residual_out, "residual_out", op),
-                self._per_rank_opt(fp8_out, "fp8_out", op))
+        op, ranks = rmsnorm.OPNAME, self._ranks
+        xs, residuals = ranks.per_rank(x, "x", op), ranks.per_rank(residual, "residual", op)
+        weights = ranks.per_rank_or_shared(weight, "weight", op)
+        scales = None if fp8_scale is None else ranks.per_rank_or_shared(fp8_scale, "fp8_scale", op)
+        dsts = (per_rank_opt(ranks, out, "out", op), per_rank_opt(ranks, residual_out, "residual_out", op),
+                per_rank_opt(ranks, fp8_out, "fp8_out", op))
         rmsnorm_checks.no_scale_no_copy(scales, fp8_out)
         if _is_compiling():
             from ..collectives import ops
@@ -182,9 +211,9 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                 flat = ops.all_reduce_rmsnorm_fp8(xs, residuals, weights, scales, self.comm_id, float(eps), algo)
             k = len(xs)
             got = [flat[i * k:(i + 1) * k] for i in range(len(flat) // k)]
-            return tuple(self._result(g if d is None else list(rmsnorm_checks.into_outputs(g, tuple(d))))
+            return tuple(ranks.result(g if d is None else list(rmsnorm_checks.into_outputs(g, tuple(d))))
                          for g, d in zip(got, dsts, strict=False))  # dsts[2]: no copies without scales
-        return tuple(self._result(r) for r in self._all_reduce_rmsnorm_ranks(xs, residuals, weights, eps, algo,
+        return tuple(ranks.result(r) for r in self._all_reduce_rmsnorm_ranks(xs, residuals, weights, eps, algo,
                                                                              *dsts, scales))
 
     def _all_reduce_rmsnorm_ranks(self, xs: list[Any], residuals: list[Any], weights: list[Any], eps: float,
@@ -192,18 +221,19 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
                                   fp8_outs: list[Any] | None = None, scales: list[Any] | None = None
                                   ) -> tuple[list[torch.Tensor], ...]:
         self._before_call()
+        ranks, suffix = self._ranks, self._ranks.suffix
         bits = rmsnorm.eps_bits(eps)
         checked = [rmsnorm_checks.check_rank(xs[r], residuals[r], weights[r], None if outs is None else outs[r],
-                                             None if r_outs is None else r_outs[r], self.device, self._suffix(r),
+                                             None if r_outs is None else r_outs[r], self.device, suffix(r),
                                              MAX_ELEMENTS) for r in range(len(xs))]
         x0 = checked[0][0]
         for r, c in enumerate(checked):
             if c[0].shape != x0.shape or c[0].dtype != x0.dtype:
-                raise UnsupportedError(f"{rmsnorm.OPNAME}: x{self._suffix(r)} is {tuple(c[0].shape)} {c[0].dtype} but "
-                                       f"x{self._suffix(0)} is {tuple(x0.shape)} {x0.dtype}; every rank must pass the "
+                raise UnsupportedError(f"{rmsnorm.OPNAME}: x{suffix(r)} is {tuple(c[0].shape)} {c[0].dtype} but "
+                                       f"x{suffix(0)} is {tuple(x0.shape)} {x0.dtype}; every rank must pass the "
                                        "same shape and dtype")
-        fp8 = rmsnorm_checks.check_fp8_ranks(checked, scales, fp8_outs, self.device, self._suffix)
-        rmsnorm_checks.check_ranks_apart(checked, self._suffix)
+        fp8 = rmsnorm_checks.check_fp8_ranks(checked, scales, fp8_outs, self.device, suffix)
+        rmsnorm_checks.check_ranks_apart(checked, suffix)
         ys, rs = [c[3] for c in checked], [c[4] for c in checked]
         result = (ys, rs) if fp8 is None else (ys, rs, [q for _, q in fp8])
         dt, rows, hidden = checked[0][5], checked[0][6], checked[0][7]
@@ -212,15 +242,32 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
         if plan.alg is None:  # unfused: the sums into ys (same bits on every rank), then the epilogue in place
             self._all_reduce_ranks([c[0] for c in checked], "sum", "auto", ys, True)
-            self._launch(plan, epilogue.pointer_table(self._table_ranks, ys, ys, [c[1] for c in checked], rs,
+            self._launch(plan, epilogue.pointer_table(ranks.table_ranks, ys, ys, [c[1] for c in checked], rs,
                                                       [c[2] for c in checked], fp8))
             return result
         lists = [[c[k] for c in checked] for k in (0, 3, 1, 4, 2)]  # x, out, residual, residual_out, weight
         if fp8 is not None:  # abi.POINTER_LISTS["rmsnorm_fp8"]: then the copies, then their scales
             lists += [[q for _, q in fp8], [s for s, _ in fp8]]
-        self._launch(plan, self._pointer_table(*lists))
+        self._launch(plan, pointer_table(ranks, *lists))
         self._after_call()
         return result
+
+    def _rmsnorm_call_plan(self, rows: int, hidden: int, dt: DType, eps_bits: int, algo: str,
+                           fp8: bool = False) -> _Plan:
+        """As _call_plan: cached; a new call shape is compiled, then agreed on by every rank."""
+        key = ("rmsnorm", rows, hidden, dt.torch_dtype, eps_bits, algo, fp8)
+        entry = self._calls.get(key)
+        if entry is None:
+            name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype, rows)
+            if name == rmsnorm.UNFUSED:
+                entry = self._kernels.rmsnorm_epilogue_plan(dt, rows, hidden, eps_bits)
+            else:
+                entry = self._kernels.rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
+            self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits, fp8),
+                                  "this call (algorithm|dtype|rows|hidden|eps[|fp8])")
+            self._calls[key] = entry
+        assert not isinstance(entry, str)
+        return entry
 
     def run(self, collective: Collective | str, tensor: In, *, out: In | None = None) -> Out:
         """``run(collective, tensor, *, out=None)``
@@ -231,17 +278,30 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         handling, stream ordering and CUDA-graph capture as ``all_reduce``; not traceable by
         ``torch.compile`` yet (wrap the call in ``torch.compiler.disable``).
         """
-        alg = self._collective(collective, compiling=_is_compiling())
+        alg = custom_calls.registered(self._collectives, collective, compiling=_is_compiling())
         self._before_call()
-        dt, xs = self._rank_inputs(alg.opname, self._per_rank(tensor, "tensor", alg.opname), "tensor",
-                                   lambda t, what: self._run_tensor(alg, t, what))
-        outs = self._per_rank_opt(out, "out", alg.opname)
-        ys = [self._run_out(alg, xs[r], None if outs is None else outs[r], "out" + self._suffix(r))
+        ranks, dev, ws = self._ranks, self.device, self.world_size
+        dt, xs = same_call(ranks, alg.opname, ranks.per_rank(tensor, "tensor", alg.opname), "tensor",
+                           lambda t, what: custom_calls.check_tensor(alg, t, what, dev))
+        outs = per_rank_opt(ranks, out, "out", alg.opname)
+        ys = [custom_calls.out_tensor(alg, xs[r], None if outs is None else outs[r], "out" + ranks.suffix(r), ws, dev)
               for r in range(len(xs))]
         if xs[0].numel():
-            self._launch(self._run_plan(alg, xs[0].numel(), dt), self._pointer_table(xs, ys))
+            self._launch(self._run_plan(alg.name, xs[0].numel(), dt), pointer_table(ranks, xs, ys))
             self._after_call()
-        return self._result(ys)
+        return ranks.result(ys)
+
+    def _run_plan(self, name: str, n: int, dt: DType) -> _Plan:
+        """As ``_call_plan``: cached; a new call shape is compiled (the user's source, this
+        communicator's defines), then agreed on by every rank before its first launch."""
+        key = ("custom", name, n, dt.torch_dtype)
+        entry = self._calls.get(key)
+        if entry is None:
+            entry = self._kernels.plan(name, dt, "", n)
+            self._agreement.agree(f"{name}|{dt.short}|n={n}", "this call (collective|dtype|elements)")
+            self._calls[key] = entry
+        assert not isinstance(entry, str)
+        return entry
 
     def all_gather(self, tensor: In, *, out: In | None = None, algo: str = "auto") -> Out:
         """``all_gather(tensor, *, out=None, algo="auto")``, of shape ``[world_size, *tensor.shape]``
@@ -255,7 +315,7 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         so it may be handed to torch.distributed in batch-invariant mode too (every path moves the
         same bits).
         """
-        self._gs_args("all_gather", "", algo)
+        gs.check_args("all_gather", "", algo, real=self._ranks.real, batch_invariant=self._batch_invariant)
         return self._gs_call("all_gather", tensor, out, "", algo)
 
     def reduce_scatter(self, tensor: In, *, out: In | None = None, op: str = "sum", algo: str = "auto") -> Out:
@@ -271,30 +331,32 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         or a communicator without the built-in scratch (``gather_scatter=False``) raises.
         ``op``: sum, max, min. Otherwise as ``all_gather``.
         """
-        self._gs_args("reduce_scatter", op, algo)
+        gs.check_args("reduce_scatter", op, algo, real=self._ranks.real, batch_invariant=self._batch_invariant)
         return self._gs_call("reduce_scatter", tensor, out, op, algo)
 
     def _gs_call(self, kind: str, tensor: Any, out: Any, op: str, algo: str) -> Any:
-        xs, outs = self._per_rank(tensor, "tensor", kind), self._per_rank_opt(out, "out", kind)
+        ranks = self._ranks
+        xs, outs = ranks.per_rank(tensor, "tensor", kind), per_rank_opt(ranks, out, "out", kind)
         if _is_compiling():  # the custom op (sollat/collectives/ops.py), whose eager body comes back to _gs_ranks
             from ..collectives import ops
 
             ys = ops.gather_scatter(xs, self.comm_id, kind, op, algo)
             if outs is None:
-                return self._result(ys)
-            return self._result([self._gs_into(kind, ys[r], outs[r], xs[r], "out" + self._suffix(r))
-                                 for r in range(len(xs))])
-        return self._result(self._gs_ranks(kind, xs, outs, op, algo))
+                return ranks.result(ys)
+            return ranks.result([gs.into(kind, ys[r], outs[r], xs[r], "out" + ranks.suffix(r), self.world_size,
+                                         self.device) for r in range(len(xs))])
+        return ranks.result(self._gs_ranks(kind, xs, outs, op, algo))
 
     def _gs_ranks(self, kind: str, tensors: list[Any], outs: list[Any] | None, op: str,
-                              algo: str) -> list[torch.Tensor]:
+                  algo: str) -> list[torch.Tensor]:
         self._before_call()
-        dt, xs = self._rank_inputs(kind, tensors, "tensor", lambda t, what: self._gs_tensor(kind, t, what))
-        ys = [self._gs_out(kind, xs[r], None if outs is None else outs[r], "out" + self._suffix(r))
+        ranks, dev, ws = self._ranks, self.device, self.world_size
+        dt, xs = same_call(ranks, kind, tensors, "tensor", lambda t, what: gs.check_tensor(kind, t, what, dev))
+        ys = [gs.out_tensor(kind, xs[r], None if outs is None else outs[r], "out" + ranks.suffix(r), ws, dev)
               for r in range(len(xs))]
         if outs is not None:  # other threads (and ranks) write an output while the inputs are read
             for r, y in enumerate(ys):
-                self._gs_no_overlap(kind, xs + ys[:r] + ys[r + 1:], y, "out" + self._suffix(r))
+                gs.no_overlap(kind, xs + ys[:r] + ys[r + 1:], y, "out" + ranks.suffix(r))
         n = xs[0].numel()
         if n == 0:
             return ys
@@ -302,7 +364,21 @@ class CollectiveOps(RankConvention, GatherScatterCalls, CustomCalls, RmsnormCall
         if isinstance(plan, str):  # torch.distributed, where it beats sollat's kernels (handover.py)
             self._library_gather_scatter(kind, xs[0], ys[0], op)
             return ys
-        self._launch(plan, self._pointer_table(xs, ys))
+        self._launch(plan, pointer_table(ranks, xs, ys))
         self._after_call()
         return ys
+
+    def _gs_plan(self, kind: str, n: int, dt: DType, op: str, algo: str) -> _Plan | str:
+        """Plan of one call or ``"nccl"`` (cached). A new call shape is compiled, then agreed on by
+        every rank (comm/agree.py) before its first launch."""
+        key = ("gather_scatter", kind, n, dt.torch_dtype, op, algo)
+        entry = self._calls.get(key)
+        if entry is None:
+            nbytes = gather_scatter.bytes_per_peer(kind, n, dt.size, self.world_size)
+            name = gs.resolve(kind, algo, nbytes, real=self._ranks.real, enabled=self._gather_scatter,
+                              batch_invariant=self._batch_invariant)
+            entry = select.NCCL if name == select.NCCL else self._kernels.plan(name, dt, op, n)
+            self._agreement.agree(f"{kind}:{name}|{dt.short}|{op}|n={n}", "this call (algorithm|dtype|op|elements)")
+            self._calls[key] = entry
+        return entry
 

@@ -1,130 +1,83 @@
-"""What both communicators share: setup, planning (algorithm, geometry, compiled kernel, packed
-launch), the launch itself with its stream ordering, and argument checks common to both.
+"""What both communicators share: their state (all of it set in ``_CommCore.__init__``), the
+choice of algorithm, the call cache with its first-use agreement, the launch with its stream
+ordering, the fault flow, and the argument checks of ``all_reduce``.
 
-Device memory and faults are the ``DeviceState`` mixin (``comm/state.py``); the two public
-communicators are ``comm/real.py`` (one process per GPU) and ``virtual.py`` (R ranks on one GPU).
+The parts it is built from: the launch ranks (``ranks.py``: one real rank or R virtual ones), the
+device memory (``state.py``), the launch plans (``plan.py``, fitted by ``fitting.py``). The public
+ops are ``api.py``'s; the two communicators are ``real.py`` (one process per GPU) and
+``virtual.py`` (R ranks on one GPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from ..collectives import algorithms, handover, registry, select
-from ..collectives.algorithms import ALGORITHMS, Algorithm
-from ..device import abi, build, driver_launch, launch, layout
+from ..collectives import algorithms, handover, registry, rmsnorm, select
+from ..collectives.custom import Collective
+from ..device import faults, launch, layout
 from ..device.dtypes import OPS, DType, lookup
 from ..errors import CommunicatorFaultedError, UnsupportedError
 from . import agree
-from .fitting import LaunchFitting
-from .state import DeviceState, _host_device_pointer
-
-MAX_ELEMENTS = 1 << 34
-
-
-@dataclass
-class _Plan:
-    """Everything one call needs that depends only on (algorithm, dtype, op, n): cached."""
-
-    alg: Algorithm | None  # None: the unfused RMSNorm's epilogue (rmsnorm_epilogue.py: no scratch, no peers)
-    kernel: Any
-    config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
-    tail: tuple[Any, ...]  # arguments after the tensor pointers
-    bound: driver_launch.BoundLaunch  # the launch prepacked for one driver call
+from .checks import MAX_ELEMENTS
+from .fitting import Fitting
+from .plan import Kernels, _Plan
+from .ranks import Ranks
+from .state import DeviceMemory
 
 
+class _CommCore:
+    """The state of a communicator and the steps every call shares (not public)."""
 
-class _CommBase(LaunchFitting, DeviceState):
-    """State and launch logic shared by both communicators (not public)."""
-
-    world_size: int
-    device: torch.device
-    _rmsnorm_twoshot: bool = False  # the experimental fused two-shot's regions exist (set by _setup)
-    _batch_invariant: bool = False  # batch-invariant mode (set by _setup; docs/design.md "Arithmetic and batch invariance")
-    _entry = "pg"
-
-    def _setup(self, world_size: int, device: torch.device, scratch_ptrs: list[int], launch_ranks: int,
-               timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
-               customs: Sequence[Algorithm] = (), gather_scatter: bool = False,
-               batch_invariant: bool = False, fused_blocks: int | None = None) -> None:
-        self.world_size = world_size  # validated by the constructors (validate.check_world_size)
-        self._batch_invariant = batch_invariant  # validated by the constructors (validate.batch_invariant)
-        self.max_blocks = max_blocks  # blocks per rank the scratch is sized for (validate.max_blocks)
+    def __init__(self, ranks: Ranks, *, world_size: int, device: torch.device, scratch_ptrs: list[int],
+                 timeout_s: float, debug: bool, algos: Sequence[str], max_blocks: int,
+                 collectives: Sequence[Collective] = (), gather_scatter: bool = False,
+                 batch_invariant: bool = False, fused_blocks: int | None = None, cluster_ranks: bool = False,
+                 agreement: agree.Agreement | agree.NoAgreement | None = None) -> None:
+        """Every argument is validated by the constructors (``collectives.validate``). ``ranks``:
+        the launch ranks, with their scratch (``scratch_ptrs``: every rank's address);
+        ``max_blocks``: blocks per rank the scratch is sized for; ``fused_blocks``: the fused
+        RMSNorm regions' (None: the algorithms' own); ``agreement``: the ranks' agreement on every
+        new call shape (None: none, a single process)."""
+        # What the caller asked for.
+        self.world_size = world_size
         self.device = device
-        self.debug = debug
         self.timeout_s = timeout_s
+        self.debug = debug
+        self.max_blocks = max_blocks
         self._algos = tuple(algos)
-        self._launch_ranks = launch_ranks
-        self._faulted = False
-        self._agreement: agree.Agreement | agree.NoAgreement = agree.NoAgreement()
-        self._last_stream = 0  # handle of the stream of the last launch (0: none yet)
-        self._last_stream_obj: Any = None
-        self._order_event: Any = None
-        self._peek_stream: Any = None  # check(sync=False): reads records without waiting for work
-        self._peek_host: torch.Tensor | None = None
-        self._test_hooks = False
-        self._defines: dict[str, str] = {}
-        self._kernel_files: dict[str, str] = {}  # algorithm -> diagnostic kernel file (sollat.testing)
-        self._plans: dict[tuple[Any, ...], _Plan] = {}
-        self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # (n, dtype, op, algo, deterministic) -> plan | "nccl"
-        self._choices: dict[tuple[Any, ...], str] = {}
-        self._table: select.Table | None = None
+        self._batch_invariant = batch_invariant  # docs/design.md "Arithmetic and batch invariance"
+        self._collectives = {c.name: c for c in collectives}  # user-written collectives (sollat.custom)
+        self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
+        self._fused_blocks = fused_blocks
+        # The GPU, the launch ranks and their memory, and the plans of their kernels.
+        self._ranks = ranks
         self._dev_index: int = device.index
-        # The rank table's launch ranks (abi.py POINTER_LISTS): this rank alone, or every virtual
-        # rank up to the kernels' rank cap; a virtual call pads each list with zeros to it.
-        self._rank_cap = algorithms.max_ranks_template(world_size)
-        self._table_ranks = 1 if self._entry == "pg" else self._rank_cap
-        self._pad = (0,) * (self._table_ranks - launch_ranks)
-        self._cluster_ranks = False  # set by VirtualCommunicator
-        self._occupancy: dict[tuple[Any, ...], int] = {}
         launch.ensure_device(device.index)
         props = torch.cuda.get_device_properties(device)
         self.gpu_name: str = props.name
-        self._num_sms: int = props.multi_processor_count
-
-        # Region offsets inside every rank's scratch: the control block (fault record), then one
-        # region per algorithm (algorithms.regions: AllReduce, fused RMSNorm, user collectives).
-        self._customs = {a.name: a for a in customs}
-        self._gather_scatter = gather_scatter  # built-in AllGather/ReduceScatter regions (gather_scatter.py)
-        self._regions = algorithms.regions(self._algos, max_blocks, tuple(customs), gather_scatter, fused_blocks)
-        self._region_blocks = {reg.name: reg.blocks for reg in self._regions}  # what the plans' lines_per_src use
-        self._rmsnorm_twoshot = any(reg.name in algorithms.RMSNORM_EXPERIMENTAL for reg in self._regions)
-        self._region_off: dict[str, int] = {}
-        off = layout.CONTROL_BYTES
-        for reg in self._regions:
-            self._region_off[reg.name] = off
-            off += reg.alg.scratch_bytes(world_size, reg.blocks)
-        self.scratch_bytes_per_rank = off
-        self._scratch_ptrs = scratch_ptrs
-        # Epoch counters, one set per region, per launch-rank (device memory, starts at 0).
-        self._epochs = {reg.name: torch.zeros(launch_ranks * reg.alg.epoch_words(reg.blocks), dtype=torch.int32,
-                                              device=device) for reg in self._regions}
-        # Fault records live in the scratch (faults.py); the host-mapped flag is set by any kernel
-        # thread of this process that meets a fault, so the host can look without a sync.
-        self._err_host_t = torch.zeros(4, dtype=torch.int32).pin_memory()
-        self._err_host = self._err_host_t.numpy()
-        self._err_host_dev = _host_device_pointer(self._err_host_t)
-        self._state = torch.zeros(abi.STATE_BYTES, dtype=torch.uint8, device=device)
-        self._write_state(absent_rank=-1)
+        customs = tuple(c.algorithm for c in collectives)
+        regions = algorithms.regions(self._algos, max_blocks, customs, gather_scatter, fused_blocks)
+        self._rmsnorm_twoshot = any(reg.name in algorithms.RMSNORM_EXPERIMENTAL for reg in regions)
+        self._memory = DeviceMemory(world_size, device, regions, scratch_ptrs, ranks.launch_ranks, timeout_s)
+        self.scratch_bytes_per_rank = self._memory.bytes_per_rank
+        self._fitting = Fitting(real=ranks.real, launch_ranks=ranks.launch_ranks, device=device,
+                                gpu_name=props.name, num_sms=props.multi_processor_count, cluster_ranks=cluster_ranks)
+        self._kernels = Kernels(world_size, ranks, self._memory, self._fitting, {a.name: a for a in customs})
+        # Calls: faults seen, the call cache and what fills it, stream ordering.
+        self._faulted = False  # a fault was raised here: every call raises until reset()
+        self._err_host: np.ndarray = self._memory.flag.numpy()  # the host-mapped fault flag (read without a sync)
+        self._agreement = agreement or agree.NoAgreement()
+        self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # call shape -> plan | library path
+        self._choices: dict[tuple[Any, ...], str] = {}  # what `auto` picked, by message
+        self._table: select.Table | None = None  # the tuning table (read on first use)
+        self._last_stream = 0  # handle of the stream of the last launch (0: none yet)
+        self._last_stream_obj: Any = None
+        self._order_event: Any = None
         self.comm_id = registry.register(self)
-
-    @property
-    def _extra_defines(self) -> dict[str, str]:
-        """Extra NVRTC defines for every kernel of this communicator (test and diagnostic builds)."""
-        return self._defines
-
-    @_extra_defines.setter
-    def _extra_defines(self, value: dict[str, str]) -> None:
-        self._defines = dict(value)
-        self._calls.clear()
-
-    def _set_kernel_files(self, files: dict[str, str]) -> None:
-        """Build these algorithms from other files of csrc/kernels (sollat.testing.set_defines)."""
-        self._kernel_files = dict(files)
-        self._calls.clear()
 
     # ---- public helpers ----------------------------------------------------------------------
     @property
@@ -144,6 +97,46 @@ class _CommBase(LaunchFitting, DeviceState):
         """Names of the sollat algorithms this communicator can run."""
         return self._algos
 
+    @property
+    def gather_scatter(self) -> bool:
+        """Whether this communicator has the built-in AllGather/ReduceScatter scratch regions."""
+        return self._gather_scatter
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        """Names of the user-written collectives registered at construction."""
+        return tuple(self._collectives)
+
+    # ---- diagnostic builds and test hooks (sollat/testing.py) -----------------------------------
+    @property
+    def _extra_defines(self) -> dict[str, str]:
+        """Extra NVRTC defines for every kernel of this communicator (test and diagnostic builds)."""
+        return self._kernels.defines
+
+    @_extra_defines.setter
+    def _extra_defines(self, value: dict[str, str]) -> None:
+        self._kernels.defines = dict(value)
+        self._calls.clear()
+
+    def _set_kernel_files(self, files: dict[str, str]) -> None:
+        """Build these algorithms from other files of csrc/kernels (sollat.testing.set_defines)."""
+        self._kernels.kernel_files = dict(files)
+        self._calls.clear()
+
+    # Kernels built with SOLLAT_TEST_HOOKS read `absent` (that rank's blocks return at once) and
+    # `mismatch` (that rank flips a bit of its call signature) from the state block.
+    def _set_test_hooks(self, *, absent: int | None = None, mismatch: int | None = None,
+                        armed: bool | None = None) -> None:
+        hooks = bool(armed) or absent is not None or mismatch is not None
+        if hooks != self._kernels.test_hooks:
+            self._kernels.test_hooks = hooks
+            self._calls.clear()
+        torch.cuda.synchronize(self.device)
+        self._memory.write_state(self.timeout_s, absent_rank=-1 if absent is None else absent,
+                                 mismatch_rank=-1 if mismatch is None else mismatch)
+        torch.cuda.synchronize(self.device)
+
+    # ---- which algorithm -----------------------------------------------------------------------
     def selected_algorithm(self, nbytes: int, dtype: torch.dtype, op: str = "sum", *,
                            deterministic: bool = False, symmetric: bool = False) -> str:
         """What ``algo="auto"`` picks for a message of ``nbytes`` (may be a library path:
@@ -168,20 +161,12 @@ class _CommBase(LaunchFitting, DeviceState):
 
     def _selection_table(self) -> select.Table:
         if self._table is None:  # read once per communicator; a new `tune` table needs a new one
-            real = self._entry == "pg"
+            real = self._ranks.real
             self._table = select.find_table(self.gpu_name, self.world_size, mode="real" if real else "virtual",
                                             interconnect=select.detect_interconnect(self._dev_index) if real
                                             else select.ANY)
         return self._table
 
-    def _handovers(self) -> frozenset[str]:
-        """Library paths this communicator can hand a call to (select.HANDOVERS)."""
-        return frozenset()
-
-    def _check_handover(self, name: str, nbytes: int, dt: DType, op: str) -> None:
-        """Raise if library path ``name`` cannot serve this call (its first use)."""
-
-    # ---- one call --------------------------------------------------------------------------
     def _resolve(self, algo: str, nbytes: int, dtype: torch.dtype, op: str, deterministic: bool) -> str:
         if algo == "auto":
             return self.selected_algorithm(nbytes, dtype, op, deterministic=deterministic)
@@ -216,55 +201,55 @@ class _CommBase(LaunchFitting, DeviceState):
     def _deterministic_algos(self) -> tuple[str, ...]:
         return tuple(a for a in self._algos if algorithms.get(a).deterministic)
 
-    def _plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
-        key = (name, dt.short, op, n, self._test_hooks, tuple(sorted(self._defines.items())),
-               self._kernel_files.get(name))
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        alg = ALGORITHMS.get(name) or algorithms.GATHER_SCATTER_ALGORITHMS.get(name) or self._customs[name]
-        region = alg.region or name  # its scratch region and epochs (shared by some built-ins)
-        what = getattr(alg, "opname", "all_reduce")
-        alg.check(dt.torch_dtype, op)
-        alg.check_world(self.world_size, what)
-        rmax = self._rank_cap
-        lines = alg.lines_per_rank(n, dt, self.world_size)
-        kernel_file = self._kernel_files.get(name, alg.kernel_file)
+    def selected_rmsnorm_algorithm(self, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
+        """What ``all_reduce_rmsnorm(algo="auto")`` picks for ``nbytes`` of ``x`` in ``rows`` rows
+        (a public name: ``oneshot_ll``, ``oneshot_sentinel`` or ``unfused``)."""
+        return rmsnorm.public_name(self._rmsnorm_resolve("auto", nbytes, dtype, rows))
 
-        def build_for(max_blocks: int) -> tuple[layout.Geometry, Any]:
-            if alg.peer_groups:
-                geo = layout.plan_peer_groups(lines, self.world_size, max_blocks=max_blocks)
-            else:
-                geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
-            return geo, self._kernel(alg, kernel_file, dt, op, rmax, geo.slots)
+    def _rmsnorm_resolve(self, algo: str, nbytes: int, dtype: torch.dtype, rows: int = 1) -> str:
+        """Internal algorithm name. ``auto``: rmsnorm.auto_choice under the tuning table's rule
+        (rmsnorm_rules: a fused one-shot, by name or as the AllReduce table's choice among
+        rmsnorm.AUTO_ALGOS for the call's bytes, or the unfused hand-over; the fused two-shot only
+        by name)."""
+        if algo == "auto":
+            key = ("rmsnorm", nbytes, dtype)
+            choice = self._choices.get(key)
+            if choice is None:
+                choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
+                                       handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
+                self._choices[key] = choice
+            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice, self._selection_table().rmsnorm))
+        name = rmsnorm.internal_name(algo)
+        if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
+            raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on "
+                                   "2 GPUs; a fault may name the wrong peer): construct the communicator with "
+                                   f"{algorithms.RMSNORM_TWOSHOT_ENV}=1 in the environment of every rank to enable it")
+        return name
 
-        geo, kernel, config = self._fitting_launch(what, build_for, self._region_blocks[region])
-        sig = algorithms.signature(alg, dt, op, n)
-        rec0, rank_stride = self._record_args()
-        tail = abi.kernel_tail({
-            "n": n, "st": self._state.data_ptr(), "region_off": self._region_off[region],
-            "lines_per_src": layout.lines_per_src(self._region_blocks[region]), "epochs": self._epochs[region].data_ptr(),
-            "sig": sig, "rank_base": self._rank_arg(), "nranks": self.world_size, "rec0": rec0,
-            "rank_stride": rank_stride})
-        n_ptrs = abi.table_size("collective", self._table_ranks)
-        bound = driver_launch.BoundLaunch(kernel, config, tail, n_ptrs)
-        plan = _Plan(alg, kernel, config, tail, bound)
-        self._plans[key] = plan
-        return plan
+    # ---- library paths (a Communicator's; a VirtualCommunicator has none) -------------------------
+    def _handovers(self) -> frozenset[str]:
+        """Library paths this communicator can hand a call to (select.HANDOVERS)."""
+        return frozenset()
 
-    def _kernel(self, alg: Any, kernel_file: str, dt: DType, op: str, rmax: int, slots: int, fp8: bool = False) -> Any:
-        """The compiled entry point of one instantiation (this communicator's extra defines included);
-        a user-written collective (sollat.custom) is built from its own source. ``fp8``: the fused
-        RMSNorm's FP8 variant."""
-        defines = algorithms.kernel_defines(alg, dt, op, rmax, slots, self._test_hooks, real_ranks=self._entry == "pg",
-                                            fp8=fp8)
-        defines.update(self._defines)
-        entry = abi.rmsnorm_entry(alg.kernel, fp8)  # rmsnorm_entry(k, False) is k
-        source = getattr(alg, "source", "")
-        if source:
-            return build.get_source_kernel(source, alg.kernel, entry, defines=defines)
-        return build.get_kernel(kernel_file, entry, defines=defines)
+    def _check_handover(self, name: str, nbytes: int, dt: DType, op: str) -> None:
+        """Raise if library path ``name`` cannot serve this call (its first use)."""
 
+    def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
+        """The path for a call in place in symmetric memory where ``name`` was chosen (only a
+        Communicator has such tensors)."""
+        return name
+
+    def _zero_copy(self, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether an in-place call on ``x`` may use a library's zero-copy path (symmetric memory)."""
+        return False
+
+    def _library_all_reduce(self, path: str, x: torch.Tensor, y: torch.Tensor, op: str) -> None:
+        raise AssertionError(f"a {type(self).__name__} never hands a call over (got {path!r})")
+
+    def _library_gather_scatter(self, kind: str, x: torch.Tensor, y: torch.Tensor, op: str) -> None:
+        raise AssertionError(f"a {type(self).__name__} never hands a call over ({kind})")
+
+    # ---- one launch ----------------------------------------------------------------------------
     def _launch(self, plan: _Plan, ptr_args: tuple[Any, ...]) -> None:
         stream = launch.stream_handle(self._dev_index)
         if stream != self._last_stream:
@@ -290,36 +275,8 @@ class _CommBase(LaunchFitting, DeviceState):
         self._last_stream = stream
         self._last_stream_obj = new
 
-    def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool,
-                   symmetric: bool = False) -> _Plan | str:
-        """Plan of one call, or the name of a library path (select.HANDOVERS) (cached: the eager hot path is one dict lookup). A new
-        call shape is compiled here and then agreed on by every rank (comm/agree.py) before its first
-        launch: no peer's first-use compile can look like a hang, and a call that differs between
-        ranks is an error on every rank before anything runs. ``symmetric``: the call is in place on
-        a tensor in symmetric memory (``Communicator.empty``), which may change the library path;
-        part of the agreement, since the paths differ."""
-        key = (n, dt.torch_dtype, op, algo, deterministic, symmetric)
-        entry = self._calls.get(key)
-        if entry is None:
-            name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
-            if symmetric:
-                name = self._symmetric_path(name, algo, n * dt.size, dt.torch_dtype, op)
-            if name in select.LIBRARY_PATHS:
-                self._check_handover(name, n * dt.size, dt, op)
-                entry = name
-            else:
-                entry = self._plan(name, dt, op, n)
-            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}",
-                                  "this call (algorithm|dtype|op|elements|in place in symmetric memory)")
-            self._calls[key] = entry
-        return entry
-
-    def _symmetric_path(self, name: str, algo: str, nbytes: int, dtype: torch.dtype, op: str) -> str:
-        """The path for a call in place in symmetric memory where ``name`` was chosen (only a
-        Communicator has such tensors)."""
-        return name
-
     def _check_common(self, x: torch.Tensor, op: str, what: str) -> DType:
+        """An all_reduce tensor: a CUDA tensor on this device, of a dtype and op sollat reduces."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"all_reduce: {what} must be a torch.Tensor, got {type(x).__name__}")
         if x.device.type != "cuda":
@@ -333,37 +290,52 @@ class _CommBase(LaunchFitting, DeviceState):
             raise UnsupportedError(f"all_reduce: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
         return dt
 
-    def _collective_tensor(self, opname: str, x: Any, what: str, dtype_of: Callable[[torch.dtype, str], DType]) -> DType:
-        """A tensor argument of a collective other than all_reduce: a tensor on this device, of a dtype
-        ``dtype_of(dtype, what)`` accepts (it raises a clear error otherwise), within MAX_ELEMENTS."""
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{opname}: {what} must be a torch.Tensor, got {type(x).__name__}")
-        if x.device != self.device:
-            raise UnsupportedError(f"{opname}: {what} is on {x.device}; this communicator is on {self.device}")
-        dt = dtype_of(x.dtype, what)
-        if x.numel() > MAX_ELEMENTS:
-            raise UnsupportedError(f"{opname}: {what} has {x.numel()} elements; the limit is {MAX_ELEMENTS}")
-        return dt
+    # ---- faults --------------------------------------------------------------------------------
+    def check(self, sync: bool = True) -> None:
+        """Raise the fault recorded by an earlier call of any rank, if any.
 
-    def _collective_out(self, opname: str, x: torch.Tensor, out: Any, what: str, shape: tuple[int, ...],
-                        dtype_of: Callable[[torch.dtype, str], DType],
-                        fits: Callable[[tuple[int, ...]], bool] | None = None) -> torch.Tensor:
-        """``out`` checked (or a new tensor of ``shape``): contiguous, on this device, the input's
-        dtype, ``shape`` (or a shape ``fits`` accepts)."""
-        if out is None:
-            return torch.empty(shape, dtype=x.dtype, device=x.device)
-        self._collective_tensor(opname, out, what, dtype_of)
-        ok = fits(tuple(out.shape)) if fits is not None else tuple(out.shape) == shape
-        if not ok or out.dtype != x.dtype or not out.is_contiguous():
-            raise UnsupportedError(f"{opname}: {what} must be a contiguous {x.dtype} tensor of shape {shape}, got "
-                                   f"{tuple(out.shape)} {out.dtype}{'' if out.is_contiguous() else ' (not contiguous)'}")
-        return out
+        ``sync=True`` waits for this device's work first (every stream), so every fault of a
+        call issued so far that reached this rank is seen. ``sync=False`` is the cheap check for
+        after a CUDA-graph replay: it waits for nothing; it reads the host-mapped flag that this
+        rank's kernels set when they meet a fault, and this rank's fault records as they are now
+        (a 32-byte copy on a private stream, about as long as a small kernel launch), so a fault
+        that a peer wrote into this rank's record is seen even when no kernel of this rank has
+        run since.
+        """
+        if sync:
+            torch.cuda.synchronize(self.device)
+        self._raise_recorded(peek=not sync)
+
+    def _raise_recorded(self, peek: bool = False) -> None:
+        for rank, view in self._record_views():
+            rec = faults.read_record(lambda v=view: self._memory.read_now(v) if peek else v.cpu().numpy())
+            if rec[0] != layout.FAULT_OK:
+                self._faulted = True
+                raise faults.to_exception(rec, timeout_s=self.timeout_s, where_seen=rank)
+
+    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
+        """(rank, its fault record as int32 words) for every rank this process runs."""
+        return self._ranks.record_views()
+
+    def _before_call(self) -> None:
+        """A fault already seen here, or flagged by a kernel of this process, is raised before
+        anything new is launched (the flag read costs no synchronisation)."""
+        if self._faulted:
+            self._guard()
+        if self._err_host[0] != 0 and not launch.is_capturing():
+            self.check()
+
+    def _after_call(self) -> None:
+        if self.debug and not launch.is_capturing():
+            self.check()
 
     def _guard(self) -> None:
         if self._faulted:
             raise CommunicatorFaultedError("all_reduce: this communicator saw a device error earlier; "
                                            "call reset() (on every rank) before using it again")
 
-    def _rank_arg(self) -> int:
-        raise NotImplementedError
-
+    def _reset_local(self) -> None:
+        """This process's part of reset(): epochs, scratch and fault flag as at construction."""
+        self._memory.reset(self._ranks.scratch_views())
+        self._err_host[:] = 0
+        self._faulted = False

@@ -3,7 +3,7 @@
 Python owns every byte the kernels touch: the symmetric scratch (one region per algorithm and
 protocol, after the control block that holds the fault record), the epoch counters and the
 communicator state block. Kernels own nothing. Two communicators share one implementation
-(``comm/base.py``, with the device state and faults in ``comm/state.py``):
+(``comm/api.py`` over ``comm/base.py``), each with its launch ranks (``comm/ranks.py``):
 
 * :class:`Communicator` (this module) - one process per GPU over a ``torch.distributed`` process
   group; peer scratch comes from ``torch.distributed._symmetric_memory``.
@@ -42,18 +42,21 @@ from ..collectives.validate import (
     default_timeout_s,
     timeout,
 )
-from ..device import faults, launch, layout, topology
+from ..device import abi, faults, launch, layout, topology
 from ..device.dtypes import DType, lookup
 from ..errors import SollatError, UnsupportedError
 from . import agree
-from .api import CollectiveOps
-from .base import MAX_ELEMENTS
+from .api import _Communicator
+from .checks import MAX_ELEMENTS
 from .fitting import CLUSTER_MAX_BLOCKS
-from .state import _STATE_FMT, _record_view, scratch_bytes_per_rank
+from .ranks import RealRanks
+from .state import scratch_bytes_per_rank
 from .virtual import VirtualCommunicator
 
 __all__ = ["CLUSTER_MAX_BLOCKS", "MAX_ELEMENTS", "Communicator", "VirtualCommunicator", "_STATE_FMT",
            "default_timeout_s", "launch", "lookup_comm"]
+
+_STATE_FMT = abi.STATE_FORMAT  # the state block's layout (abi.py, rendered into abi.h)
 
 
 def _checked_rmsnorm_max_blocks(value: object) -> int | None:
@@ -74,7 +77,7 @@ def _decode(text: str) -> topology.GpuDescription:
     return pickle.loads(base64.b64decode(text))
 
 
-class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
+class Communicator(_Communicator[torch.Tensor, torch.Tensor]):
     """One process per GPU over a ``torch.distributed`` process group.
 
     ``Communicator(group=None, *, timeout_s=None, debug=False, algorithms=None, max_blocks=None,
@@ -105,9 +108,6 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
     each rank's own error where every rank failed alike).
     """
 
-    _entry = "pg"
-    _fused_blocks: int | None = None  # rmsnorm_max_blocks (None: the fused algorithms' own)
-
     def __init__(self, group: Any = None, *, timeout_s: float | None = None, debug: bool = False,
                  algorithms: Sequence[str] | None = None, max_blocks: int | None = None,
                  torch_twoshot_bytes: int | None = None, collectives: Sequence[Collective] | None = None,
@@ -127,7 +127,8 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
             timeout_value = timeout(timeout_s)
             checked_flag(debug, "debug", "Communicator")
             checked_algorithm_names(algorithms, "Communicator")  # against the world size below
-            customs = self._register_collectives(checked_collectives(collectives, "Communicator"))
+            colls = checked_collectives(collectives, "Communicator")
+            customs = tuple(c.algorithm for c in colls)
             gs = checked_flag(gather_scatter, "gather_scatter", "Communicator")
             blocks = checked_max_blocks(max_blocks, "Communicator", default=0)  # 0: the default, set below
             fused_blocks = _checked_rmsnorm_max_blocks(rmsnorm_max_blocks)
@@ -178,7 +179,7 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
 
         failed = None
         try:
-            self._buf = symm_mem.empty(size, dtype=torch.uint8, device=dev)
+            buf = symm_mem.empty(size, dtype=torch.uint8, device=dev)
         except Exception as exc:
             failed = exc
         sizes = gates.gate("the scratch allocation", failed, str(size))
@@ -190,23 +191,23 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
         failed = None
         try:
             with bounded():
-                self._hdl = symm_mem.rendezvous(self._buf, self.group.group_name)
+                self._hdl = symm_mem.rendezvous(buf, self.group.group_name)
             ptrs = [int(p) for p in self._hdl.buffer_ptrs]
         except Exception as exc:
             failed = exc
         gates.gate("the symmetric-memory rendezvous", failed)
         failed = None
         try:
-            self._setup(ws, dev, ptrs, 1, timeout_value, debug, names, blocks, customs, gs, invariant, fused_blocks)
-            self._init_scratch([self._buf])
+            super().__init__(RealRanks(self.rank, buf), world_size=ws, device=dev, scratch_ptrs=ptrs,
+                             timeout_s=timeout_value, debug=debug, algos=names, max_blocks=blocks, collectives=colls,
+                             gather_scatter=gs, batch_invariant=invariant, fused_blocks=fused_blocks, agreement=gates)
+            self._memory.init_scratch([buf])
             torch.cuda.synchronize(dev)
         except Exception as exc:
             failed = exc
         # Every rank's scratch is initialised (and synchronised) before any rank sends: this gate
         # is the barrier, on the host, through the store.
         gates.gate("the scratch initialisation", failed)
-        self._agreement = gates
-        self._fused_blocks = fused_blocks
         self._torch_twoshot: handover.TorchTwoShot | None = None
         self._torch_twoshot_bytes = self._torch_twoshot_capacity(twoshot_asked)
         self._agree_on_setup()
@@ -219,15 +220,6 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
                 failed = exc
             gates.gate("the torch two-shot buffer", failed)
         self._symm = handover.SymmetricTensors(self.group.group_name, dev)
-
-    def _rank_arg(self) -> int:
-        return self.rank
-
-    def _record_views(self) -> list[tuple[int, torch.Tensor]]:
-        return [(self.rank, _record_view(self._buf))]
-
-    def _record_args(self) -> tuple[int, int]:
-        return self._scratch_ptrs[self.rank] + layout.FAULT_RECORD_OFFSET, 0
 
     def _torch_twoshot_capacity(self, asked: int) -> int:
         """Bytes of the torch two-shot buffer: the table's largest torch_twoshot message or
@@ -313,16 +305,7 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
         lookup(dtype, "Communicator.empty")  # a dtype sollat reduces, or a clear error
         return self._symm.empty(tuple(size), dtype)
 
-    # ---- the calling convention (ranks.py): this rank's one tensor per argument -----------------
-    def _per_rank(self, value: Any, what: str, opname: str) -> list[Any]:
-        return [value]
-
-    def _result(self, values: list[torch.Tensor]) -> torch.Tensor:
-        return values[0]
-
-    def _suffix(self, r: int) -> str:
-        return ""
-
+    # ---- library paths ---------------------------------------------------------------------------
     def _zero_copy(self, x: torch.Tensor, y: torch.Tensor) -> bool:
         return bool(self._symm) and self._symm.zero_copy(x, y)
 
@@ -349,6 +332,6 @@ class Communicator(CollectiveOps[torch.Tensor, torch.Tensor]):
         # re-filled before any rank sends again.
         torch.cuda.synchronize(self.device)
         dist.barrier(group=self.group)
-        self._reset_local([self._buf])
+        self._reset_local()
         dist.barrier(group=self.group)
 

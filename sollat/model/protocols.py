@@ -14,7 +14,7 @@ from .rules import ANY_TAG, DEVICE_LL, DEVICE_LL128, DEVICE_SENTINEL
 #: equals it because the sender canonicalises NaN (``ProtoSentinel::encode``); model data are ints.
 EMPTY = None
 
-#: LL line at rest: payload 0, every flag word 0 (``Communicator._init_scratch`` fills LL regions
+#: LL line at rest: payload 0, every flag word 0 (``comm.state.DeviceMemory.init_scratch`` fills LL regions
 #: with 0). ``rules.ll_rest`` gives the rest value of the configured line format.
 LL_REST: tuple[int, Any] = (0, ((0, 0), (0, 0)))
 

@@ -56,7 +56,7 @@ def bundle(cfg: Config) -> int:
 def model_geometry(cfg: Config, model_lines: int) -> Geometry:
     """Geometry of a call of ``model_lines`` lines per rank, at bundle granularity.
 
-    Calls ``layout.plan`` (host: ``Communicator._plan``) on the real line count and divides the
+    Calls ``layout.plan`` (host: ``comm.plan.Kernels.plan``) on the real line count and divides the
     thread count by the bundle size; every other field is the real one. Bundles wider than
     ``layout.BLOCK_THREADS`` (1 or 2 model threads per block) plan with blocks of at least one
     bundle, the geometry ``plan(block_threads=g)`` would give a real call.
@@ -134,7 +134,7 @@ def ll_want(cfg: Config, sig: int, epoch: int) -> Any:
 
 
 def ll_rest(cfg: Config) -> Any:
-    """An LL line at rest (``Communicator._init_scratch`` fills LL regions with 0)."""
+    """An LL line at rest (``comm.state.DeviceMemory.init_scratch`` fills LL regions with 0)."""
     return (0, (0, 0)) if cfg.has(Mutation.SINGLE_FLAG_LINE) else (0, ((0, 0), (0, 0)))
 
 

@@ -99,7 +99,7 @@ class Scratch:
 
     def rest(self, idx: int) -> Any:
         """The content of line (or part) ``idx`` at rest: LL regions 0, sentinel regions all ones,
-        LL128 accumulators zero, signature words 0 (``Communicator._init_scratch`` zeroes them in
+        LL128 accumulators zero, signature words 0 (``comm.state.DeviceMemory.init_scratch`` zeroes them in
         every region: a word whose high half is 0 is never a mismatch)."""
         info = self.infos[idx]
         if info.kind == "sig":

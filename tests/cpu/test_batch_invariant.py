@@ -13,6 +13,7 @@ import itertools
 import math
 import re
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ import sollat
 from sollat.collectives import algorithms, rmsnorm, select
 from sollat.collectives.validate import BATCH_INVARIANT_ENV, checked_batch_invariant
 from sollat.comm import agree
+from sollat.comm import gather_scatter_calls as gs
+from sollat.comm.ranks import RealRanks
 from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.device import abi, abi_header, build, layout
 from sollat.device.dtypes import DTYPES, OPS
@@ -370,9 +373,10 @@ def test_the_argument_must_be_a_bool_or_none(value: Any) -> None:
         Communicator(batch_invariant=value)  # before torch.distributed is looked at
 
 
-def test_the_attribute_defaults_off() -> None:
+def test_the_attribute_defaults_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(BATCH_INVARIANT_ENV, raising=False)
+    assert checked_batch_invariant(None, "Communicator") is False  # what both constructors store
     assert fake_virtual(2).batch_invariant is False
-    assert Communicator.__new__(Communicator).batch_invariant is False
 
 
 # ---- batch-invariant mode: selection -------------------------------------------------------------
@@ -485,9 +489,10 @@ def _fake_gs(invariant: bool, enabled: bool = True) -> Any:
     c._batch_invariant = invariant
     c._gather_scatter = enabled
     c.world_size = 2
+    c._ranks = RealRanks(0, torch.empty(0, dtype=torch.uint8))
     c._calls = {}
     c._agreement = agree.NoAgreement()
-    c._plan = lambda name, dt, op, n: name  # type: ignore[method-assign]  # the planned algorithm's name
+    c._kernels = SimpleNamespace(plan=lambda name, dt, op, n: name)  # the planned algorithm's name
     return c
 
 
@@ -499,8 +504,8 @@ def test_reduce_scatter_never_hands_over_in_the_mode() -> None:
     assert on._gs_plan("reduce_scatter", big, dt, "sum", "auto") == "reduce_scatter_sentinel"
     assert on._gs_plan("reduce_scatter", 64, dt, "sum", "auto") == off._gs_plan("reduce_scatter", 64, dt, "sum", "auto")
     with pytest.raises(sollat.UnsupportedError, match="reduce_scatter: algo='nccl'.*batch-invariant"):
-        on._gs_args("reduce_scatter", "sum", "nccl")
-    off._gs_args("reduce_scatter", "sum", "nccl")
+        gs.check_args("reduce_scatter", "sum", "nccl", real=True, batch_invariant=True)
+    gs.check_args("reduce_scatter", "sum", "nccl", real=True, batch_invariant=False)
     with pytest.raises(sollat.UnsupportedError, match="batch-invariant.*gather_scatter=False"):
         _fake_gs(True, enabled=False)._gs_plan("reduce_scatter", 64, dt, "sum", "auto")
     assert _fake_gs(False, enabled=False)._gs_plan("reduce_scatter", 64, dt, "sum", "auto") == select.NCCL
@@ -510,7 +515,7 @@ def test_all_gather_may_still_hand_over() -> None:
     """No arithmetic, so the library moves the same bits: allowed in the mode (documented)."""
     dt = DTYPES[torch.bfloat16]
     on = _fake_gs(True)
-    on._gs_args("all_gather", "", "nccl")
+    gs.check_args("all_gather", "", "nccl", real=True, batch_invariant=True)
     assert on._gs_plan("all_gather", (64 << 20) // 2, dt, "", "auto") == select.NCCL
 
 
@@ -526,6 +531,7 @@ def test_ranks_that_differ_in_the_mode_all_raise_at_construction() -> None:
         c = Communicator.__new__(Communicator)
         c.timeout_s, c._algos, c.max_blocks, c._torch_twoshot_bytes = 30.0, ("oneshot_ll",), 16, 0
         c._batch_invariant = invariant
+        c._collectives, c._gather_scatter, c._rmsnorm_twoshot, c._fused_blocks = {}, False, False, None
         c._agreement = agree.Agreement(store, "bi-setup", rank, 2, 5.0, seq=seq)
         c._selection_table = lambda: table  # type: ignore[method-assign]
         return c

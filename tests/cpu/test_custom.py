@@ -12,8 +12,9 @@ import torch
 
 from sollat.collectives import algorithms, custom
 from sollat.collectives.custom import Collective
-from sollat.comm.custom_calls import CustomCalls
+from sollat.comm import custom_calls
 from sollat.comm.state import scratch_bytes_per_rank
+from sollat.comm.virtual import VirtualCommunicator
 from sollat.device import build, layout
 from sollat.device.dtypes import DTYPES
 from sollat.errors import UnsupportedError
@@ -178,20 +179,21 @@ def test_constructor_reports_a_bad_collectives_argument_before_looking_for_a_gpu
 
 
 def test_run_names_unknown_and_mismatched_collectives() -> None:
-    comm = object.__new__(CustomCalls)
     registered = Collective("tiny", TINY)
-    comm._register_collectives([registered])
+    mine = {registered.name: registered}
+    comm = object.__new__(VirtualCommunicator)
+    comm._collectives = mine
     assert comm.collectives == ("tiny",)
-    assert comm._collective("tiny") is registered.algorithm
-    assert comm._collective(Collective("tiny", TINY)) is registered.algorithm  # equal registration
+    assert custom_calls.registered(mine, "tiny") is registered.algorithm
+    assert custom_calls.registered(mine, Collective("tiny", TINY)) is registered.algorithm  # equal registration
     with pytest.raises(UnsupportedError, match="'nope' is not registered on this communicator \\(registered: tiny\\)"):
-        comm._collective("nope")
+        custom_calls.registered(mine, "nope")
     with pytest.raises(UnsupportedError, match="differs from the one registered"):
-        comm._collective(Collective("tiny", TINY, proto="sentinel"))
+        custom_calls.registered(mine, Collective("tiny", TINY, proto="sentinel"))
     with pytest.raises(TypeError, match="Collective or its name"):
-        comm._collective(3)
+        custom_calls.registered(mine, 3)
     with pytest.raises(UnsupportedError, match="torch.compile"):
-        comm._collective("tiny", compiling=True)
+        custom_calls.registered(mine, "tiny", compiling=True)
 
 
 def test_ranks_that_registered_different_collectives_all_raise_at_construction() -> None:
@@ -217,7 +219,8 @@ def test_ranks_that_registered_different_collectives_all_raise_at_construction()
         c.timeout_s, c._algos, c.max_blocks, c._torch_twoshot_bytes = 30.0, ("oneshot_ll",), 16, 0
         c._agreement = agree.Agreement(store, "custom-setup", rank, 2, 5.0, seq=seq)
         c._selection_table = lambda: table  # type: ignore[method-assign]
-        c._register_collectives(colls)
+        c._collectives = {x.name: x for x in colls}
+        c._gather_scatter, c._rmsnorm_twoshot, c._batch_invariant, c._fused_blocks = False, False, False, None
         return c
 
     a, b = Collective("tiny", TINY), Collective("tiny", TINY.replace("// VARIANT", "// edited"))

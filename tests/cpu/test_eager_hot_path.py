@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from sollat.collectives import handover
-from sollat.comm.base import _Plan
+from sollat.comm.plan import _Plan
+from sollat.comm.ranks import RealRanks
 from sollat.comm.real import Communicator
 from sollat.device import launch
 
@@ -32,7 +33,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch, n: int = 8, dtype: torch.dtype = torc
     comm._err_host = np.zeros(4, dtype=np.int32)
     comm._symm = handover.SymmetricTensors("g", torch.device("cpu"))
     comm._last_stream = 7
-    comm._launch_ranks = 1
+    comm._ranks = RealRanks(0, torch.empty(0, dtype=torch.uint8))
     comm.debug = False
     rec = _Recorder()
     comm._calls = {(n, dtype, "sum", "auto", False, False): _Plan(None, None, None, (), rec)}  # type: ignore[arg-type]

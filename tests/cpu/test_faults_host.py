@@ -200,6 +200,8 @@ def test_setup_agreement_every_rank_raises_on_a_broken_or_different_table(monkey
         c = Communicator.__new__(Communicator)
         c.timeout_s, c._algos, c.max_blocks, c._torch_twoshot_bytes = 30.0, ("oneshot_ll",), 16, 0
         c._agreement = agree.Agreement(store, "setup", rank, 2, 5.0, seq=seq)
+        c._collectives, c._fused_blocks = {}, None
+        c._gather_scatter, c._rmsnorm_twoshot, c._batch_invariant = False, False, False
 
         def table() -> select.Table:
             if isinstance(table_or_error, Exception):

@@ -18,6 +18,7 @@ from sollat.collectives.gather_scatter import (
     reduce_scatter_reference,
     resolve,
 )
+from sollat.comm.ranks import RealRanks, VirtualRanks
 from sollat.comm.state import scratch_bytes_per_rank
 from sollat.comm.virtual import VirtualCommunicator
 from sollat.device import build, layout
@@ -161,8 +162,9 @@ def test_all_gather_reference() -> None:
 # ---- argument checks and the launch arguments (a VirtualCommunicator without a GPU) --------------
 def _virtual(ws: int, launched: list[Any]) -> VirtualCommunicator:
     c = object.__new__(VirtualCommunicator)
-    c.world_size, c.device, c._gather_scatter = ws, torch.device("cpu"), True
-    c._pad = (0,) * (8 - ws)
+    c.world_size, c.device, c._gather_scatter, c._batch_invariant = ws, torch.device("cpu"), True, False
+    c._ranks = VirtualRanks(ws, torch.empty(0, dtype=torch.uint8))
+    c._ranks.pad = (0,) * (8 - ws)  # a rank table of 8 slots
     c._before_call = lambda: None  # type: ignore[method-assign]
     c._after_call = lambda: None  # type: ignore[method-assign]
     c._gs_plan = lambda kind, n, dt, op, algo: (kind, n, dt.short, op, algo)  # type: ignore[method-assign]
@@ -260,7 +262,8 @@ def test_compiled_calls_keep_one_graph_and_match_eager() -> None:
         return [o.copy_(y.reshape(o.shape)) for o, y in zip(out, ys, strict=True)]
 
     real = object.__new__(Communicator)
-    real.world_size, real.device, real._gather_scatter, real._entry = 2, torch.device("cpu"), True, "pg"
+    real.world_size, real.device, real._gather_scatter, real._batch_invariant = 2, torch.device("cpu"), True, False
+    real._ranks = RealRanks(0, torch.empty(0, dtype=torch.uint8))
 
     def real_body(kind: str, xs: list[torch.Tensor], out: Any, op: str, algo: str) -> list[torch.Tensor]:
         calls.append(f"real {kind}")

@@ -9,6 +9,8 @@ import torch
 import sollat
 from sollat.collectives import algorithms
 from sollat.comm import real as communicator
+from sollat.comm.fitting import Fitting
+from sollat.comm.ranks import VirtualRanks
 from sollat.comm.real import VirtualCommunicator
 from sollat.device.dtypes import DTYPES
 
@@ -25,7 +27,11 @@ def fake_virtual(world_size: int = 4) -> VirtualCommunicator:
     c._table = None
     c._calls = {}
     c._dev_index = 0
-    c._launch_ranks = world_size
+    c._ranks = VirtualRanks(world_size, torch.empty(0, dtype=torch.uint8))
+    c._batch_invariant = False
+    c._rmsnorm_twoshot = False
+    c._gather_scatter = False
+    c._collectives = {}
     c.debug = False
     c._err_host = np.zeros(4, dtype=np.int32)  # the host-mapped fault flag, clear
     return c
@@ -175,16 +181,15 @@ def test_rank_clusters_only_for_small_virtual_grids(monkeypatch) -> None:
     made: list[tuple] = []
     monkeypatch.setattr(communicator.launch, "launch_config",
                         lambda grid, block, *, pdl, cluster=None: made.append((grid, block, pdl, cluster)) or made[-1])
-    c = object.__new__(VirtualCommunicator)
-    c._launch_ranks = 4
-    c._cluster_ranks = True
+    c = Fitting(real=False, launch_ranks=4, device=torch.device("cuda", 0), gpu_name="Fake GPU", num_sms=132,
+                cluster_ranks=True)
     limit = communicator.CLUSTER_MAX_BLOCKS
-    assert c._clustered(1) and c._clustered(limit) and not c._clustered(limit + 1)
-    assert c._launch_config(2, 512) == ((2, 1), 512, True, (1, 4))
-    assert c._launch_config(limit + 1, 512) == ((limit + 1, 4), 512, True, None)
-    c._cluster_ranks = False
-    assert not c._clustered(1)
-    assert c._launch_config(1, 32) == ((1, 4), 32, True, None)
+    assert c.clustered(1) and c.clustered(limit) and not c.clustered(limit + 1)
+    assert c.launch_config(2, 512) == ((2, 1), 512, True, (1, 4))
+    assert c.launch_config(limit + 1, 512) == ((limit + 1, 4), 512, True, None)
+    c.cluster_ranks = False
+    assert not c.clustered(1)
+    assert c.launch_config(1, 32) == ((1, 4), 32, True, None)
 
 
 def test_every_algorithm_runs_on_a_protocol_that_detects_a_mismatch() -> None:

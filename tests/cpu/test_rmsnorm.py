@@ -26,6 +26,7 @@ from sollat.collectives import (
     rmsnorm_epilogue,
     rmsnorm_rules,
 )
+from sollat.comm.ranks import RealRanks, VirtualRanks
 from sollat.comm.real import Communicator, VirtualCommunicator
 from sollat.device import abi, abi_header, build, layout
 from sollat.device.dtypes import DTYPES
@@ -241,9 +242,7 @@ def test_the_experimental_two_shot_is_refused_unless_enabled() -> None:
 def fake_virtual(world_size: int = 2) -> VirtualCommunicator:
     from .test_host_logic import fake_virtual as fv
 
-    c = fv(world_size)
-    c._pad = (0,) * (algorithms.max_ranks_template(world_size) - world_size)
-    return c
+    return fv(world_size)
 
 
 def _public(c: Any, x: Any, residual: Any, weight: Any, eps: float, algo: str, out: Any, residual_out: Any,
@@ -320,6 +319,8 @@ def _stub_communicators(stub: Any) -> tuple[Communicator, VirtualCommunicator]:
     virt = VirtualCommunicator.__new__(VirtualCommunicator)
     real.comm_id = virt.comm_id = comm_id
     virt.world_size = 2
+    real._ranks = RealRanks(0, torch.empty(0, dtype=torch.uint8))
+    virt._ranks = VirtualRanks(2, torch.empty(0, dtype=torch.uint8))
     real._all_reduce_rmsnorm_ranks = stub._all_reduce_rmsnorm_ranks  # type: ignore[method-assign]
     virt._all_reduce_rmsnorm_ranks = stub._all_reduce_rmsnorm_ranks  # type: ignore[method-assign]
     return real, virt

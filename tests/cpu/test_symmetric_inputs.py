@@ -53,14 +53,14 @@ def test_auto_takes_the_zero_copy_two_shot_where_it_would_hand_over(
         want: str) -> None:
     monkeypatch.setattr(handover, "torch_twoshot_available", lambda world_size: True)
     comm = Communicator.__new__(Communicator)  # the rule needs no process group
-    comm.world_size = 4
+    comm.world_size, comm._batch_invariant = 4, False
     assert comm._symmetric_path(name, algo, nbytes, dtype, op) == want
 
 
 def test_without_torchs_two_shot_the_handover_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handover, "torch_twoshot_available", lambda world_size: False)
     comm = Communicator.__new__(Communicator)
-    comm.world_size = 4
+    comm.world_size, comm._batch_invariant = 4, False
     assert comm._symmetric_path("nccl", "auto", 64 << 20, torch.float32, "sum") == "nccl"
 
 
@@ -70,10 +70,9 @@ def test_torchs_symmetric_ops_are_never_chosen_where_they_raise(world_size: int)
     world_size=3" from inside the op): at other sizes no two-shot buffer, no zero-copy path."""
     assert not handover.torch_twoshot_available(world_size)
     comm = Communicator.__new__(Communicator)
-    comm.world_size = world_size
+    comm.world_size, comm._batch_invariant = world_size, False
     assert comm._symmetric_path("nccl", "auto", 64 << 20, torch.float32, "sum") == "nccl"
     assert comm._symmetric_path("torch_twoshot", "torch_twoshot", 8 << 20, torch.float32, "sum") == "torch_twoshot"
-    comm._batch_invariant = False
     assert comm._torch_twoshot_capacity(64 << 20) == 0
 
 

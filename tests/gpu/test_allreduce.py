@@ -191,7 +191,7 @@ def test_rank_clusters_on_and_off(r: int, cluster: bool) -> None:
     odd world sizes included, out of place and in place, up to several passes (the prefetch of
     the next pass must not read a line that this call already wrote)."""
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0, cluster_ranks=cluster)
-    assert c._clustered(1) is cluster and not c._clustered(16)
+    assert c._fitting.clustered(1) is cluster and not c._fitting.clustered(16)
     gen = torch.Generator(device=DEV).manual_seed(100 + r)
     for algo in DETERMINISTIC:
         for n in (1, 33, 4097, 65537, _sizes_for(algo, r, torch.float32)[-1]):
