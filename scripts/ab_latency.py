@@ -1,7 +1,7 @@
 """Latency of chosen sollat algorithms on real ranks (torchrun) or virtual ranks, public API only.
 
     torchrun --nproc-per-node 2 scripts/ab_latency.py [--algos oneshot_ll,oneshot_sentinel]
-        [--sizes 128,65536] [--dtype float32] [--define SOLLAT_FENCE_SYS=0] [--tag TEXT]
+        [--sizes 128,65536] [--dtype float32,bfloat16] [--define SOLLAT_FENCE_SYS=0] [--tag TEXT]
     python scripts/ab_latency.py --virtual 2 ...
 
 Real ranks also take the library paths ``nccl`` and ``torch_twoshot`` in --algos; $SOLLAT_MAX_BLOCKS
@@ -53,7 +53,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--algos", default="oneshot_ll,oneshot_sentinel")
     p.add_argument("--sizes", default="128,65536", help="bytes")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="float32", help="one or more, comma-separated")
     p.add_argument("--define", action="append", default=[], help="NAME=VALUE for every kernel (diagnostic)")
     p.add_argument("--kernel-file", action="append", default=[],
                    help="ALGO=FILE: build ALGO from another file of csrc/kernels or csrc/probes (diagnostic, e.g. "
@@ -63,7 +63,6 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--replays", type=int, default=25)
     a = p.parse_args()
-    dtype = getattr(torch, a.dtype)
     if a.virtual:
         comm: sollat.VirtualCommunicator | sollat.Communicator = sollat.VirtualCommunicator(a.virtual, timeout_s=10)
         rank, world = 0, a.virtual
@@ -82,8 +81,9 @@ def main() -> None:
 
         testing.set_defines(comm, dict(d.split("=", 1) for d in a.define),
                             kernel_files=dict(f.split("=", 1) for f in a.kernel_file))
-    esize = torch.tensor([], dtype=dtype).element_size()
-    for algo in a.algos.split(","):
+    for dtype_name, algo in ((d, al) for d in a.dtype.split(",") for al in a.algos.split(",")):
+        dtype = getattr(torch, dtype_name)
+        esize = torch.tensor([], dtype=dtype).element_size()
         for nbytes in (int(s) for s in a.sizes.split(",")):
             n = max(1, nbytes // esize)
             gen = torch.Generator(device="cuda").manual_seed(n)
@@ -108,7 +108,7 @@ def main() -> None:
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
             comm.check()
             if rank == 0:
-                print(f"AB {a.tag} {algo} {a.dtype} {nbytes} B: {t.item():.3f} us/call (slowest rank)"
+                print(f"AB {a.tag} {algo} {dtype_name} {nbytes} B: {t.item():.3f} us/call (slowest rank)"
                       f"{'' if ok else '  WRONG RESULT'}", flush=True)
     if not a.virtual:
         dist.destroy_process_group()

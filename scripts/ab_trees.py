@@ -9,7 +9,7 @@ Each tree is NAME=DIR[:DEFINE=VALUE,...]: DIR holds a checkout's ``sollat`` pack
 ``git archive 4c1dd9c sollat | tar -x -C DIR``; ``.`` is this checkout), and the defines are
 passed to every kernel of that tree (scripts/ab_latency.py --define: a diagnostic variant of one
 tree). ``--base DIR`` is ``--tree base=DIR --tree new=.``. For each repetition and world size,
-scripts/ab_latency.py runs once per tree, each in a process of its own (the same script, the same
+scripts/ab_latency.py runs once per tree (every dtype), each in a process of its own (the same script, the same
 public API, the same kernel cache directory: cache keys differ by source and defines), in the
 given order on even repetitions and reversed on odd ones. A case's figure per tree is the fastest
 of its repetitions' medians (graph replay of 100 calls, median of 25 replays, the slowest rank's);
@@ -54,21 +54,19 @@ def run_tree(tree: Tree, ranks: int, a: argparse.Namespace) -> list[tuple[str, s
     env = dict(os.environ, PYTHONPATH=str(tree.path), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
     rows = []
-    for dtype in a.dtypes.split(","):
-        cmd = [sys.executable, str(ROOT / "scripts" / "ab_latency.py"), "--virtual", str(ranks), "--algos", a.algos,
-               "--sizes", a.sizes, "--dtype", dtype, "--tag", f"{tree.name}:R{ranks}"]
-        for d in tree.defines:
-            cmd += ["--define", d]
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
-        if out.returncode != 0:
-            print(f"{tree.name} R={ranks} {dtype}: exit {out.returncode}\n{out.stderr[-2000:]}", flush=True)
-            continue
-        for line in out.stdout.splitlines():
-            m = LINE.match(line)
-            if m:
-                if "WRONG" in line:
-                    print(f"WRONG RESULT ({tree.name}): {line}", flush=True)
-                rows.append((m.group(2), m.group(3), int(m.group(4)), float(m.group(5))))
+    cmd = [sys.executable, str(ROOT / "scripts" / "ab_latency.py"), "--virtual", str(ranks), "--algos", a.algos,
+           "--sizes", a.sizes, "--dtype", a.dtypes, "--tag", f"{tree.name}:R{ranks}"]
+    for d in tree.defines:
+        cmd += ["--define", d]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    if out.returncode != 0:
+        print(f"{tree.name} R={ranks}: exit {out.returncode}\n{out.stderr[-2000:]}", flush=True)
+    for line in out.stdout.splitlines():  # a run cut short keeps the cases it measured
+        m = LINE.match(line)
+        if m:
+            if "WRONG" in line:
+                print(f"WRONG RESULT ({tree.name}): {line}", flush=True)
+            rows.append((m.group(2), m.group(3), int(m.group(4)), float(m.group(5))))
     return rows
 
 

@@ -127,8 +127,12 @@ __device__ __forceinline__ void add_rmsnorm_row(const RowArgs<T>& a, u64 base, u
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {  // every load of the pass first
       const int line = a.chunk_of(p, s) * kWarpSize + a.lane;
-      if (line < a.row_lines) {
-        const u64 e0 = (u64)line * kElems;
+      // Whole rows load without a branch: a slot past the row's end loads line 0 again (in bounds,
+      // never used). A load under a branch is unpacked (PRMT, one 16-bit register per element)
+      // inside the branch, which waits for its data, so each slot's loads would wait for the
+      // previous slot's: kSlots memory round trips instead of one.
+      if (kWhole || line < a.row_lines) {
+        const u64 e0 = (u64)(line < a.row_lines ? line : 0) * kElems;
         x[s] = load_line<T, kWhole>(in, e0, a.hidden, in_al);
         r[s] = load_line<T, kWhole>(res, e0, a.hidden, res_al);
         w[s] = load_line<T, kWhole>(a.weight, e0, a.hidden, w_al);

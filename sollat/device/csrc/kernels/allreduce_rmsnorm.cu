@@ -212,6 +212,26 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     const T* r = base + row * hidden;
     return load_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes));
   };
+  // Lines i < active of pass p of a row into v. Whole rows (hidden a multiple of a line, every
+  // tensor line-aligned) load without a branch, a slot past the row's end loading line 0 again (in
+  // bounds, never used): a load under a branch is unpacked (PRMT, one 16-bit register per element)
+  // inside the branch, which waits for its data, so each slot's load would wait for the previous
+  // one's. Not a generic lambda (NVRTC 13.0).
+  const bool whole = hidden % (u64)kElems == 0 && is_aligned(in, kBytes) && is_aligned(res, kBytes) &&
+                     is_aligned(weight, kBytes);
+  auto load_slots = [&](const T* base, u64 row, int p, int active, P (&v)[kSlots]) {
+    if (whole) {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        const int line = line_of(p, i);
+        v[i] = *reinterpret_cast<const P*>(base + row * hidden + (u64)(line < row_lines ? line : 0) * kElems);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i)
+        if (i < active) v[i] = load_row(base, row, line_of(p, i));
+    }
+  };
   auto store_row = [&](T* base, u64 row, int line, const P& v) {
     T* r = base + row * hidden;
     store_pack<T, kBytes>(r, (u64)line * kElems, hidden, is_aligned(r, kBytes), v);
@@ -239,9 +259,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   const u32 first_row = blockIdx.x / (u32)k;
   P own[kSlots];
   int active = active_in(0);
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i)
-    if (i < active) own[i] = load_row(in, first_row, line_of(0, i));
+  load_slots(in, first_row, 0, active, own);
   if (k == 1) {
     if (refused(a)) return poison_from(first_row);
   } else {  // the whole cluster refuses or none of it (a block must not leave while siblings run)
@@ -279,14 +297,8 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
         if (i < active) buf.template send<T>(owner, i, mine[i]);
     }
     P r_in[kSlots];  // this rank's residual (and the weight) load while the lines travel
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i)
-      if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
-    if (last) {
-#pragma unroll
-      for (int i = 0; i < kSlots; ++i)
-        if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
-    }
+    load_slots(res, row, p, active, r_in);
+    if (last) load_slots(weight, 0, p, active, wt);
     F sums[kSlots * kWiden];  // the fp32 sums of the pass's lines: piece w of line i at [i * kWiden + w]
     if (owner != a.rank) {
       if (!ag.template recvUnrolled<float>(owner, active * kWiden, sums)) return false;
@@ -346,9 +358,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
       if (ok) {
         if (p > 0 || row != (u64)first_row) {
           active = active_in(p);
-#pragma unroll
-          for (int i = 0; i < kSlots; ++i)
-            if (i < active) own[i] = load_row(in, row, line_of(p, i));
+          load_slots(in, row, p, active, own);
         }
       }
       // No line in this pass: the thread's channels keep their epochs (nothing sent or received).
@@ -378,14 +388,8 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
             if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
           // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
           P r_in[kSlots];
-#pragma unroll
-          for (int i = 0; i < kSlots; ++i)
-            if (i < active) r_in[i] = load_row(res, row, line_of(p, i));
-          if (p == passes - 1) {
-#pragma unroll
-            for (int i = 0; i < kSlots; ++i)
-              if (i < active) wt[i] = load_row(weight, 0, line_of(p, i));
-          }
+          load_slots(res, row, p, active, r_in);
+          if (p == passes - 1) load_slots(weight, 0, p, active, wt);
           A acc[kSlots];
           if (buf.template recvReduce<T, OpSum>(active, own, acc)) {
 #pragma unroll
