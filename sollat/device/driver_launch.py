@@ -13,8 +13,8 @@ parameter (every collective's entry point, abi.py POINTER_LISTS: a ``__grid_cons
 values when the launch is enqueued (or captured into a graph), so the slots may be rewritten by
 the next call at once. Two threads must not launch the same bound kernel at the same time (like an
 NCCL communicator, a sollat communicator is not thread-safe). It is sollat's only launch path:
-``cuda.core.launch`` cannot pass a struct parameter (measured 2-4 us more host time per call
-before, docs/benchmarks.md, eager overhead).
+``cuda.core.launch`` cannot pass a struct parameter, and its path measured 2-4 us more host
+time per call (docs/benchmarks.md, eager overhead).
 """
 
 from __future__ import annotations
