@@ -260,7 +260,7 @@ def test_fused_calls_auto_makes_keep_their_geometry_in_the_engine_regions(world:
     from sollat.collectives import rmsnorm
     from sollat.collectives.algorithms import RMSNORM_ALGORITHMS, RMSNORM_MAX_BLOCKS
 
-    def geometry(alg: Any, dt: Any, rows: int, hidden: int, blocks: int) -> Any:  # as RmsnormCalls plans it
+    def geometry(alg: Any, dt: Any, rows: int, hidden: int, blocks: int) -> Any:  # as plan.Kernels plans it
         geo = rmsnorm.row_geometry(alg, dt, rows, hidden, world, blocks)
         if geo.row_blocks > blocks:
             geo = rmsnorm.row_geometry(alg, dt, rows, hidden, world, blocks, widest_blocks=blocks)
