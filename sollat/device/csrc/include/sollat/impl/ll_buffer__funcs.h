@@ -295,8 +295,9 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
 // Polls lines 0..n-1 of the peers w0 .. w0 + kWin - 1 (every peer: w0 = 0 when not wide) until all
 // are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
 // (checkPolls). A sentinel buffer polls, in the same loop, this thread's signature word from
-// every peer of the window. Only the polled lines are kept; payloads are extracted by the caller. Every bit and `bad` code is relative
-// to w0: a data line p * kSlots + i, the signature word of peer p kSigBad + p.
+// every peer of the window. Only the polled lines are kept; payloads are extracted by the caller.
+// Every bit and `bad` code is relative to w0: a data line p * kSlots + i, the signature word of
+// peer p kSigBad + p.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kWin][kSlots],
