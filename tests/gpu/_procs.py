@@ -15,6 +15,7 @@ Used by the launcher (pytest) and imported by the child scripts run under torchr
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -79,6 +80,25 @@ def launch(script: Path, nproc: int, args: list[str], env: dict[str, str], timeo
         out, _ = p.communicate()
         return -9, (out or "") + f"\n[launcher] killed after {timeout_s:.0f} s"
     return p.returncode, out
+
+
+def assert_every_rank_passed(rc: int, out: str, nproc: int, sections: list[str] | None = None) -> list[str]:
+    """A launch's verdict: every rank printed its PLAN (``sections``, or rank 0's when None), PASS
+    for each planned section and SUMMARY failed=0, and the launch exited 0. Returns the sections."""
+    fails = "\n".join(line for line in out.splitlines() if " FAIL " in line or " fail: " in line)
+    tail = f"FAIL lines:\n{fails[-4000:]}\n--- last 6000 characters of output ---\n{out[-6000:]}"
+    if sections is None:
+        plan = re.search(r"RANK 0 PLAN (\S+)", out)
+        assert plan is not None, tail
+        sections = plan.group(1).split(",")
+    planned = ",".join(sections)
+    for r in range(nproc):
+        assert f"RANK {r} PLAN {planned} " in out, f"rank {r} has no (or another) PLAN\n{tail}"
+        missing = [sec for sec in sections if f"RANK {r} PASS {sec} (" not in out]
+        assert not missing, f"rank {r}: no PASS for {missing}\n{tail}"
+        assert re.search(rf"RANK {r} SUMMARY passed={len(sections)} failed=0\b", out), f"rank {r}: SUMMARY\n{tail}"
+    assert rc == 0, f"torchrun exit status {rc}\n{tail}"
+    return sections
 
 
 def init_ranks(timeout_s: float) -> tuple[int, int, object, bool]:

@@ -291,6 +291,17 @@ class Suite:
         self._labels.add(label)
         self.digests.append((label, ref.digest(y), ref.digest(y, canonical_nan=True)))
 
+    def expect_bits(self, what: str, outputs: tuple[tuple[torch.Tensor, torch.Tensor, str], ...],
+                    digest: bool = True) -> None:
+        """Each (got, want, name): got (copied to the host) bit for bit want; its bits join the
+        cross-rank comparison unless ``digest`` is False."""
+        for got, want, name in outputs:
+            got = got.cpu()
+            if int(ref.bitwise_bad(got, want)):
+                self.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
+            if digest:
+                self.add_digest(f"{what} {name}", got)
+
     def verify(self, y: torch.Tensor, xs: list[torch.Tensor], algo: str, op: str, what: str,
                cross_rank: bool = True) -> bool:
         """Bitwise against the rank-order reference (deterministic sollat algorithms) or within the
@@ -538,11 +549,7 @@ def rmsnorm_values(s: Suite) -> None:
                                                    residual_out=res if in_place else None)
                     s.expect(not in_place or r.data_ptr() == res.data_ptr(), f"{what}: residual not updated in place")
                     want_y, want_r = rmsnorm_want(s, comm, algo, xs, res_before, w, 1e-6)
-                    for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
-                        got = got.cpu()
-                        if int(ref.bitwise_bad(got, want)):
-                            s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
-                        s.add_digest(f"{what} {name}", got)
+                    s.expect_bits(what, ((y, want_y, "y"), (r, want_r, "residual_out")))
                     calls += 1
     calls += _rmsnorm_fp8_calls(s, comm)
     comm.check()
@@ -587,11 +594,7 @@ def _rmsnorm_batch_invariant_calls(s: Suite) -> int:
             w = ref.make_input("randn", ref.seed_of(s.section, what, "w"), hidden, dt, s.dev)
             y, r = bi.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, rmsnorm.UNFUSED)
             want_y, want_r = rmsnorm.reference(xs, res, w, 1e-6)
-            for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
-                got = got.cpu()
-                if int(ref.bitwise_bad(got, want)):
-                    s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
-                s.add_digest(f"{what} {name}", got)
+            s.expect_bits(what, ((y, want_y, "y"), (r, want_r, "residual_out")))
             calls += 1
     bi.check()
     return calls
@@ -623,10 +626,7 @@ def _rmsnorm_fp8_calls(s: Suite, comm: sollat.Communicator) -> int:
                     y, r, q = comm.all_reduce_rmsnorm(xs[s.rank], res, w, 1e-6, algo, fp8_scale=scale, fp8_out=q_out)
                     s.expect(q_out is None or q is q_out, f"{what}: fp8_out not used")
                     want_y, want_r = rmsnorm.algo_reference(algo, xs, res, w, 1e-6)
-                    for got, want, name in ((y, want_y, "y"), (r, want_r, "residual_out")):
-                        got = got.cpu()
-                        if int(ref.bitwise_bad(got, want)):
-                            s.fail(f"{what}: {name}: {ref.first_difference(got, want)}")
+                    s.expect_bits(what, ((y, want_y, "y"), (r, want_r, "residual_out")), digest=False)
                     got_q = q.cpu().view(torch.uint8)
                     want_q = rmsnorm.fp8_reference(want_y, scale).view(torch.uint8)
                     bad = (got_q != want_q).flatten().nonzero().flatten()

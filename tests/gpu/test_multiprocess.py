@@ -12,7 +12,6 @@ launches 3 processes (the others, and every compile-skew launch, are marked slow
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -35,27 +34,11 @@ def launch(nproc: int, args: list[str], extra_env: dict[str, str], timeout_s: in
     return _procs.launch(SUITE, nproc, args, _procs.child_env(nproc, GPUS, extra_env), timeout_s)
 
 
-def assert_all_passed(rc: int, out: str, nproc: int) -> list[str]:
-    """Every rank printed its PLAN, PASS for each planned section, SUMMARY failed=0; exit 0."""
-    fails = "\n".join(line for line in out.splitlines() if " FAIL " in line or " fail: " in line)
-    tail = f"FAIL lines:\n{fails[-4000:]}\n--- last 6000 characters of output ---\n{out[-6000:]}"
-    plan = re.search(r"RANK 0 PLAN (\S+)", out)
-    assert plan is not None, tail
-    sections = plan.group(1).split(",")
-    for r in range(nproc):
-        assert f"RANK {r} PLAN {plan.group(1)} " in out, f"rank {r} has no (or another) PLAN\n{tail}"
-        missing = [sec for sec in sections if f"RANK {r} PASS {sec} (" not in out]
-        assert not missing, f"rank {r}: no PASS for {missing}\n{tail}"
-        assert re.search(rf"RANK {r} SUMMARY passed={len(sections)} failed=0\b", out), f"rank {r}: SUMMARY\n{tail}"
-    assert rc == 0, f"torchrun exit status {rc}\n{tail}"
-    return sections
-
-
 @needs_a_gpu
 @pytest.mark.parametrize("nproc", [_procs.world_param(n, GPUS) for n in WORLDS])
 def test_real_rank_suite(nproc: int) -> None:
     rc, out = launch(nproc, [], {}, MAIN_TIMEOUT_S)
-    sections = assert_all_passed(rc, out, nproc)
+    sections = _procs.assert_every_rank_passed(rc, out, nproc)
     if _procs.shares_gpu(nproc, GPUS):  # skipped by name, never silently
         assert "tear" not in sections and "RANK 0 SKIP tear: " in out
 
@@ -68,4 +51,4 @@ def test_real_rank_compile_skew(tmp_path: Path, nproc: int) -> None:
     cache.mkdir()
     rc, out = launch(nproc, ["--only", "skew"], {"SOLLAT_CACHE_DIR": str(cache), "SOLLAT_MP_SECTIONS": "",
                                                  "SOLLAT_MP_SKIP": ""}, SKEW_TIMEOUT_S)
-    assert assert_all_passed(rc, out, nproc) == ["skew"]
+    assert _procs.assert_every_rank_passed(rc, out, nproc) == ["skew"]
