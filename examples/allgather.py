@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 import sollat
-from sollat.device.build import NvrtcMissingError
 from sollat.collectives.custom import Collective
+from sollat.device.build import NvrtcMissingError
 
 SOURCE = Path(__file__).with_name("allgather.cu")
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

@@ -31,9 +31,9 @@
 //   wrote). In a model those lines have left L2 since the previous layer; the prefetch overlaps
 //   their fetch with the AllReduce's tail instead of adding it after.
 // * The sum of squares: square_tree per line, warp_tree_sum per chunk (a warp's 32 lanes hold one
-//   chunk per slot), lane 0 stores the chunk's sum to shared memory, ONE __syncthreads per row,
-//   then every warp combines the row's chunk sums by quad_tree_sum (up to 128 chunks: every decode
-//   row) or chunk_tree_sum (longer rows): the same tree (rmsnorm_math.h), so the same bits.
+//   chunk per slot; the slots' butterflies interleaved, warp_tree_sums), lane 0 stores the chunk's
+//   sum to shared memory, ONE __syncthreads per row, then every warp combines the row's chunk sums
+//   by row_tree_sum: the same tree (rmsnorm_math.h), so the same bits.
 // * The last pass's r and weight stay in registers for y. With several passes (rows longer than
 //   kAddRmsnormMaxThreads * kSlots lines) an earlier pass's r is read back from residual_out (this
 //   thread's own store, same address: program order) and its weight loaded again.
@@ -53,32 +53,6 @@ using namespace sollat;
 namespace {
 
 constexpr int kSlots = kAddRmsnormSlots;
-constexpr unsigned kFull = 0xFFFFFFFFu;  // every lane of a warp
-constexpr int kQuadChunks = 4 * kWarpSize;  // quad_tree_sum's most chunks
-
-// The row's sum of squares from its n chunk sums (float bits at bits[0..n), 1 <= n <= kQuadChunks,
-// 16-byte aligned): lane l adds chunks 4l .. 4l+3 as a tree of two levels (one 16-byte shared load;
-// zeros past n), then the butterfly over the lanes up to the next power of two of ceil(n / 4), and
-// lane 0's value goes to every lane. That is the pairwise tree over the chunks zero-padded to a
-// power of two, i.e. the row's tree (rmsnorm_math.h): chunk_tree_sum's bits in at most 6 shuffles
-// (4 up to 32 chunks) instead of 10. Every lane of the warp must call it (full masks).
-__device__ __forceinline__ float quad_tree_sum(const u32* bits, int n) {
-  const int lane = (int)threadIdx.x & (kWarpSize - 1);
-  const int c = 4 * lane;
-  float v = 0.0f;
-  if (c < n) {
-    const Pack<u32, 16> q = *reinterpret_cast<const Pack<u32, 16>*>(bits + c);
-    const float a = __uint_as_float(q.v[0]);
-    const float b = c + 1 < n ? __uint_as_float(q.v[1]) : 0.0f;
-    const float d = c + 2 < n ? __uint_as_float(q.v[2]) : 0.0f;
-    const float e = c + 3 < n ? __uint_as_float(q.v[3]) : 0.0f;
-    v = add_rn(add_rn(a, b), add_rn(d, e));
-  }
-  const int used = (n + 3) / 4;  // lanes holding chunks; warp-uniform
-  for (int o = 1; o < used; o <<= 1) v = add_rn(v, __shfl_xor_sync(kFull, v, o));
-  return __shfl_sync(kFull, v, 0);
-}
-
 // Line `e0 / kElems` of a row of n elements: one vector access when kWhole (the caller checked
 // that every line of the row is whole and aligned), else load_pack / store_pack's checks.
 template <typename T, bool kWhole>
@@ -138,27 +112,30 @@ __device__ __forceinline__ void add_rmsnorm_row(const RowArgs<T>& a, u64 base, u
         w[s] = load_line<T, kWhole>(a.weight, e0, a.hidden, w_al);
       }
     }
+    float part[kSlots];  // each slot's line's square_tree (0 past the row's last line)
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int chunk = a.chunk_of(p, s);
-      const int line = chunk * kWarpSize + a.lane;
-      float part = 0.0f;  // the line's square_tree (0 past the row's last line)
+      const int line = a.chunk_of(p, s) * kWarpSize + a.lane;
+      part[s] = 0.0f;
       if (line < a.row_lines) {
 #pragma unroll
         for (int e = 0; e < kElems; ++e) r[s].v[e] = add_residual<T>(x[s].v[e], r[s].v[e]);
         store_line<T, kWhole>(res_out, (u64)line * kElems, a.hidden, rout_al, r[s]);
-        part = square_tree(r[s]);  // past the row's end: +0 elements, +0 squares
+        part[s] = square_tree(r[s]);  // past the row's end: +0 elements, +0 squares
       }
-      if (chunk * kWarpSize < a.row_lines) {  // the same in every lane: the whole warp joins the butterfly
-        const float sum = warp_tree_sum(part);
-        if (a.lane == 0) chunk_sums[chunk] = __float_as_uint(sum);
-      }
+    }
+    // Every slot's chunk sum in one set of butterflies (every lane: the pass loop is warp-uniform);
+    // a slot past the row's last chunk sums zeros and is not stored.
+    warp_tree_sums(part);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int chunk = a.chunk_of(p, s);
+      if (a.lane == 0 && chunk * kWarpSize < a.row_lines) chunk_sums[chunk] = __float_as_uint(part[s]);
     }
   }
   // Orders every warp's chunk sums before every thread's reads (shared memory, one block).
   __syncthreads();
-  const float total = a.n_chunks <= kQuadChunks ? quad_tree_sum(chunk_sums, a.n_chunks)
-                                                : chunk_tree_sum(chunk_sums, a.n_chunks);
+  const float total = row_tree_sum(chunk_sums, a.n_chunks);
   const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)a.hidden), a.eps)));
   for (int p = 0; p < a.passes; ++p) {
     const bool last = p == a.passes - 1;

@@ -7,8 +7,9 @@
 // iteration is one epoch of each line-channel it uses (double buffered, no barrier between).
 //
 // Module defines (sollat/collectives/algorithms.py sets them): SOLLAT_T (element type), SOLLAT_OP (OpSum,
-// OpMax, OpMin), SOLLAT_PROTO (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (2, 4, 8: loops over
-// peers are unrolled to this) and SOLLAT_SLOTS (1, 2, 4 lines per thread per iteration).
+// OpMax, OpMin), SOLLAT_PROTO (ProtoLL, ProtoSentinel), SOLLAT_MAX_RANKS (abi.py RANK_CAPS: up to
+// PEER_WINDOW, loops over peers are unrolled to it; above, a wide group) and SOLLAT_SLOTS (1, 2, 4
+// lines per thread per iteration).
 // Kernel: oneshot (collective.h).
 #include "sollat/collective.h"
 
@@ -22,6 +23,9 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
+  // A wide LL group polls two windows of peers per poll set (16 lines of one slot: the build has
+  // the registers); sentinel builds would spill their signature words.
+  constexpr int kRecvWindows = Buf::kWide && !Buf::kSig && kSlots == 1 ? 2 : 1;
 
   const bool in_aligned = is_aligned(in, sizeof(P));
   const bool out_aligned = is_aligned(out, sizeof(P));
@@ -76,7 +80,7 @@ __device__ __forceinline__ void oneshot(const CallArgs& a, const T* in, T* out) 
     P ahead[kSlots];
     const int ahead_active = next < lines ? load_own(next, ahead) : 0;
     A acc[kSlots];
-    if (!buf.template recvReduce<T, Op>(active, own, acc)) return poison_from(base);  // fault recorded
+    if (!buf.template recvReduce<T, Op, kRecvWindows>(active, own, acc)) return poison_from(base);  // fault recorded
 
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {

@@ -21,10 +21,11 @@
 // (exactly as allreduce_oneshot.cu), round, add the residual. The sum of squares of a row:
 //   * per line: square_tree (the pairwise tree over its kElems squares: a subtree);
 //   * per warp, slot and pass: warp_tree_sum over its 32 lines, which are lines 32c .. 32c + 31 of
-//     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree;
+//     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree (the slots'
+//     butterflies interleaved: warp_tree_sums);
 //   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums (DSMEM for k > 1),
 //     then one barrier (__syncthreads_or; with k > 1 the cluster barrier of the fault exchange),
-//     and every warp of every block sums the row's chunks by chunk_tree_sum (the tree over the
+//     and every warp of every block sums the row's chunks by row_tree_sum (the tree over the
 //     chunks, zero-padded): the row's whole tree, computed redundantly with the same bits.
 // Every add and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into
 // an FMA); the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
@@ -175,11 +176,11 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   constexpr int kPiece = F::kElems;
   static_assert(kPiece * kWiden == kElems, "a line's sums fill kWiden lines");
   constexpr int kChunks = RmsnormChunks<T, kBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
-  static_assert(kChunks <= kRmsnormMaxChunks, "chunk_tree_sum covers the row");
+  static_assert(kChunks <= kRmsnormMaxChunks && kChunks % 4 == 0, "row_tree_sum covers the row, rows 16-byte aligned");
   // By row parity: a fast block's next row never overwrites sums a slow one has not read yet (the
   // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
   // that holds it (into every block of the cluster).
-  __shared__ u32 chunk_sums[2][kChunks];
+  __shared__ __align__(16) u32 chunk_sums[2][kChunks];  // 16-byte rows: row_tree_sum
   __shared__ u32 block_faults[2][kMaxRowBlocks];  // by row parity: [j] from block j
 
   const u64 rows = a.n / hidden;
@@ -406,12 +407,13 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
           }
         }
       }
-      // The chunks of this pass: chunk_line is the same in every lane, so the whole warp takes the
-      // branch together and every lane joins the butterfly.
+      // The chunks of this pass, every slot's butterfly interleaved (every lane: the pass loop is
+      // warp-uniform); a slot past the row's last chunk sums zeros and is not stored.
+      warp_tree_sums(part);
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         const int first = chunk_line(p, i);
-        if (first < row_lines) put_chunk(parity, first / kWarpSize, warp_tree_sum(part[i]));
+        if (first < row_lines) put_chunk(parity, first / kWarpSize, part[i]);
       }
     }
 
@@ -427,7 +429,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     if (bad) return poison_from(row);
     // Parity reuse: chunk_sums[parity] is written again two rows on, after the next row's barrier,
     // which no thread of the cluster passes before every thread has read this row's sums here.
-    const float total = chunk_tree_sum(chunk_sums[parity], n_chunks);
+    const float total = row_tree_sum(chunk_sums[parity], n_chunks);
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
 
     for (int p = 0; p < passes; ++p) {

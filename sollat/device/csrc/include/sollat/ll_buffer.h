@@ -66,11 +66,13 @@
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
 // base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
 // (a peer's base is one cached load) and a receive from every peer (recvReduce, recvEach) walks
-// the peers in windows of kPeerWindow, in rank order: each window's loads are in flight together
-// and complete before the next window is polled; recvReduce folds each window into the running
-// rank-order result, so the bits are those of the unwindowed sum. bcast stores to every peer
-// back to back. Each window polls its peers' signature words with its lines. A window is a
-// pollAll of its own, and the fence rules above hold for every receive.
+// the peers in windows of kPeerWindow (recvReduce: a kernel may take several windows per poll
+// set), in rank order: each window's loads are in flight together and complete before the next
+// window is polled; recvReduce folds each window into the running rank-order result, so the bits
+// are those of the unwindowed sum. bcast stores to every peer back to back, loading the bases a
+// window at a time (the first window's before it waits for the data it sends). Each window polls
+// its peers' signature words with its lines. A window is a pollAll of its own, and the fence
+// rules above hold for every receive.
 //
 // Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
 //   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
@@ -127,7 +129,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // Receives lines 0..n-1 from every peer (all (peer, line) loads in flight together) and
   // reduces them with this rank's own values in rank order 0..nranks-1, so every rank computes
   // bitwise the same result. Returns false on fault.
-  template <typename T, class Op>
+  // In a wide group each poll set covers kWindows windows of kWin peers (their lines must fit the
+  // 32-bit pending mask: kWindows * kWin * kSlots <= 32); more windows per set mean fewer round
+  // trips in series and more registers, so a kernel opts in where its build has them to spare.
+  template <typename T, class Op, int kWindows = 1>
   __device__ bool recvReduce(int n, const PackT<T> (&own)[kSlots], AccT<T> (&out)[kSlots]);
 
   // Receives lines 0..n-1 from the peers w0 .. w0 + kWin - 1 (all loads in flight together) and
@@ -171,7 +176,7 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   // Poll results, one set of codes: kPollClean, no line of another call seen; kSigWord, the
   // signature word where a line index is expected (lineAt, mismatch, recvLines); in pollAll's
   // window, data line p * kSlots + i, and peer p's signature word kSigBad + p.
-  enum PollCode : int { kPollClean = -2, kSigWord = -1, kSigBad = kWin * kSlots };
+  enum PollCode : int { kPollClean = -2, kSigWord = -1, kSigBad = 32 };
   __device__ long long sendOffset(int i) const;
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
@@ -185,10 +190,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ void beforeSend();
   template <typename T> __device__ bool recvLines(int peer, int first, int last, PackT<T> (&v)[kSlots]);
   __device__ int windowsEnd() const;
-  template <typename T> __device__ bool pollAll(int n, Line (&lines)[kWin][kSlots], int w0);
-  __device__ void issuePolls(unsigned pending, Line (&lines)[kWin][kSlots], int w0) const;
-  template <typename T>
-  __device__ void checkPolls(unsigned& pending, const Line (&lines)[kWin][kSlots], int& bad, int w0) const;
+  template <typename T, int kW> __device__ bool pollAll(int n, Line (&lines)[kW][kSlots], int w0);
+  template <int kW> __device__ void issuePolls(unsigned pending, Line (&lines)[kW][kSlots], int w0) const;
+  template <typename T, int kW>
+  __device__ void checkPolls(unsigned& pending, const Line (&lines)[kW][kSlots], int& bad, int w0) const;
 };
 
 }  // namespace sollat

@@ -127,6 +127,17 @@ __device__ __forceinline__ float warp_tree_sum(float v) {
   return v;
 }
 
+// warp_tree_sum of each of kN values with the kN butterflies interleaved: log2(32) dependent
+// shuffle steps in all instead of that many per value. Each value's bits are its warp_tree_sum's.
+// Every lane of the warp must call it (full mask).
+template <int kN>
+__device__ __forceinline__ void warp_tree_sums(float (&v)[kN]) {
+#pragma unroll
+  for (int o = 1; o < kWarpSize; o <<= 1)
+#pragma unroll
+    for (int i = 0; i < kN; ++i) v[i] = add_rn(v[i], __shfl_xor_sync(0xFFFFFFFFu, v[i], o));
+}
+
 // A chunk is kWarpSize consecutive packs of a row starting at a multiple of kWarpSize (one warp's
 // packs of one slot in one pass: the kernels' thread counts are multiples of 32), so its
 // warp_tree_sum of square_trees is an aligned subtree of the row's tree. A row has at most
@@ -153,6 +164,35 @@ __device__ __forceinline__ float chunk_tree_sum(const u32* bits, int n) {
     if (lane == g) mine = v;
   }
   return warp_tree_sum(mine);
+}
+
+// chunk_tree_sum's bits for n <= kQuadChunks chunks (bits 16-byte aligned) in at most 6 shuffles
+// instead of 10: lane l adds chunks 4l .. 4l+3 as a tree of two levels (one 16-byte shared load;
+// zeros past n), then the butterfly over the lanes up to the next power of two of ceil(n / 4), and
+// lane 0's value goes to every lane. That is the pairwise tree over the chunks zero-padded to a
+// power of two, i.e. the row's tree. Every lane of the warp must call it (full masks).
+constexpr int kQuadChunks = 4 * kWarpSize;
+__device__ __forceinline__ float quad_tree_sum(const u32* bits, int n) {
+  const int lane = (int)threadIdx.x & (kWarpSize - 1);
+  const int c = 4 * lane;
+  float v = 0.0f;
+  if (c < n) {
+    const Pack<u32, 16> q = *reinterpret_cast<const Pack<u32, 16>*>(bits + c);
+    const float a = __uint_as_float(q.v[0]);
+    const float b = c + 1 < n ? __uint_as_float(q.v[1]) : 0.0f;
+    const float d = c + 2 < n ? __uint_as_float(q.v[2]) : 0.0f;
+    const float e = c + 3 < n ? __uint_as_float(q.v[3]) : 0.0f;
+    v = add_rn(add_rn(a, b), add_rn(d, e));
+  }
+  const int used = (n + 3) / 4;  // lanes holding chunks; warp-uniform
+  for (int o = 1; o < used; o <<= 1) v = add_rn(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  return __shfl_sync(0xFFFFFFFFu, v, 0);
+}
+
+// The row's sum of squares from its n chunk sums (bits 16-byte aligned, 1 <= n <= kRmsnormMaxChunks):
+// quad_tree_sum where it covers the row, else chunk_tree_sum; the same bits either way.
+__device__ __forceinline__ float row_tree_sum(const u32* bits, int n) {
+  return n <= kQuadChunks ? quad_tree_sum(bits, n) : chunk_tree_sum(bits, n);
 }
 
 }  // namespace sollat

@@ -154,6 +154,13 @@ template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ typename LLBuffer<Proto, kMaxRanks, kSlots>::template PackT<T>
 LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
+  // A wide group's first window of peer bases is loaded before anything waits for v, so the
+  // table's round trip overlaps the caller's input load instead of following it.
+  Line* b[kWide ? kPeerWindow : 1];
+  if constexpr (kWide) {
+#pragma unroll
+    for (int q = 0; q < kPeerWindow; ++q) b[q] = wide_base(this->d, q < this->d.nranks ? q : this->d.nranks - 1);
+  }
   beforeSend();
   // Encoded and addressed once; then all peers' stores are issued back to back (fire and
   // forget), so they travel concurrently. A channel-0 line's signature word goes to each peer
@@ -161,14 +168,23 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   const long long off = sendOffset(i);
   const bool sig = kSig && i == 0;
-  if constexpr (kWide) {  // every peer's base from the table, in rank order (stores do not wait)
-#pragma unroll 4  // four peers' table loads in flight together
-    for (int p = 0; p < this->d.nranks; ++p)
-      if (p != this->d.rank) {
-        Line* const b = wide_base(this->d, p);
-        if (sig) sendSignature(b);
-        Proto::store(b + off, l);
+  if constexpr (kWide) {
+    // Peers in rank order, a window of bases at a time (later windows' bases come from the
+    // table lines the first window's loads brought to L1 where they share them: 16 ranks a line).
+    for (int w0 = 0;;) {
+#pragma unroll
+      for (int q = 0; q < kPeerWindow; ++q) {
+        const int p = w0 + q;
+        if (p < this->d.nranks && p != this->d.rank) {
+          if (sig) sendSignature(b[q]);
+          Proto::store(b[q] + off, l);
+        }
       }
+      w0 += kPeerWindow;
+      if (w0 >= this->d.nranks) break;
+#pragma unroll
+      for (int q = 0; q < kPeerWindow; ++q) b[q] = wide_base(this->d, w0 + q < this->d.nranks ? w0 + q : this->d.nranks - 1);
+    }
   } else {
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
@@ -257,10 +273,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
 
 // Issues a poll load for every pending (peer, line) of `lines`.
 template <class Proto, int kMaxRanks, int kSlots>
+template <int kW>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(unsigned pending,
-                                                                              Line (&lines)[kWin][kSlots], int w0) const {
+                                                                              Line (&lines)[kW][kSlots], int w0) const {
 #pragma unroll
-  for (int p = 0; p < kWin; ++p)
+  for (int p = 0; p < kW; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
       if (pending & (1u << (p * kSlots + i))) lines[p][i] = Proto::load(ownLine(w0 + p, i));
@@ -269,12 +286,12 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::issuePolls(u
 // Checks every pending line of `lines` (peers w0 + p): clears the bits of complete ones and resets
 // those lines (sentinel). A line of another call sets `bad` (p * kSlots + i), once.
 template <class Proto, int kMaxRanks, int kSlots>
-template <typename T>
+template <typename T, int kW>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(unsigned& pending,
-                                                                              const Line (&lines)[kWin][kSlots],
+                                                                              const Line (&lines)[kW][kSlots],
                                                                               int& bad, int w0) const {
 #pragma unroll
-  for (int p = 0; p < kWin; ++p)
+  for (int p = 0; p < kW; ++p)
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       const unsigned bit = 1u << (p * kSlots + i);
@@ -292,20 +309,20 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
     }
 }
 
-// Polls lines 0..n-1 of the peers w0 .. w0 + kWin - 1 (every peer: w0 = 0 when not wide) until all
+// Polls lines 0..n-1 of the peers w0 .. w0 + kW - 1 (every peer: w0 = 0 when not wide) until all
 // are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
 // (checkPolls). A sentinel buffer polls, in the same loop, this thread's signature word from
 // every peer of the window. Only the polled lines are kept; payloads are extracted by the caller.
 // Every bit and `bad` code is relative to w0: a data line p * kSlots + i, the signature word of
 // peer p kSigBad + p.
 template <class Proto, int kMaxRanks, int kSlots>
-template <typename T>
-__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kWin][kSlots],
+template <typename T, int kW>
+__device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int n, Line (&lines)[kW][kSlots],
                                                                              int w0) {
-  static_assert(kWin * kSlots <= 32, "pending mask is 32 bits");
+  static_assert(kW * kSlots <= 32, "pending mask is 32 bits");
   unsigned pending = 0, sigPending = 0;
 #pragma unroll
-  for (int p = 0; p < kWin; ++p) {
+  for (int p = 0; p < kW; ++p) {
     if (w0 + p >= this->d.nranks || w0 + p == this->d.rank) continue;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)
@@ -320,13 +337,13 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
   Spin spin(*this->fault);
   while (pending | sigPending) {
     issuePolls(pending, lines, w0);
-    SignatureWord::Word sw[kWin];  // the words with the data polls, checked after them
+    SignatureWord::Word sw[kW];  // the words with the data polls, checked after them
 #pragma unroll
-    for (int p = 0; p < kWin; ++p)
+    for (int p = 0; p < kW; ++p)
       if (kSig && (sigPending & (1u << p))) sw[p] = loadSignature(w0 + p);
-    checkPolls<T>(pending, lines, bad, w0);
+    checkPolls<T, kW>(pending, lines, bad, w0);
 #pragma unroll
-    for (int p = 0; p < kWin; ++p)
+    for (int p = 0; p < kW; ++p)
       if (kSig && (sigPending & (1u << p))) {
         const int r = SignatureWord::check(sw[p], this->d.sig, this->epoch[0]);
         if (r > 0) sigPending &= ~(1u << p);
@@ -399,11 +416,12 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvGather(i
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
-template <typename T, class Op>
+template <typename T, class Op, int kWindows>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(int n, const PackT<T> (&own)[kSlots],
                                                                                 AccT<T> (&out)[kSlots]) {
-  for (int w0 = 0; w0 < windowsEnd(); w0 += kWin) {
-    Line lines[kWin][kSlots];
+  constexpr int kReduceWin = kWide ? kWindows * kWin : kWin;  // peers per poll set
+  for (int w0 = 0; w0 < windowsEnd(); w0 += kReduceWin) {
+    Line lines[kReduceWin][kSlots];
     if (!pollAll<T>(n, lines, w0)) return false;
     // Reduce in rank order 0..nranks-1 (window by window), with the own values in place of the
     // own rank's line. The own/peer choice is made per element (a select on values): choosing a
@@ -413,7 +431,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvReduce(i
     for (int i = 0; i < kSlots; ++i) {
       if (i >= n) continue;
 #pragma unroll
-      for (int p = 0; p < kWin; ++p) {
+      for (int p = 0; p < kReduceWin; ++p) {
         const int q = w0 + p;
         if (q >= this->d.nranks) continue;
         const bool mine = (q == this->d.rank);
