@@ -188,7 +188,7 @@ def chunk_lines(geo: rmsnorm.RowGeometry) -> list[int]:
 
 
 def quad_model(chunks: torch.Tensor) -> torch.Tensor:
-    """add_rmsnorm.cu's quad_tree_sum of [rows, n] chunk sums (n <= 128) as the kernel runs it: lane
+    """rmsnorm_math.h's quad_tree_sum of [rows, n] chunk sums (n <= 128) as the kernels run it: lane
     l adds chunks 4l..4l+3 as (c0 + c1) + (c2 + c3) (zeros past n), the butterfly over offsets below
     ceil(n / 4), then lane 0's value."""
     rows, n = chunks.shape
@@ -209,8 +209,8 @@ def kernel_model_ss(v: torch.Tensor, geo: rmsnorm.RowGeometry, combine: str = "c
     kernels/add_rmsnorm.cu) for launch geometry ``geo``: square_tree per pack of elems_per_line
     elements, warp_tree_sum per (pass, block, slot, warp) over its 32 packs (the chunk the kernel
     stores at index first_line / 32), then chunk_tree_sum (a butterfly over each group of 32 chunks,
-    zeros past the last, then one over the group sums), or with ``combine="quad"`` (add_rmsnorm.cu
-    up to 128 chunks) quad_tree_sum."""
+    zeros past the last, then one over the group sums), or with ``combine="quad"`` quad_tree_sum
+    (row_tree_sum's choice up to 128 chunks, in both kernels)."""
     rows, hidden = v.shape
     e = geo.elems_per_line
     firsts = chunk_lines(geo)
@@ -278,7 +278,7 @@ def test_the_kernels_order_gives_the_reference_bits_for_every_geometry(dtype: to
 
 
 def test_the_quad_combine_is_the_chunk_tree() -> None:
-    """quad_tree_sum (add_rmsnorm.cu) and chunk_tree_sum give the same bits for every chunk count
+    """quad_tree_sum and chunk_tree_sum (rmsnorm_math.h) give the same bits for every chunk count
     up to 128, on chunk sums with NaN, +Inf, huge and denormal values; a left-to-right sum of the
     same chunks would not (the comparison can fail)."""
     gen = torch.Generator().manual_seed(11)
@@ -330,14 +330,14 @@ def test_chunk_bound_matches_the_largest_row() -> None:
 def test_both_kernels_use_the_shared_arithmetic() -> None:
     """A tripwire for splitting the fused and unfused arithmetic again: both kernels take r from
     rmsnorm_math.h's add_residual (the fused ones through residual_add: round the fp32 sum first)
-    and ss from square_tree, warp_tree_sum and chunk_tree_sum; neither rounds a residual add of its
+    and ss from square_tree, warp_tree_sums and row_tree_sum; neither rounds a residual add of its
     own nor keeps a running sum of squares."""
     fused = build.kernel_source("allreduce_rmsnorm.cu")
     unfused = build.kernel_source("add_rmsnorm.cu")
     assert fused.count("residual_add<T>(") == 2  # the one-shot's and the two-shot's r
     assert unfused.count("add_residual<T>(") == 1
     for src in (fused, unfused):
-        for helper in ("square_tree(", "warp_tree_sum(", "chunk_tree_sum("):
+        for helper in ("square_tree(", "warp_tree_sums(", "row_tree_sum("):
             assert helper in src, helper
         assert not re.search(r"from_acc<T>\(add_rn\(", src)  # a residual add outside the helper
         assert not re.search(r"ss = add_rn\(ss", src)  # the old running per-thread sum
