@@ -119,29 +119,52 @@ __device__ __forceinline__ u32 cluster_block_rank() {
   u32 v; asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(v)); return v;
 }
 
-// Store v into the same __shared__ word of block `rank` of this cluster (DSMEM). Ordering: the
-// cluster barrier below (arrive.release / wait.acquire) makes it visible to that block's reads.
-__device__ __forceinline__ void st_cluster(u32* local_word, u32 rank, u32 v) {
-  const u32 local = (u32)__cvta_generic_to_shared(local_word);
+__device__ __forceinline__ u32 shared_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// The address of the same __shared__ object in block `rank` of this cluster (DSMEM).
+__device__ __forceinline__ u32 cluster_addr(const void* local, u32 rank) {
   u32 remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(remote), "r"(v) : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(shared_addr(local)), "r"(rank));
+  return remote;
 }
 
-// Every thread of every block of the cluster: the release orders this thread's earlier (DSMEM)
-// stores before the arrival, the acquire orders the reads after the wait behind every arrival.
-// Not .aligned: callers arrive straight from a branch on threadIdx.x (no convergence promised).
-__device__ __forceinline__ void cluster_barrier() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+// The row exchange of a k-block cluster runs on one mbarrier per row parity in every block: its
+// phase completes when the block's thread 0 has arrived (declaring the row's bytes) and every
+// byte of the row's st.async stores into this block has landed. A st.async's complete-tx makes
+// its own bytes visible to the block that waits on the phase with acquire at cluster scope; it
+// orders nothing else, so the row's exchange waits for no earlier global store of the thread
+// (a release at cluster scope, as barrier.cluster.arrive's default, would wait for every one:
+// the peers' lines and res_out).
+__device__ __forceinline__ void mbar_init(u64* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(bar)) : "memory");
 }
-
-// One word from every block of a k-block cluster to all of them: block j's `mine` lands in slot
-// [j] of every block's `slots` (threads 0..k-1 of block j each store to one block), then one
-// cluster barrier. Every thread of the cluster must call it.
-__device__ __forceinline__ void cluster_all_gather(u32* slots, int k, int j, u32 mine) {
-  const u32 first = cluster_block_rank() - (u32)j;  // x is the fastest cluster dimension
-  if ((int)threadIdx.x < k) st_cluster(&slots[j], first + threadIdx.x, mine);
-  cluster_barrier();
+// Makes this thread's mbarrier.init visible at cluster scope to the release of the next
+// barrier.cluster.arrive (relaxed arrive: this fence is its only release).
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory"); }
+// Acquire: after it, every block's initialised mbarriers (fenced before its arrival) may be
+// signalled. Not .aligned: callers are not promised to be converged.
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;" ::: "memory"); }
+__device__ __forceinline__ void fence_acq_rel_cluster() { asm volatile("fence.acq_rel.cluster;" ::: "memory"); }
+// Thread 0's arrival on its own block's phase, with the bytes the phase waits for.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_addr(bar)), "r"(bytes) : "memory");
+}
+// v into the word at `word` (a shared::cluster address), counted on the mbarrier at `bar` of the
+// same block.
+__device__ __forceinline__ void st_async(u32 word, u32 v, u32 bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(word), "r"(v), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(u64* bar, u32 parity) {
+  u32 done;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(done)
+      : "r"(shared_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0u;
 }
 
 // The one-shot's stand-in for the two-shot's second buffer: nothing, no code (the two-shot's
@@ -182,6 +205,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // that holds it (into every block of the cluster).
   __shared__ __align__(16) u32 chunk_sums[2][kChunks];  // 16-byte rows: row_tree_sum
   __shared__ u32 block_faults[2][kMaxRowBlocks];  // by row parity: [j] from block j
+  __shared__ __align__(8) u64 row_bars[2];         // by row parity: the row exchange's mbarrier (k > 1)
 
   const u64 rows = a.n / hidden;
   const int k = row_cluster_width();
@@ -261,14 +285,23 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   P own[kSlots];
   int active = active_in(0);
   load_slots(in, first_row, 0, active, own);
+  // A row cluster's blocks store into each other's shared memory, so none of them may leave
+  // before it has received every store meant for it: a block of a cluster that refuses the call
+  // runs the first row as a faulted thread does (nothing sent), and the row's exchange, which
+  // every block joins, makes the whole cluster write NaN from there. Its mbarriers are
+  // initialised and announced now; the wait for every sibling's announcement comes right before
+  // the first remote store, so it is off the exchange with the peers.
+  bool refuses = false;
   if (k == 1) {
     if (refused(a)) return poison_from(first_row);
-  } else {  // the whole cluster refuses or none of it (a block must not leave while siblings run)
-    const bool block_refuses = __syncthreads_or(refused(a));
-    cluster_all_gather(block_faults[1], k, j, block_refuses ? 1u : 0u);  // parity 1: the first row uses 0
-    bool any = false;
-    for (int b = 0; b < k; ++b) any |= block_faults[1][b] != 0u;
-    if (any) return poison_from(first_row);
+  } else {
+    if (threadIdx.x == 0) {
+      mbar_init(&row_bars[0]);
+      mbar_init(&row_bars[1]);
+      fence_mbar_init();
+    }
+    cluster_arrive_relaxed();
+    refuses = refused(a);
   }
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
@@ -334,20 +367,41 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   };
 
   // Chunk c's sum into slot [c] of every block of the row cluster. Ordering: a plain shared store
-  // (k == 1) or a DSMEM store per block (k > 1), each made visible to the readers by the row's
-  // barrier below (__syncthreads_or, resp. the cluster barrier's arrive.release / wait.acquire),
-  // which every such store precedes in its thread's program order.
+  // (k == 1), made visible to the block's readers by the row's __syncthreads_or below; or one
+  // st.async per block (k > 1), counted on that block's row_bars[parity], whose phase its
+  // readers wait for (acquire, cluster scope) before they read.
   auto put_chunk = [&](int parity, int c, float v) {
     if (k == 1) {
       if (lane == 0) chunk_sums[parity][c] = __float_as_uint(v);
     } else if (lane < k) {
-      st_cluster(&chunk_sums[parity][c], first_block + (u32)lane, __float_as_uint(v));
+      const u32 to = first_block + (u32)lane;
+      st_async(cluster_addr(&chunk_sums[parity][c], to), __float_as_uint(v), cluster_addr(&row_bars[parity], to));
     }
+  };
+  // Bytes each block receives per row: every chunk's sum and every block's fault word.
+  const u32 row_bytes_in = (u32)(n_chunks + k) * (u32)sizeof(u32);
+  // The row's phase of row_bars[parity] (k > 1), bounded by the call's timeout: the siblings are
+  // resident together and send every row whatever happens, so only a broken sibling times out.
+  auto wait_row = [&](int parity, u32 phase) -> bool {
+    if (mbar_try_wait(&row_bars[parity], phase)) return true;
+    const u64 start = globaltimer();
+    while (!mbar_try_wait(&row_bars[parity], phase)) {
+      if ((long long)(globaltimer() - start) > (long long)fault.timeout_ns) {
+        fault.raise(kTimeout, a.rank, a.rank, -1, 0u, 0u);
+        return false;
+      }
+    }
+    return true;
   };
 
   int parity = 0;
+  u32 phases = 0;            // bit b: the phase row_bars[b] completes next
+  bool announced = k == 1;   // every sibling's mbarriers are initialised (cluster_wait done)
   for (u64 row = first_row; row < rows; row += row_step, parity ^= 1) {
-    bool ok = true;
+    bool ok = !refuses;
+    // The row's bytes, declared by thread 0 after its wait for this mbarrier's previous phase
+    // (program order); a sibling's store may land before it (the phase waits for both).
+    if (k > 1 && threadIdx.x == 0) mbar_expect(&row_bars[parity], row_bytes_in);
     P kept[kSlots];  // the last pass's r and weight stay in registers for the normalisation
     P wt[kSlots];
     for (int p = 0; p < passes; ++p) {
@@ -410,6 +464,10 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
       // The chunks of this pass, every slot's butterfly interleaved (every lane: the pass loop is
       // warp-uniform); a slot past the row's last chunk sums zeros and is not stored.
       warp_tree_sums(part);
+      if (!announced) {
+        cluster_wait();
+        announced = true;
+      }
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         const int first = chunk_line(p, i);
@@ -420,16 +478,27 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     // Whether any thread of the block met a fault; the barrier also makes this block's chunk sums
     // (k == 1) visible to all its threads.
     bool bad = __syncthreads_or(!ok);
-    if (k > 1) {  // over the cluster: every block gets every block's fault bit
-      // Its cluster barrier (release / acquire) also orders every block's DSMEM chunk stores of this
-      // row (put_chunk, before it in program order) before the reads of chunk_sums below.
-      cluster_all_gather(block_faults[parity], k, j, bad ? 1u : 0u);
+    if (k > 1) {  // over the cluster: every block gets every block's fault word, then the row's sums
+      if ((int)threadIdx.x < k) {
+        const u32 to = first_block + threadIdx.x;
+        st_async(cluster_addr(&block_faults[parity][j], to), bad ? 1u : 0u, cluster_addr(&row_bars[parity], to));
+      }
+      // Every thread waits for the phase: then every store of the row into this block has landed
+      // (so leaving, on NaN below, is safe) and is visible to this thread's reads.
+      const bool arrived = wait_row(parity, (phases >> parity) & 1u);
+      phases ^= 1u << parity;
+      bad |= !arrived;
       for (int b = 0; b < k; ++b) bad |= block_faults[parity][b] != 0u;
     }
     if (bad) return poison_from(row);
-    // Parity reuse: chunk_sums[parity] is written again two rows on, after the next row's barrier,
-    // which no thread of the cluster passes before every thread has read this row's sums here.
+    // Parity reuse: chunk_sums[parity] and block_faults[parity] are written again two rows on. A
+    // sibling sends those only after its wait for the next row, which needs this block's stores of
+    // the next row (chunk sums, then the fault word after the block's __syncthreads_or), which
+    // every thread of this block issues after its reads here. A st.async is a weak store, so where
+    // this cluster has a row two rows on, a cluster-scope fence orders this thread's reads before
+    // those stores. It comes before the row's own output stores, so it waits for few stores.
     const float total = row_tree_sum(chunk_sums[parity], n_chunks);
+    if (k > 1 && row + 2 * (u64)row_step < rows) fence_acq_rel_cluster();
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
 
     for (int p = 0; p < passes; ++p) {
