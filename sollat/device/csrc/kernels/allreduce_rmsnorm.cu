@@ -23,22 +23,25 @@
 //   * per warp, slot and pass: warp_tree_sum over its 32 lines, which are lines 32c .. 32c + 31 of
 //     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree (the slots'
 //     butterflies interleaved: warp_tree_sums);
-//   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums (DSMEM for k > 1),
-//     then one barrier (__syncthreads_or; with k > 1 the cluster barrier of the fault exchange),
-//     and every warp of every block sums the row's chunks by row_tree_sum (the tree over the
-//     chunks, zero-padded): the row's whole tree, computed redundantly with the same bits.
+//   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums: k == 1 a shared
+//     store, then the block's __syncthreads_or; k > 1 a st.async into every block, with the
+//     chunk's fault word, counted on that block's mbarrier of the row (row_bars), whose phase
+//     every thread waits for: no cluster barrier per row. Then every warp of every block sums the
+//     row's chunks by row_tree_sum (the tree over the chunks, zero-padded): the row's whole tree,
+//     computed redundantly with the same bits.
 // Every add and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into
 // an FMA); the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
 //
-// Faults: refused() at entry (NaN into every output this thread owns, nothing sent; a cluster of
-// k > 1 votes first, so its blocks refuse together or not at all); a thread
-// whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops sending and receiving
-// (it still runs the row's passes, sending nothing, so that every lane of its warp reaches each
-// chunk's butterfly), and the block learns of it at the row's __syncthreads_or and the cluster at
-// the row's exchange: then
-// every thread of the cluster writes NaN into its lines of both outputs from that row on, and
-// nobody commits epochs. A block never leaves while a sibling may still store into its shared
-// memory: every exit is after a cluster barrier that all of the cluster's stores precede.
+// Faults: refused() at entry (k == 1: NaN into every output this thread owns, nothing sent; k > 1:
+// the thread runs the first row as a faulted one, below, so that the cluster's blocks decide
+// together); a thread whose recvReduce gives up (timeout, call mismatch, a peer's fault) stops
+// sending and receiving (it still runs the row's passes, sending nothing, so that every lane of
+// its warp reaches each chunk's butterfly). The block learns of it at the row's __syncthreads_or
+// (k == 1), the cluster from the chunks' fault words (k > 1): then every thread of the cluster
+// writes NaN into its lines of both outputs from that row on, and nobody commits epochs. A block
+// never leaves while a sibling may still store into its shared memory: every exit of a cluster
+// block is after its wait for the row's phase, which every store into it of that row precedes,
+// and nobody sends a later row.
 //
 // FP8 copy (module define SOLLAT_RMSNORM_FP8=1; vLLM's fused_add_rms_norm_static_fp8_quant): the
 // epilogue also writes, per element, the float8_e4m3fn byte
@@ -103,7 +106,6 @@ using namespace sollat;
 
 // abi.h (sollat/device/abi.py KERNELS): the one-shot runs on one buffer, the two-shot on two.
 constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? kArRmsnormTwoshotBuffers : kArRmsnormBuffers;
-constexpr int kMaxRowBlocks = kRmsnormMaxRowBlocks;  // abi.h (sollat/device/abi.py): the widest row cluster
 
 namespace {
 
@@ -204,7 +206,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
   // that holds it (into every block of the cluster).
   __shared__ __align__(16) u32 chunk_sums[2][kChunks];  // 16-byte rows: row_tree_sum
-  __shared__ u32 block_faults[2][kMaxRowBlocks];  // by row parity: [j] from block j
+  __shared__ u32 chunk_faults[2][kChunks];        // by row parity: [c] 1 when chunk c's warp met a fault (k > 1)
   __shared__ __align__(8) u64 row_bars[2];         // by row parity: the row exchange's mbarrier (k > 1)
 
   const u64 rows = a.n / hidden;
@@ -367,19 +369,22 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   };
 
   // Chunk c's sum into slot [c] of every block of the row cluster. Ordering: a plain shared store
-  // (k == 1), made visible to the block's readers by the row's __syncthreads_or below; or one
-  // st.async per block (k > 1), counted on that block's row_bars[parity], whose phase its
-  // readers wait for (acquire, cluster scope) before they read.
-  auto put_chunk = [&](int parity, int c, float v) {
+  // (k == 1), made visible to the block's readers by the row's __syncthreads_or below; or (k > 1)
+  // one st.async per block of the sum and one of whether the chunk's warp met a fault (`bad`),
+  // counted on that block's row_bars[parity], whose phase its readers wait for (acquire, cluster
+  // scope) before they read.
+  auto put_chunk = [&](int parity, int c, float v, bool bad) {
     if (k == 1) {
       if (lane == 0) chunk_sums[parity][c] = __float_as_uint(v);
     } else if (lane < k) {
       const u32 to = first_block + (u32)lane;
-      st_async(cluster_addr(&chunk_sums[parity][c], to), __float_as_uint(v), cluster_addr(&row_bars[parity], to));
+      const u32 bar = cluster_addr(&row_bars[parity], to);
+      st_async(cluster_addr(&chunk_sums[parity][c], to), __float_as_uint(v), bar);
+      st_async(cluster_addr(&chunk_faults[parity][c], to), bad ? 1u : 0u, bar);
     }
   };
-  // Bytes each block receives per row: every chunk's sum and every block's fault word.
-  const u32 row_bytes_in = (u32)(n_chunks + k) * (u32)sizeof(u32);
+  // Bytes each block receives per row: every chunk's sum and fault word.
+  const u32 row_bytes_in = (u32)n_chunks * 2u * (u32)sizeof(u32);
   // The row's phase of row_bars[parity] (k > 1), bounded by the call's timeout: the siblings are
   // resident together and send every row whatever happens, so only a broken sibling times out.
   auto wait_row = [&](int parity, u32 phase) -> bool {
@@ -438,13 +443,14 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
             ok = false;  // fault recorded
           }
         } else {
-#pragma unroll
-          for (int i = 0; i < kSlots; ++i)
-            if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
-          // The residual (and, in the last pass, the weight) is loaded while the peers' lines travel.
+          // The residual (and, in the last pass, the weight) loads go out before the send, which
+          // waits for the input's: both memory latencies overlap, and the peers' lines' travel.
           P r_in[kSlots];
           load_slots(res, row, p, active, r_in);
           if (p == passes - 1) load_slots(weight, 0, p, active, wt);
+#pragma unroll
+          for (int i = 0; i < kSlots; ++i)
+            if (i < active) own[i] = buf.template bcast<T>(i, own[i]);
           A acc[kSlots];
           if (buf.template recvReduce<T, OpSum>(active, own, acc)) {
 #pragma unroll
@@ -468,35 +474,37 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
         cluster_wait();
         announced = true;
       }
+      // A fault of any lane so far marks the warp's chunks (k > 1: the cluster learns of it there).
+      const bool warp_bad = k > 1 && __any_sync(0xFFFFFFFFu, !ok);
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {
         const int first = chunk_line(p, i);
-        if (first < row_lines) put_chunk(parity, first / kWarpSize, part[i]);
+        if (first < row_lines) put_chunk(parity, first / kWarpSize, part[i], warp_bad);
       }
     }
 
-    // Whether any thread of the block met a fault; the barrier also makes this block's chunk sums
-    // (k == 1) visible to all its threads.
-    bool bad = __syncthreads_or(!ok);
-    if (k > 1) {  // over the cluster: every block gets every block's fault word, then the row's sums
-      if ((int)threadIdx.x < k) {
-        const u32 to = first_block + threadIdx.x;
-        st_async(cluster_addr(&block_faults[parity][j], to), bad ? 1u : 0u, cluster_addr(&row_bars[parity], to));
-      }
+    // Whether any thread of the cluster met a fault: k == 1, the block's barrier, which also makes
+    // the chunk sums visible to every thread; k > 1, every chunk's fault word, which every warp of
+    // the cluster reads after the row's phase (the same words everywhere: the same verdict).
+    bool bad;
+    if (k == 1) {
+      bad = __syncthreads_or(!ok);
+    } else {
       // Every thread waits for the phase: then every store of the row into this block has landed
       // (so leaving, on NaN below, is safe) and is visible to this thread's reads.
       const bool arrived = wait_row(parity, (phases >> parity) & 1u);
       phases ^= 1u << parity;
-      bad |= !arrived;
-      for (int b = 0; b < k; ++b) bad |= block_faults[parity][b] != 0u;
+      bool seen = !arrived;
+      for (int c = lane; c < n_chunks; c += kWarpSize) seen |= chunk_faults[parity][c] != 0u;
+      bad = __any_sync(0xFFFFFFFFu, seen);
     }
     if (bad) return poison_from(row);
-    // Parity reuse: chunk_sums[parity] and block_faults[parity] are written again two rows on. A
-    // sibling sends those only after its wait for the next row, which needs this block's stores of
-    // the next row (chunk sums, then the fault word after the block's __syncthreads_or), which
-    // every thread of this block issues after its reads here. A st.async is a weak store, so where
-    // this cluster has a row two rows on, a cluster-scope fence orders this thread's reads before
-    // those stores. It comes before the row's own output stores, so it waits for few stores.
+    // Parity reuse: chunk_sums[parity] and chunk_faults[parity] are written again two rows on. A
+    // sibling sends those only after its wait for the next row, which needs every warp of this
+    // block's stores of the next row, which each warp issues after its reads here. A st.async is a
+    // weak store, so where this cluster has a row two rows on, a cluster-scope fence orders this
+    // thread's reads before those stores. It comes before the row's own output stores, so it
+    // waits for few stores. (k == 1: the next row's __syncthreads_or orders them.)
     const float total = row_tree_sum(chunk_sums[parity], n_chunks);
     if (k > 1 && row + 2 * (u64)row_step < rows) fence_acq_rel_cluster();
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
