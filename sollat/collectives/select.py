@@ -272,6 +272,22 @@ def handover_serves(name: str, dtype: torch.dtype, op: str, nbytes: int) -> bool
     return name == NCCL
 
 
+def own_pick_limit(table: Table, available: Sequence[str], world_size: int) -> int | None:
+    """The largest message size up to which ``choose`` over ``available`` picks what it would pick
+    with every sollat algorithm enabled: the ``max_bytes`` of the rule before the first rule that
+    names a sollat algorithm which runs at ``world_size`` and is not in ``available`` (0 when that
+    is the first rule; ``None`` when there is none). Above it a communicator built with fewer
+    algorithms (an engine's, for its footprint) would serve a size with a slower fallback."""
+    below = 0
+    for rule in table.rules:
+        if rule.algorithm not in HANDOVERS and rule.algorithm not in available:
+            alg = algorithms.ALGORITHMS.get(rule.algorithm)
+            if alg is not None and alg.runs_on(world_size):
+                return below
+        below = max(below, rule.max_bytes)
+    return None
+
+
 def choose(table: Table, nbytes: int, dtype: torch.dtype, op: str, *, deterministic: bool,
            handovers: frozenset[str] | set[str], available: tuple[str, ...], batch_invariant: bool = False) -> str:
     """Algorithm for one call. Skips rules whose algorithm cannot serve (dtype, op, determinism,

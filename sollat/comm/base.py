@@ -159,6 +159,12 @@ class _CommCore:
             self._choices[key] = choice
         return self._symmetric_path(choice, "auto", nbytes, dtype, op) if symmetric else choice
 
+    def own_pick_limit(self) -> int | None:
+        """The largest message for which ``auto`` on this communicator picks what it would pick with
+        every sollat algorithm enabled (``None``: every size); above it this communicator's
+        ``algorithms`` leave out the table's choice (``select.own_pick_limit``)."""
+        return select.own_pick_limit(self._selection_table(), self._algos, self.world_size)
+
     def _selection_table(self) -> select.Table:
         if self._table is None:  # read once per communicator; a new `tune` table needs a new one
             real = self._ranks.real

@@ -214,6 +214,9 @@ class GroupAdapter:
         self.limit = max_bytes
         self.log = log or logger
         self.comm: CommunicatorLike | None = None
+        # Above this size the communicator's table picks an algorithm the engine's communicator does
+        # not build (its footprint): the engine serves those calls (set with the communicator).
+        self.own_limit: int | None = None
         self.unavailable: str | None = None  # why there is no communicator (set once, on every rank alike)
         self.capturing = False
         self.counts: Counter[str] = Counter()
@@ -263,7 +266,18 @@ class GroupAdapter:
             return self._keep_engine(why, rank)
         self.comm = comm
         self.batch_invariant = bool(getattr(comm, "batch_invariant", self.batch_invariant))
+        limit = getattr(comm, "own_pick_limit", None)
+        self.own_limit = limit() if callable(limit) else None
         return True
+
+    def _beyond_own_picks(self, x: torch.Tensor) -> str | None:
+        """Why a call the rule gives sollat still goes to the engine: above ``own_limit`` a plain
+        communicator would run an algorithm this one was built without (not in batch-invariant
+        mode, which never hands a call over)."""
+        nbytes = x.numel() * x.element_size()
+        if self.batch_invariant or self.own_limit is None or nbytes <= self.own_limit:
+            return None
+        return f"{nbytes} bytes > {self.own_limit}, above which the table picks an algorithm the engine's communicator leaves out"
 
     def _exchanger(self, rank: int) -> Callable[[str, float], list[str]]:
         """``exchange(value, k)``: every rank's value, through the store, within k x the setup
@@ -301,14 +315,15 @@ class GroupAdapter:
         comm = self.comm
         if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
             comm = self.comm
-        return all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes) is None
+        why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes)
+        return why is None and self._beyond_own_picks(x) is None
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor | None:
         """The sum over the group of ``x`` (a new tensor), or ``None``: the engine must serve it."""
         comm = self.comm
         if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
             comm = self.comm  # built on the first call the rule gives it (the same call on every rank)
-        why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes)
+        why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes) or self._beyond_own_picks(x)
         if why is not None:
             self.counts["declined:" + why] += 1
             return None
@@ -324,7 +339,8 @@ class GroupAdapter:
         if (comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale, self.max_bytes) is None
                 and self.ensure()):
             comm = self.comm
-        why = rmsnorm_refusal(x, residual, weight, None if comm is None else comm.device, fp8_scale, self.max_bytes)
+        why = (rmsnorm_refusal(x, residual, weight, None if comm is None else comm.device, fp8_scale, self.max_bytes)
+               or self._beyond_own_picks(x))
         if why is not None:
             self.counts["declined:" + why] += 1
             return None

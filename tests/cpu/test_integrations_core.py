@@ -226,8 +226,9 @@ def _sizes() -> list[int]:
 
 
 # Where the engine's communicator runs another algorithm than a plain one for a decode-size call:
-# the generic table (3 to 8 ranks) gives exactly 1 MiB to the two-shot, which the engine lacks; the
-# table's next rule, the one-shot sentinel, serves it (the same sum, bit for bit).
+# the generic table (3 to 8 ranks) gives exactly 1 MiB to the two-shot, which the engine lacks (the
+# table's next rule, the one-shot sentinel, would serve it at half the speed or less), so the adapter
+# hands those calls to the engine (GroupAdapter.own_limit).
 CHANGED = {2: [], 4: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")],
            8: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")]}
 
@@ -253,6 +254,49 @@ def test_decode_size_calls_keep_their_algorithm_on_the_shipped_tables(monkeypatc
                 if d != e and (nbytes, d, e) not in changed:
                     changed.append((nbytes, d, e))
     assert changed == CHANGED[world]
+    # The adapter hands exactly those calls to the engine: every size up to the limit keeps its pick.
+    limit = select.own_pick_limit(table, engine, world)
+    assert all(nbytes > limit for nbytes, _, _ in changed) if limit is not None else not changed
+
+
+def test_own_pick_limit_is_the_rule_before_the_first_left_out_algorithm() -> None:
+    rules = tuple(select.Rule(m, a) for m, a in ((1024, "oneshot_ll_wide"), (16384, "oneshot_ll"),
+                                                 (65536, select.NCCL), (1048575, "oneshot_sentinel"),
+                                                 (2097152, "twoshot_sentinel")))
+    table = select.Table("generic", 0, rules)
+    engine = ("oneshot_ll", "oneshot_sentinel")
+    assert select.own_pick_limit(table, engine, 8) == 1048575  # the wide one-shot does not run at 8
+    assert select.own_pick_limit(table, engine, 9) == 0  # ... at 9 it leads the table
+    assert select.own_pick_limit(table, engine + ("twoshot_sentinel", "oneshot_ll_wide"), 9) is None
+
+
+class _Doubling:
+    device = CPU
+
+    def all_reduce(self, x: torch.Tensor, op: str = "sum", algo: str = "auto", *, out: Any = None) -> torch.Tensor:
+        return x * 2
+
+    def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                           algo: str = "auto", **kw: Any) -> tuple[torch.Tensor, ...]:
+        return x, residual
+
+    def own_pick_limit(self) -> int:
+        return 32
+
+
+def test_calls_above_the_communicators_own_picks_go_to_the_engine() -> None:
+    ad = core.GroupAdapter(engine="t", name="tp", device_group=None, cpu_group=None, device=CPU, world_size=2,
+                           batch_invariant=False, max_bytes=1 << 20)
+    ad.comm = _Doubling()
+    ad.own_limit = ad.comm.own_pick_limit()
+    assert ad.all_reduce(torch.ones(8)).tolist() == [2.0] * 8  # 32 bytes: served
+    assert ad.all_reduce(torch.ones(9)) is None and not ad.serves(torch.ones(9))
+    (why,) = [k for k in ad.counts if k.startswith("declined:")]
+    assert why == "declined:36 bytes > 32, above which the table picks an algorithm the engine's communicator leaves out"
+    x = torch.ones(1, 9)
+    assert ad.all_reduce_rmsnorm(x, x, torch.ones(9), 1e-6) is None
+    ad.batch_invariant = True  # that mode never hands a call over
+    assert ad.all_reduce(torch.ones(9)) is not None
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
