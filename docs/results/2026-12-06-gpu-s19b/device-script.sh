@@ -7,7 +7,7 @@
 # $OUT/logs.tgz, the main ones also plain.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export SOLLAT_CACHE_DIR=/tmp/sollat-cache PYTHONPATH=$PWD
-D=docs/results/2026-12-06-h200-s19b
+D=docs/results/2026-12-06-gpu-s19b
 C=${SOLLAT_COMMIT:-unknown}
 L=$OUT/logs; mkdir -p $L; cp $D/device-script.sh $L/
 left() { echo $(( ${BUDGET:-580} - SECONDS )); }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200, virtual ranks, HEAD b780257 (the fused kernels' row exchange on mbarriers, unrun on a GPU
+# One GPU (it ran on an H100), virtual ranks, HEAD b780257 (the fused kernels' row exchange on mbarriers, unrun on a GPU
 # until now): every kernel precompiled; the RMSNorm GPU tests at HEAD; the fused A/B of HEAD against
 # 027d5c6 (cluster barriers) with s18b's ab_fused.py; s18a's diagnostic builds K1-K5 of 027d5c6's
 # fused kernel (fused_diag.py, .ab/diag = 027d5c6 + fused-diag.patch); the engines' communicator
@@ -7,7 +7,7 @@
 # Carried: .ab (base = 027d5c6's sollat, diag = the same patched). Logs under $OUT.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export SOLLAT_CACHE_DIR=/tmp/sollat-cache
-D=docs/results/2026-12-06-h200-s19a
+D=docs/results/2026-12-06-gpu-s19a
 L=$OUT/logs; mkdir -p $L; cp $D/device-script.sh $L/
 left() { echo $(( ${BUDGET:-570} - SECONDS )); }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu --format=csv; echo "commit ${SOLLAT_COMMIT:-unknown}"; date -u +%FT%TZ; python3 -c 'import torch; print("torch", torch.__version__)'; } > $L/env.txt 2>&1
