@@ -17,9 +17,11 @@ The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the cal
   three, a weight ``[hidden]`` of x's dtype, a residual of x's shape and dtype, hidden <= 65536,
   the FP8 scale one float32 element on the device);
 * outside batch-invariant mode, the message (x) is at most the engine limit
-  (``$SOLLAT_ENGINE_MAX_BYTES``, ``settings.py``). In batch-invariant mode there is no size
-  limit: a threshold would send one row through two implementations at two batch sizes, which
-  that mode forbids (sollat cuts a large message into passes over the same scratch).
+  (``$SOLLAT_ENGINE_MAX_BYTES``, ``settings.py``), and at most the size above which the
+  communicator's table picks an algorithm the engine's communicator leaves out
+  (``GroupAdapter.own_limit``). In batch-invariant mode there is no size limit: a threshold would
+  send one row through two implementations at two batch sizes, which that mode forbids (sollat
+  cuts a large message into passes over the same scratch).
 
 Everything else goes to the engine's path.
 
