@@ -501,12 +501,16 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     if (bad) return poison_from(row);
     // Parity reuse: chunk_sums[parity] and chunk_faults[parity] are written again two rows on. A
     // sibling sends those only after its wait for the next row, which needs every warp of this
-    // block's stores of the next row, which each warp issues after its reads here. A st.async is a
-    // weak store, so where this cluster has a row two rows on, a cluster-scope fence orders this
-    // thread's reads before those stores. It comes before the row's own output stores, so it
-    // waits for few stores. (k == 1: the next row's __syncthreads_or orders them.)
+    // block's stores of the next row, which lanes 0..k-1 of each warp issue after every lane's
+    // reads here. A st.async is a weak store, so where this cluster has a row two rows on, the
+    // warp's barrier orders every lane's reads before the sending lanes' cluster-scope fences,
+    // which order them before those stores. Both come before the row's own output stores, so the
+    // fence waits for few stores. (k == 1: the next row's __syncthreads_or orders them.)
     const float total = row_tree_sum(chunk_sums[parity], n_chunks);
-    if (k > 1 && row + 2 * (u64)row_step < rows) fence_acq_rel_cluster();
+    if (k > 1 && row + 2 * (u64)row_step < rows) {
+      __syncwarp();
+      fence_acq_rel_cluster();
+    }
     const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)hidden), eps)));
 
     for (int p = 0; p < passes; ++p) {
