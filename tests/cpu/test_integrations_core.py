@@ -227,8 +227,8 @@ def _sizes() -> list[int]:
 
 # Where the engine's communicator runs another algorithm than a plain one for a decode-size call:
 # the generic table (3 to 8 ranks) gives exactly 1 MiB to the two-shot, which the engine lacks (the
-# table's next rule, the one-shot sentinel, would serve it at half the speed or less), so the adapter
-# hands those calls to the engine (GroupAdapter.own_limit).
+# table's next rule, the one-shot sentinel, would serve it 1.2-2x slower: docs/integrations.md), so
+# the adapter hands those calls to the engine (GroupAdapter.own_limit).
 CHANGED = {2: [], 4: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")],
            8: [(1 << 20, "twoshot_sentinel", "oneshot_sentinel")]}
 
