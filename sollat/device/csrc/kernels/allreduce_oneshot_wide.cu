@@ -24,8 +24,9 @@
 // in a pass advances its epoch once in that pass (recvWindow marks channel 0 used even where the
 // group holds no peer: the own rank's group {R-1} when R = 8k + 1), so the counter of s(g, j) on
 // every rank counts the passes in which line j of the block existed: writer and reader agree.
-// A thread whose line never exists keeps its epoch, as in every sollat kernel.
-// (Not in the protocol model: its LL algorithms give each line-channel one thread.)
+// A thread whose line never exists keeps its epoch, as in every sollat kernel. The protocol model
+// runs these programs (sollat/model/wide.py) and catches the planted bugs of the pairing
+// (wide-own-slot), of the fixed lines per block (wide-fitted-lines) and of the reuse fence.
 //
 // Block synchronisation: warps with no line in the first pass have none in any later pass (lines
 // only grow), so they leave at once and the others synchronise with a named barrier counting only
