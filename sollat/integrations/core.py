@@ -134,7 +134,9 @@ def domain_refusal(world_size: int, hosts: Sequence[str]) -> str | None:
 
 # ---- the communicator and how it is made ----------------------------------------------------------
 class CommunicatorLike(Protocol):
-    """What an adapter uses of ``sollat.Communicator`` (and what a test double provides)."""
+    """What an adapter uses of ``sollat.Communicator`` (and what a test double provides). The adapter
+    also calls ``own_pick_limit()`` where the communicator has one (``GroupAdapter.own_limit``); a
+    double without it is served at every size up to the engine limit."""
 
     device: torch.device
 
