@@ -358,11 +358,14 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
     return d
 
 
-def signature(alg: Algorithm, dt: DType, op: str, n: int) -> int:
+def signature(alg: Algorithm, dt: DType, op: str, n: int, call: str = "") -> int:
     """Odd 32-bit hash of the call's arguments (never 0): its two 16-bit halves ride in every LL
     word's flag (bit 16 is not carried there), the whole of it in bulk flags and sentinel
-    signature words."""
-    return zlib.crc32(f"{alg.name}|{dt.short}|{op}|{n}".encode()) | 1
+    signature words. ``call``: the arguments of the public call this AllReduce serves beyond its
+    own (``all_reduce_rmsnorm``'s ``unfused`` algorithm passes ``rmsnorm.signature_text``: rows,
+    hidden, eps, the FP8 copy), so that peers whose calls differ only there see a mismatch; ""
+    for an ``all_reduce`` call (its signature is what it was without the argument)."""
+    return zlib.crc32((f"{alg.name}|{dt.short}|{op}|{n}" + (f"|{call}" if call else "")).encode()) | 1
 
 
 def get(name: str) -> Algorithm:

@@ -52,6 +52,12 @@ def _hot_numel(x: Any, out: Any, dev: int) -> int:
     return -1
 
 
+def _call_text(name: str, dt: DType, op: str, n: int, symmetric: bool, call: str) -> str:
+    """An AllReduce call as its ranks agree on it: algorithm or library path, dtype, op, elements,
+    in place in symmetric memory, and ``call`` (the unfused RMSNorm's arguments) where given."""
+    return f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}" + (f"|{call}" if call else "")
+
+
 class _Communicator(_CommCore, Generic[In, Out]):
     """The public ops of both communicators. On a ``VirtualCommunicator`` every tensor argument is
     a list of one tensor per rank (rank r's at ``[r]``) and so is every result; a ``weight`` or
@@ -103,7 +109,7 @@ class _Communicator(_CommCore, Generic[In, Out]):
                                                    per_rank_opt(ranks, out, "out", "all_reduce"), deterministic))
 
     def _all_reduce_ranks(self, tensors: list[Any], op: str, algo: str, outs: list[Any] | None,
-                          deterministic: bool) -> list[torch.Tensor]:
+                          deterministic: bool, call: str = "") -> list[torch.Tensor]:
         self._before_call()
         suffix = self._ranks.suffix
         dt, xs = same_call(self._ranks, "all_reduce", tensors, "tensor", lambda t, what: self._check_common(t, op, what))
@@ -127,8 +133,9 @@ class _Communicator(_CommCore, Generic[In, Out]):
         if n == 0:
             return ys
         zero_copy = len(xs) == 1 and xs[0].data_ptr() == ys[0].data_ptr() and self._zero_copy(xs[0], ys[0])
-        plan = self._call_plan(n, dt, op, algo, deterministic, zero_copy)
+        plan = self._call_plan(n, dt, op, algo, deterministic, zero_copy, call)
         if isinstance(plan, str):  # a library path, where it beats sollat's kernels (handover.py)
+            self._agree_library_call(_call_text(plan, dt, op, n, zero_copy, call))  # it carries no signature
             self._library_all_reduce(plan, xs[0], ys[0], op)
             return ys
         self._launch(plan, pointer_table(self._ranks, xs, ys))
@@ -136,14 +143,16 @@ class _Communicator(_CommCore, Generic[In, Out]):
         return ys
 
     def _call_plan(self, n: int, dt: DType, op: str, algo: str, deterministic: bool,
-                   symmetric: bool = False) -> _Plan | str:
+                   symmetric: bool = False, call: str = "") -> _Plan | str:
         """Plan of one all_reduce call, or the name of a library path (select.HANDOVERS) (cached: the
         eager hot path is one dict lookup). A new call shape is compiled here and then agreed on by
         every rank (comm/agree.py) before its first launch: no peer's first-use compile can look like
         a hang, and a call that differs between ranks is an error on every rank before anything runs.
         ``symmetric``: the call is in place on a tensor in symmetric memory (``Communicator.empty``),
-        which may change the library path; part of the agreement, since the paths differ."""
-        key = (n, dt.torch_dtype, op, algo, deterministic, symmetric)
+        which may change the library path; part of the agreement, since the paths differ.
+        ``call``: the further arguments of the public call this AllReduce serves (the unfused
+        RMSNorm's), part of its plan's signature and of the agreement."""
+        key = (n, dt.torch_dtype, op, algo, deterministic, symmetric) + ((call,) if call else ())
         entry = self._calls.get(key)
         if entry is None:
             name = self._resolve(algo, n * dt.size, dt.torch_dtype, op, deterministic)
@@ -153,9 +162,10 @@ class _Communicator(_CommCore, Generic[In, Out]):
                 self._check_handover(name, n * dt.size, dt, op)
                 entry = name
             else:
-                entry = self._kernels.plan(name, dt, op, n)
-            self._agreement.agree(f"{name}|{dt.short}|{op}|n={n}|symmetric={int(symmetric)}",
-                                  "this call (algorithm|dtype|op|elements|in place in symmetric memory)")
+                entry = self._kernels.plan(name, dt, op, n, call)
+            self._agreement.agree(_call_text(name, dt, op, n, symmetric, call),
+                                  "this call (algorithm|dtype|op|elements|in place in symmetric memory"
+                                  + ("|the RMSNorm's arguments)" if call else ")"))
             self._calls[key] = entry
         return entry
 
@@ -240,8 +250,9 @@ class _Communicator(_CommCore, Generic[In, Out]):
         if rows == 0:
             return result
         plan = self._rmsnorm_call_plan(rows, hidden, dt, bits, algo, fp8 is not None)
-        if plan.alg is None:  # unfused: the sums into ys (same bits on every rank), then the epilogue in place
-            self._all_reduce_ranks([c[0] for c in checked], "sum", "auto", ys, True)
+        if plan.alg is None:  # unfused: the sums into ys (same bits on every rank), then the epilogue in place;
+            # this call's arguments ride in the AllReduce's signature (a library path: agreed on the host)
+            self._all_reduce_ranks([c[0] for c in checked], "sum", "auto", ys, True, plan.call)
             self._launch(plan, epilogue.pointer_table(ranks.table_ranks, ys, ys, [c[1] for c in checked], rs,
                                                       [c[2] for c in checked], fp8))
             return result
@@ -260,7 +271,7 @@ class _Communicator(_CommCore, Generic[In, Out]):
         if entry is None:
             name = self._rmsnorm_resolve(algo, rows * hidden * dt.size, dt.torch_dtype, rows)
             if name == rmsnorm.UNFUSED:
-                entry = self._kernels.rmsnorm_epilogue_plan(dt, rows, hidden, eps_bits)
+                entry = self._kernels.rmsnorm_epilogue_plan(dt, rows, hidden, eps_bits, fp8)
             else:
                 entry = self._kernels.rmsnorm_plan(name, dt, rows, hidden, eps_bits, fp8)
             self._agreement.agree(rmsnorm.signature_text(name, dt, rows, hidden, eps_bits, fp8),
@@ -362,6 +373,7 @@ class _Communicator(_CommCore, Generic[In, Out]):
             return ys
         plan = self._gs_plan(kind, n, dt, op, algo)
         if isinstance(plan, str):  # torch.distributed, where it beats sollat's kernels (handover.py)
+            self._agree_library_call(f"{kind}:{plan}|{dt.short}|{op}|n={n}")  # it carries no signature
             self._library_gather_scatter(kind, xs[0], ys[0], op)
             return ys
         self._launch(plan, pointer_table(ranks, xs, ys))

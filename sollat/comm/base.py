@@ -20,9 +20,10 @@ from ..collectives import algorithms, handover, registry, rmsnorm, select
 from ..collectives.custom import Collective
 from ..device import faults, launch, layout
 from ..device.dtypes import OPS, DType, lookup
-from ..errors import CommunicatorFaultedError, UnsupportedError
+from ..errors import CommunicatorFaultedError, PeerTimeoutError, UnsupportedError
 from . import agree
 from .checks import MAX_ELEMENTS
+from .each_call import EachCall
 from .fitting import Fitting
 from .plan import Kernels, _Plan
 from .ranks import Ranks
@@ -71,6 +72,10 @@ class _CommCore:
         self._faulted = False  # a fault was raised here: every call raises until reset()
         self._err_host: np.ndarray = self._memory.flag.numpy()  # the host-mapped fault flag (read without a sync)
         self._agreement = agreement or agree.NoAgreement()
+        # Every call a library path serves is agreed on first (each_call.py; None: no store).
+        self._each_call = (EachCall(self._agreement.store, self._agreement.prefix, self._agreement.rank,
+                                    self._agreement.world_size, timeout_s)
+                           if isinstance(self._agreement, agree.Agreement) else None)
         self._calls: dict[tuple[Any, ...], _Plan | str] = {}  # call shape -> plan | library path
         self._choices: dict[tuple[Any, ...], str] = {}  # what `auto` picked, by message
         self._table: select.Table | None = None  # the tuning table (read on first use)
@@ -249,6 +254,17 @@ class _CommCore:
         """Whether an in-place call on ``x`` may use a library's zero-copy path (symmetric memory)."""
         return False
 
+    def _agree_library_call(self, text: str) -> None:
+        """Before a call a library path serves: every rank made this call (``each_call.py``), or
+        every rank raises; a rank that did not come in time faults the communicator (reset())."""
+        if self._each_call is None:
+            return
+        try:
+            self._each_call.agree(text)
+        except PeerTimeoutError:
+            self._faulted = True
+            raise
+
     def _library_all_reduce(self, path: str, x: torch.Tensor, y: torch.Tensor, op: str) -> None:
         raise AssertionError(f"a {type(self).__name__} never hands a call over (got {path!r})")
 
@@ -345,3 +361,5 @@ class _CommCore:
         self._memory.reset(self._ranks.scratch_views())
         self._err_host[:] = 0
         self._faulted = False
+        if self._each_call is not None:
+            self._each_call.realign()

@@ -29,6 +29,9 @@ class _Plan:
     config: Any            # cuda.core LaunchConfig (grid, block, PDL, rank cluster)
     tail: tuple[Any, ...]  # arguments after the tensor pointers
     bound: driver_launch.BoundLaunch  # the launch prepacked for one driver call
+    # The unfused RMSNorm's epilogue only: its public call's arguments (rmsnorm.signature_text),
+    # folded into the signature of the AllReduce that runs before it (algorithms.signature).
+    call: str = ""
 
 
 class Kernels:
@@ -50,9 +53,11 @@ class Kernels:
         self.kernel_files: dict[str, str] = {}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
 
-    def plan(self, name: str, dt: DType, op: str, n: int) -> _Plan:
-        """An AllReduce, AllGather/ReduceScatter or user-written collective of ``n`` elements."""
-        key = (name, dt.short, op, n, self.test_hooks, tuple(sorted(self.defines.items())),
+    def plan(self, name: str, dt: DType, op: str, n: int, call: str = "") -> _Plan:
+        """An AllReduce, AllGather/ReduceScatter or user-written collective of ``n`` elements.
+        ``call``: the public call's further arguments, folded into the signature
+        (``algorithms.signature``; the unfused RMSNorm's AllReduce)."""
+        key = (name, dt.short, op, n, call, self.test_hooks, tuple(sorted(self.defines.items())),
                self.kernel_files.get(name))
         plan = self._plans.get(key)
         if plan is not None:
@@ -79,7 +84,7 @@ class Kernels:
         tail = abi.kernel_tail({
             "n": n, "st": mem.state.data_ptr(), "region_off": mem.region_off[region],
             "lines_per_src": layout.lines_per_src(mem.region_blocks[region]), "epochs": mem.epochs[region].data_ptr(),
-            "sig": algorithms.signature(alg, dt, op, n), "rank_base": self.ranks.rank_base,
+            "sig": algorithms.signature(alg, dt, op, n, call), "rank_base": self.ranks.rank_base,
             "nranks": self.world_size, "rec0": rec0, "rank_stride": rank_stride})
         n_ptrs = abi.table_size("collective", self.ranks.table_ranks)
         plan = _Plan(alg, kernel, config, tail, driver_launch.BoundLaunch(kernel, config, tail, n_ptrs))
@@ -119,13 +124,14 @@ class Kernels:
         self._plans[key] = plan
         return plan
 
-    def rmsnorm_epilogue_plan(self, dt: DType, rows: int, hidden: int, eps_bits: int) -> _Plan:
+    def rmsnorm_epilogue_plan(self, dt: DType, rows: int, hidden: int, eps_bits: int, fp8: bool = False) -> _Plan:
         """The unfused algorithm's epilogue (``alg`` None): one launch for every launch rank; its
-        AllReduce plans its own call."""
+        AllReduce plans its own call, with ``call`` (this call's arguments) in its signature."""
         ranks = self.ranks
         kernel, config, tail = epilogue.launch_parts(dt, rows, hidden, eps_bits, ranks.launch_ranks, ranks.table_ranks)
         bound = driver_launch.BoundLaunch(kernel, config, tail, epilogue.n_ptrs(ranks.table_ranks))
-        return _Plan(None, kernel, config, tail, bound)
+        return _Plan(None, kernel, config, tail, bound,
+                     call=rmsnorm.signature_text(rmsnorm.UNFUSED, dt, rows, hidden, eps_bits, fp8))
 
     def kernel(self, alg: Any, kernel_file: str, dt: DType, op: str, slots: int, fp8: bool = False) -> Any:
         """The compiled entry point of one instantiation (the extra defines included); a
