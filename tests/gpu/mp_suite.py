@@ -42,7 +42,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from types import ModuleType
 from typing import Any
@@ -913,13 +913,52 @@ def straggler(s: Suite) -> None:
 
 
 # ---- 4. mismatch -----------------------------------------------------------------------------
+#
+# A call that differs between ranks must never give any rank a finite result: every rank raises,
+# from the call itself (the host agreement: first use of a call shape, or any call a library
+# path serves) or from the next check (the kernels: the call signature rides with the data).
+#
+# Which ranks make the other call: the first, a middle one, the last, and half of them
+# (DIFFERING). The matrix is not the full cross product (ops x algorithms x argument kinds x
+# differing ranks, at 3 and 4 processes, would take tens of minutes where processes time-slice
+# one GPU at milliseconds a call). Instead every (op or algorithm, argument kind) pair runs once,
+# with the differing set number (algorithm index + kind index) % 4 in ``mismatch`` and (case
+# index) % 4 in ``mismatch_other``, whose cases run kind by kind, 7 per algorithm. So every
+# algorithm meets every differing set (it has 4 or more kinds) and every argument kind meets every
+# differing set (it runs on 4 or more algorithms, each shifting the set by one or by three). The
+# suite runs at 3 and at 4 processes (tests/gpu/test_multiprocess.py), where "middle" and "half"
+# are other ranks (1 and [1, 2] of 3; 2 and [1, 2] of 4).
+#
+# A PeerTimeoutError passes only where the two calls run different kernels (another algorithm or
+# protocol, or a library path against a kernel: a rank waits for lines no peer writes). Where both
+# calls run the same kernel the signature must be seen: only CallMismatchError passes.
 
 
-Spec = tuple[str, torch.dtype, str, int]  # (algo, dtype, op, n)
+def differing_sets(world: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The ranks that make the other call: the first, a middle one, the last, and half of them
+    (ranks 1..ceil(world / 2): ranks 1 and 2 of 3 or of 4)."""
+    return [("first", (0,)), ("middle", (world // 2,)), ("last", (world - 1,)),
+            ("half", tuple(range(1, 1 + (world + 1) // 2)))]
+
+
+def differing(s: Suite, i: int) -> tuple[str, tuple[int, ...]]:
+    """Case i's differing ranks: "name (ranks)" and the ranks."""
+    name, ranks = differing_sets(s.world)[i % 4]
+    return f"{name} {list(ranks)}", ranks
+
+
+Spec = tuple[str, torch.dtype, str, int]  # (algo, dtype, op, n); algo may be "nccl" (the library path)
+
+
+def serves(algo: str, dt: torch.dtype | None = None, op: str | None = None) -> bool:
+    if algo == select.NCCL:
+        return True
+    alg = ALGORITHMS[algo]
+    return (dt is None or dt in alg.dtypes) and (op is None or op in alg.ops)
 
 
 def mismatch_specs(algos: tuple[str, ...], algo: str, kind: str, n: int) -> tuple[Spec, Spec] | None:
-    """(what ranks 0..R-2 call, what the last rank calls): they differ in one argument, with data
+    """(what most ranks call, what the differing ranks call): they differ in one argument, with data
     that differs too (another size, another dtype over the same bytes, another op, another kernel)."""
     base: Spec = (algo, torch.float32, "sum", n)
     if kind == "size":
@@ -927,18 +966,24 @@ def mismatch_specs(algos: tuple[str, ...], algo: str, kind: str, n: int) -> tupl
     if kind == "size_same_lines":  # one element more: the same lines, the same launch
         return base, (algo, torch.float32, "sum", n + 1)
     if kind == "dtype":
-        return base, (algo, torch.bfloat16, "sum", n) if torch.bfloat16 in ALGORITHMS[algo].dtypes else None
+        return (base, (algo, torch.bfloat16, "sum", n)) if serves(algo, torch.bfloat16) else None
     if kind == "dtype_same_bytes":  # fp32 n against bf16 2n: the same bytes, lines and launch
-        return (base, (algo, torch.bfloat16, "sum", 2 * n)) if torch.bfloat16 in ALGORITHMS[algo].dtypes else None
+        if algo == select.NCCL:  # float64 (every torch.distributed backend reduces it): n / 2
+            return base, (algo, torch.float64, "sum", n // 2)
+        return (base, (algo, torch.bfloat16, "sum", 2 * n)) if serves(algo, torch.bfloat16) else None
     if kind == "op":
-        return (base, (algo, torch.float32, "max", n)) if "max" in ALGORITHMS[algo].ops else None
+        return (base, (algo, torch.float32, "max", n)) if serves(algo, op="max") else None
     others = [a for a in algos if a != algo]
     if kind == "algorithm":
-        return (base, (others[algos.index(algo) % len(others)], torch.float32, "sum", n)) if others else None
+        return (base, (others[algos.index(algo) % len(others)] if algo in algos else others[0], torch.float32, "sum",
+                       n)) if others else None
     raise ValueError(kind)
 
 
 MISMATCH_KINDS = ("size", "size_same_lines", "dtype", "dtype_same_bytes", "op", "algorithm")
+# On shapes every rank used before: the kinds whose calls have the same bytes (only the signature
+# can tell them apart) and the algorithm; "size" and "dtype" (other bytes) run on first use.
+CACHED_KINDS = ("size_same_lines", "dtype_same_bytes", "op", "algorithm")
 
 
 def spec_str(sp: Spec) -> str:
@@ -948,7 +993,7 @@ def spec_str(sp: Spec) -> str:
 def expect_no_finite_result(s: Suite, comm: sollat.Communicator, call: Callable[[], list[torch.Tensor]],
                             what: str) -> tuple[sollat.SollatError | None, str]:
     """Runs one mismatched call (its outputs poisoned with the finite POISON first: ``call`` does
-    that and returns them) and checks what every rank must see: the call raises, or its output is
+    that and returns them) and checks what this rank must see: the call raises, or its output is
     NaN in every element and check() raises within timeout_s + FAULT_SLACK_S. A finite element is
     a result taken from a call with other arguments. Returns (error, where it was raised)."""
     t0 = time.monotonic()
@@ -968,11 +1013,13 @@ def expect_no_finite_result(s: Suite, comm: sollat.Communicator, call: Callable[
     return err, where
 
 
-def check_mismatch_error(s: Suite, err: sollat.SollatError | None, where: str, desc: str, timeout_ok: bool) -> None:
-    """The error of a mismatched call: CallMismatchError, or (where the ranks ran different kernels
-    or, sharing signature words, a lane waits for a word the other call never writes) a timeout."""
+def check_mismatch_error(s: Suite, err: sollat.SollatError | None, where: str, desc: str,
+                         different_kernels: bool) -> None:
+    """The error of a mismatched call: CallMismatchError; where the ranks ran different kernels
+    (another algorithm or protocol, a library path against a kernel) a PeerTimeoutError also
+    passes, since a rank may wait for lines no peer writes."""
     ok_types: tuple[type[Exception], ...] = (sollat.CallMismatchError,)
-    if timeout_ok:
+    if different_kernels:
         ok_types = (sollat.CallMismatchError, sollat.PeerTimeoutError)
     if err is None:
         return  # already failed in expect_no_finite_result
@@ -987,12 +1034,14 @@ def correct_call(s: Suite, comm: sollat.Communicator, sp: Spec, tag: str) -> Non
     algo, dt, op, n = sp
     xs = s.inputs("randn", n, dt, tag, spec_str(sp))
     y = comm.all_reduce(xs[s.rank], op, algo, out=torch.full_like(xs[s.rank], NAN))
-    s.verify(y, xs, algo, op, f"{tag} {spec_str(sp)}")
+    # max and min have one result in any order: bitwise, also where a library reduces them
+    s.verify(y, xs, "oneshot_ll" if algo == select.NCCL and op != "sum" else algo, op, f"{tag} {spec_str(sp)}")
 
 
-def mismatched_all_reduce(s: Suite, comm: sollat.Communicator, base: Spec, alt: Spec, tag: str) -> list[torch.Tensor]:
-    """Ranks 0..R-2 call `base`, the last rank `alt`, into an output poisoned with POISON."""
-    sp = alt if s.rank == s.world - 1 else base
+def mismatched_all_reduce(s: Suite, comm: sollat.Communicator, base: Spec, alt: Spec, tag: str,
+                          ranks: tuple[int, ...]) -> list[torch.Tensor]:
+    """``ranks`` call `alt`, the others `base`, into an output poisoned with POISON."""
+    sp = alt if s.rank in ranks else base
     algo, dt, op, n = sp
     x = s.inputs("randn", n, dt, tag, spec_str(sp))[s.rank]
     out = torch.full_like(x, POISON)
@@ -1002,58 +1051,65 @@ def mismatched_all_reduce(s: Suite, comm: sollat.Communicator, base: Spec, alt: 
 
 @section("mismatch", 150)
 def mismatch(s: Suite) -> None:
-    """all_reduce calls that differ between ranks in size (also by one element: the same lines),
-    dtype (also over the same bytes), op or algorithm, on every algorithm: (a) on first use (the
-    host's agreement raises before any kernel), (b) on shapes every rank used before (the kernels
-    must see it: every rank raises, and no rank keeps a finite element of the call); then
-    reset() and a correct call."""
+    """all_reduce calls that differ between ranks (the first, a middle one, the last or half of
+    them) in size (also by one element: the same lines), dtype (also over the same bytes), op or
+    algorithm, on every algorithm: (a) on first use (the host's agreement raises before any
+    kernel), (b) on shapes every rank used before, every algorithm and the NCCL library path (the
+    kernels must see it, the library path's agreement of every call raises before the library
+    runs: every rank raises, and no rank keeps a finite element of the call); then reset() and a
+    correct call. (c) The signature hook: one rank flips a bit of its signature."""
     f = s.fast
     algos = f.algorithms
     i = 0
     for phase in ("first-use", "cached"):
-        for algo in algos:
-            for kind in MISMATCH_KINDS:
+        paths = algos if phase == "first-use" else (*algos, select.NCCL)
+        for a, algo in enumerate(paths):
+            for k, kind in enumerate(MISMATCH_KINDS if phase == "first-use" else CACHED_KINDS):
                 i += 1
-                n = (21001 if phase == "first-use" else 31001) + 64 * i  # sizes no other section uses
+                n = (21002 if phase == "first-use" else 31002) + 64 * i  # sizes no other section uses (even)
                 specs = mismatch_specs(algos, algo, kind, n)
                 what = f"{phase} {kind} mismatch on {algo}"
                 if specs is None:
                     s.log(f"{what}: not applicable ({algo} supports one {kind.split('_')[0]})")
                     continue
                 base, alt = specs
+                who, ranks = differing(s, a + k)
                 if phase == "cached":
                     correct_call(s, f, base, "warm")
                     correct_call(s, f, alt, "warm")
                     f.check()
                 s.barrier("mismatch")
-                desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on rank {s.world - 1})"
-                err, where = expect_no_finite_result(s, f, lambda b=base, a=alt, w=what: mismatched_all_reduce(s, f, b, a, w),
-                                                     desc)
+                desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on the {who} rank(s))"
+                err, where = expect_no_finite_result(
+                    s, f, lambda b=base, o=alt, w=what, r=ranks: mismatched_all_reduce(s, f, b, o, w, r), desc)
                 if phase == "first-use":
                     if not isinstance(err, sollat.CallMismatchError) or not where.startswith("call"):
                         s.fail(f"{desc}: expected CallMismatchError from the call itself, got "
                                f"{'nothing' if err is None else describe(err)} from the {where}")
                 else:
-                    # LL128's counters may overshoot or stall (peer -1); shared words may time out
-                    check_mismatch_error(s, err, where, desc, timeout_ok=True)
+                    check_mismatch_error(s, err, where, desc, different_kernels=base[0] != alt[0])
+                    if select.NCCL in (base[0], alt[0]) and base[0] == alt[0]:  # refused before the library ran
+                        s.expect(where.startswith("call"), f"{desc}: the library path's call did not raise itself")
                 f.reset()
                 correct_call(s, f, base, f"recovery after {what}")
                 f.check()
-    # (c) the signature hook: the last rank flips a bit of its signature and sends its own data
+    # (c) the signature hook: one rank flips a bit of its signature and sends its own data
     testing = testing_module()
-    for algo in algos:
+    for a, algo in enumerate(algos):
         base = (algo, torch.float32, "sum", 4097)
+        flipped = differing_sets(s.world)[a % 3][1][0]  # the first, a middle or the last rank
         correct_call(s, f, base, "warm")
         f.check()
         s.barrier("hook")
-        testing.inject(f, mismatch=s.world - 1)
-        what = f"signature hook on rank {s.world - 1}, {algo}"
-        err, where = expect_no_finite_result(s, f, lambda b=base, w=what: mismatched_all_reduce(s, f, b, b, w), what)
+        testing.inject(f, mismatch=flipped)
+        what = f"signature hook on rank {flipped}, {algo}"
+        err, where = expect_no_finite_result(s, f, lambda b=base, w=what: mismatched_all_reduce(s, f, b, b, w, ()),
+                                             what)
         if not isinstance(err, sollat.CallMismatchError):
             s.fail(f"{what}: expected CallMismatchError on every rank, got {'nothing' if err is None else describe(err)}")
         else:
-            s.expect(s.world - 1 in (err.rank, err.peer) or (algo == "ll128" and err.peer == -1),
-                     f"{what}: {describe(err)} names neither rank {s.world - 1}")
+            s.expect(flipped in (err.rank, err.peer) or (algo == "ll128" and err.peer == -1),
+                     f"{what}: {describe(err)} names neither rank {flipped}")
             s.log(f"{what}: {describe(err)} raised by the {where}")
         testing.clear(f)
         f.reset()
@@ -1076,55 +1132,121 @@ def _gs_call(s: Suite, comm: sollat.Communicator, kind: str, algo: str, dt: torc
     return [out]
 
 
-def _rmsnorm_call(s: Suite, comm: sollat.Communicator, algo: str, rows: int, hidden: int, eps: float, fp8: bool,
-                  tag: str) -> list[torch.Tensor]:
-    """One all_reduce_rmsnorm (bf16) into POISON outputs (y, residual_out[, the FP8 copy])."""
-    dt = torch.bfloat16
+@dataclass(frozen=True)
+class NormCall:
+    """One all_reduce_rmsnorm call of the mismatch tests. fp8: "" (no FP8 copy), "copy"
+    (fp8_scale and fp8_out given) or "scale" (fp8_scale given, fp8_out allocated by the call)."""
+
+    algo: str
+    rows: int
+    hidden: int
+    eps: float = 1e-6
+    fp8: str = ""
+    dtype: torch.dtype = torch.bfloat16
+
+    def resolved(self, comm: sollat.Communicator) -> str:
+        """The algorithm that runs: ``auto``'s pick, else the name."""
+        if self.algo != "auto":
+            return self.algo
+        return comm.selected_rmsnorm_algorithm(self.rows * self.hidden * esize(self.dtype), self.dtype, self.rows)
+
+    def kernel(self, comm: sollat.Communicator) -> str:
+        """What runs on the device: the fused algorithm, or the unfused one's AllReduce."""
+        name = self.resolved(comm)
+        if name != "unfused":
+            return name
+        return "unfused:" + comm.selected_algorithm(self.rows * self.hidden * esize(self.dtype), self.dtype, "sum",
+                                                    deterministic=True)
+
+
+def _rmsnorm_call(s: Suite, comm: sollat.Communicator, c: NormCall, tag: str) -> list[torch.Tensor]:
+    """One all_reduce_rmsnorm into POISON outputs (y, residual_out[, the FP8 copy as bytes])."""
+    rows, hidden, dt = c.rows, c.hidden, c.dtype
     x = s.inputs("randn", rows * hidden, dt, tag)[s.rank].view(rows, hidden)
     res = ref.make_input("randn", ref.seed_of(s.section, tag, "res"), rows * hidden, dt, s.dev).view(rows, hidden)
     w = ref.make_input("randn", ref.seed_of(s.section, tag, "w"), hidden, dt, s.dev)
     y, r = torch.full_like(x, POISON), torch.full_like(res, POISON)
-    if fp8:
+    if c.fp8:
         scale = torch.full((1,), 0.05, device=s.dev)
-        q = torch.full((rows, hidden), 0, dtype=torch.float8_e4m3fn, device=s.dev)
-        comm.all_reduce_rmsnorm(x, res, w, eps, algo, out=y, residual_out=r, fp8_scale=scale, fp8_out=q)
-        return [y, r, q.view(torch.uint8)]
-    comm.all_reduce_rmsnorm(x, res, w, eps, algo, out=y, residual_out=r)
+        q = torch.full((rows, hidden), 0, dtype=torch.float8_e4m3fn, device=s.dev) if c.fp8 == "copy" else None
+        got = comm.all_reduce_rmsnorm(x, res, w, c.eps, c.algo, out=y, residual_out=r, fp8_scale=scale, fp8_out=q)
+        return [y, r, got[2].view(torch.uint8)]
+    comm.all_reduce_rmsnorm(x, res, w, c.eps, c.algo, out=y, residual_out=r)
     return [y, r]
+
+
+def auto_unfused_shape(comm: sollat.Communicator) -> tuple[int, int] | None:
+    """(rows, hidden) of a bf16 call where ``auto`` picks ``unfused`` (None: no such shape here)."""
+    for rows, hidden in ((4, 1024), (8, 512), (3, 2048), (16, 256), (64, 1024)):
+        if NormCall("auto", rows, hidden).resolved(comm) == "unfused":
+            return rows, hidden
+    return None
+
+
+def rmsnorm_mismatch_cases(comm: sollat.Communicator) -> list[tuple[str, NormCall, NormCall]]:
+    """(what, the call of most ranks, the differing ranks' call) for every algorithm (the fused
+    one-shots, unfused, auto where it picks unfused and where it picks a fused one, and unfused
+    on a library path) and every argument that changes a rank's output: eps, hidden at the same
+    element count, rows, the FP8 copy (fp8_scale with fp8_out, and fp8_scale alone), dtype over the
+    same bytes, algorithm."""
+    bases = [NormCall("oneshot_ll", 4, 1024), NormCall("oneshot_sentinel", 4, 1024), NormCall("unfused", 4, 1024)]
+    shape = auto_unfused_shape(comm)
+    if shape is not None:
+        bases.append(NormCall("auto", *shape))
+    if NormCall("auto", 1, 1024).resolved(comm) != "unfused":
+        bases.append(NormCall("auto", 1, 1024))
+    out: list[tuple[str, NormCall, NormCall]] = []
+    for b in bases:
+        tag = f"{b.algo}({b.resolved(comm)}) {b.rows}x{b.hidden}"
+        other = {"oneshot_ll": "oneshot_sentinel", "oneshot_sentinel": "unfused"}.get(b.resolved(comm), "oneshot_ll")
+        out += [(f"rmsnorm {tag} eps", b, replace(b, eps=1e-5)),
+                (f"rmsnorm {tag} hidden at the same element count",
+                 b, replace(b, rows=b.rows * 2, hidden=b.hidden // 2) if b.hidden % 2 == 0 else replace(b, rows=1,
+                                                                                                       hidden=b.rows * b.hidden)),
+                (f"rmsnorm {tag} rows", b, replace(b, rows=b.rows + 1)),
+                (f"rmsnorm {tag} fp8 copy", b, replace(b, fp8="copy")),
+                (f"rmsnorm {tag} fp8 scale", b, replace(b, fp8="scale")),
+                (f"rmsnorm {tag} dtype over the same bytes", b, replace(b, dtype=torch.float16)),
+                (f"rmsnorm {tag} algorithm", b, replace(b, algo=other))]
+    # unfused where its AllReduce is handed to a library (the table's sizes above its last rule):
+    # refused by the agreement of every library call, before the library runs
+    big = NormCall("unfused", 1024, 4096)
+    if big.kernel(comm) in ("unfused:" + p for p in select.LIBRARY_PATHS):
+        tag = f"unfused ({big.kernel(comm)}) {big.rows}x{big.hidden}"
+        out += [(f"rmsnorm {tag} eps", big, replace(big, eps=1e-5)),
+                (f"rmsnorm {tag} hidden at the same element count", big, replace(big, rows=2048, hidden=2048)),
+                (f"rmsnorm {tag} fp8 copy", big, replace(big, fp8="copy"))]
+    return out
 
 
 @section("mismatch_other", 150)
 def mismatch_other(s: Suite) -> None:
-    """The other collectives on shapes every rank used before: all_gather and reduce_scatter (size,
-    dtype over the same bytes, op, protocol), the fused RMSNorm (hidden size at the same element
-    count, eps, the FP8 copy's presence, protocol) and a user-written collective (size, dtype over
-    the same bytes): every rank raises and no rank keeps a finite element (the FP8 copy: no byte
-    but the NaN byte) of the mismatched call."""
+    """The other collectives on shapes every rank used before, the differing ranks the first, a
+    middle one, the last or half of them in turn: all_gather and reduce_scatter (size by one
+    element, dtype over the same bytes, op, protocol), all_reduce_rmsnorm (rmsnorm_mismatch_cases:
+    every algorithm, unfused and auto included, every argument) and a user-written collective
+    (size, dtype over the same bytes): every rank raises and no rank keeps a finite element (the
+    FP8 copy: no byte but the NaN byte) of the mismatched call."""
     maxabs = load_example("maxabs_allreduce")
     colls = {p: sollat.custom.Collective(f"maxabs_{p}", maxabs.SOURCE.read_text().replace("(maxabs,", f"(maxabs_{p},"),
                                          proto=p, max_slots=2) for p in ("ll", "sentinel")}
     f = s.new_comm(timeout_s=FAST_TIMEOUT_S, collectives=list(colls.values()))
-    last = s.world - 1
-    cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]]]] = []
+    # (what, most ranks' call, the differing ranks' call, whether the two run different kernels)
+    cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]], bool]] = []
     n = 4096 + 8
     for kind in ("all_gather", "reduce_scatter"):
         for algo, other in (("ll", "sentinel"), ("sentinel", "ll")):
             def gs(a: str = algo, k: str = kind, dt: torch.dtype = torch.float32, m: int = n, op: str = "sum",
                    tag: str = "") -> Callable[[], list[torch.Tensor]]:
                 return lambda: _gs_call(s, f, k, a, dt, m, op, f"{k}-{a}-{tag}")
-            cases += [(f"{kind} {algo} size", gs(), gs(m=n + 4)),
-                      (f"{kind} {algo} dtype", gs(), gs(dt=torch.bfloat16, m=2 * n)),
-                      (f"{kind} {algo} protocol", gs(), gs(a=other))]
+            cases += [(f"{kind} {algo} size by one element", gs(), gs(m=n + 1), False),
+                      (f"{kind} {algo} dtype over the same bytes", gs(), gs(dt=torch.bfloat16, m=2 * n), False),
+                      (f"{kind} {algo} protocol", gs(), gs(a=other), True)]
             if kind == "reduce_scatter":
-                cases.append((f"{kind} {algo} op", gs(), gs(op="max")))
-    for algo in ("oneshot_ll", "oneshot_sentinel"):
-        def fused(a: str = algo, rows: int = 4, hidden: int = 1024, eps: float = 1e-6,
-                  fp8: bool = False) -> Callable[[], list[torch.Tensor]]:
-            return lambda: _rmsnorm_call(s, f, a, rows, hidden, eps, fp8, f"rmsnorm-{a}")
-        cases += [(f"rmsnorm {algo} hidden", fused(), fused(rows=8, hidden=512)),
-                  (f"rmsnorm {algo} eps", fused(), fused(eps=1e-5)),
-                  (f"rmsnorm {algo} fp8 copy", fused(), fused(fp8=True)),
-                  (f"rmsnorm {algo} protocol", fused(), fused(a="oneshot_sentinel" if algo == "oneshot_ll" else "oneshot_ll"))]
+                cases.append((f"{kind} {algo} op", gs(), gs(op="max"), False))
+    for what, b, alt in rmsnorm_mismatch_cases(f):
+        cases.append((what, lambda c=b, w=what: _rmsnorm_call(s, f, c, w),
+                      lambda c=alt, w=what: _rmsnorm_call(s, f, c, w), b.kernel(f) != alt.kernel(f)))
     for proto, coll in colls.items():
         def run(dt: torch.dtype = torch.float32, m: int = 20000, c: Any = coll) -> Callable[[], list[torch.Tensor]]:
             def go() -> list[torch.Tensor]:
@@ -1133,18 +1255,20 @@ def mismatch_other(s: Suite) -> None:
                 f.run(c, x, out=out)
                 return [out]
             return go
-        cases += [(f"user collective {proto} size", run(), run(m=20004)),
-                  (f"user collective {proto} dtype", run(), run(dt=torch.bfloat16, m=40000))]
-    for what, base, alt in cases:
-        for warm in (base, alt):  # both shapes known on every rank: only the device can tell
+        cases += [(f"user collective {proto} size", run(), run(m=20004), False),
+                  (f"user collective {proto} dtype", run(), run(dt=torch.bfloat16, m=40000), False)]
+    for i, (what, base, alt, different_kernels) in enumerate(cases):
+        for warm in (base, alt):  # both shapes known on every rank: only the device (or a library call's agreement) can tell
             outs = warm()
             torch.cuda.synchronize(s.dev)
             f.check()
             s.expect(all(not bool(torch.isnan(o.float()).all()) for o in outs if o.is_floating_point()),
                      f"{what}: a correct warm-up call left NaN")
+        who, ranks = differing(s, i)
+        desc = f"{what} (the {who} rank(s) differ)"
         s.barrier("mismatch_other")
-        err, where = expect_no_finite_result(s, f, alt if s.rank == last else base, f"{what} (rank {last} differs)")
-        check_mismatch_error(s, err, where, f"{what} (rank {last} differs)", timeout_ok=True)
+        err, where = expect_no_finite_result(s, f, alt if s.rank in ranks else base, desc)
+        check_mismatch_error(s, err, where, desc, different_kernels)
         f.reset()
         base()
         f.check()
