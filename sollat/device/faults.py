@@ -113,5 +113,6 @@ def to_exception(rec: np.ndarray, *, timeout_s: float, where_seen: int) -> Solla
         # epoch 0).
         return CallMismatchError(
             f"sollat {what}: peer {peer} called {what} with different arguments than rank {rank} (size, dtype, "
-            f"op or algorithm; the signature it sent 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)
+            f"op or algorithm, or, where this AllReduce serves all_reduce_rmsnorm's unfused algorithm, rows, "
+            f"hidden size, eps or the FP8 copy; the signature it sent 0x{seen:08x}; {where}){by}. {fix}", rank=rank, peer=peer)
     return SollatError(f"sollat: unknown device fault code {code} ({where}){by}. {fix}")

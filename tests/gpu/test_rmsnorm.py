@@ -440,11 +440,12 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "unfused"))
 def test_call_mismatch_is_reported(algo: str) -> None:
     """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
     reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns); LL in
-    the flags, sentinel in the signature words."""
+    the flags, sentinel in the signature words; unfused in its AllReduce's (NaN sums, so the
+    epilogue's y and residual_out are NaN too)."""
     r = 4
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
     gen = torch.Generator(device=DEV).manual_seed(110)
@@ -459,6 +460,35 @@ def test_call_mismatch_is_reported(algo: str) -> None:
     c.reset()
     ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
     check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
+
+
+def test_unfused_all_reduce_carries_the_calls_arguments() -> None:
+    """Virtual ranks make one call for all ranks, so a differing call cannot be expressed; what
+    makes real ranks see it is that each unfused call's AllReduce carries a signature of its own:
+    eps, hidden size at the same element count, rows and the FP8 copy each give another one (and
+    the call is still right), while a repeated call reuses its plan."""
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=2.0)
+    gen = torch.Generator(device=DEV).manual_seed(111)
+    sig = [p.name for p in abi.TAIL_PARAMS].index("sig")
+    scale = torch.full((1,), 0.05, device=DEV)
+    calls = [(2, 2048, 1e-6, False), (2, 2048, 1e-5, False), (4, 1024, 1e-6, False), (1, 4096, 1e-6, False),
+             (2, 2048, 1e-6, True), (2, 2048, 1e-6, False)]
+    seen: dict[tuple[int, int, float, bool], int] = {}
+    for rows, hidden, eps, fp8 in calls:
+        xs, res, w = inputs(r, rows, hidden, torch.bfloat16, gen)
+        before = {k: v for k, v in c._calls.items() if len(k) == 7 and isinstance(k[0], int)}  # the unfused AllReduces' plans (keyed by call)
+        got = c.all_reduce_rmsnorm(xs, res, w, eps, "unfused", fp8_scale=scale if fp8 else None)
+        check(got[0], got[1], xs, res, w, eps, "unfused", f"unfused {rows}x{hidden} eps={eps} fp8={fp8}")
+        new = {k: v for k, v in c._calls.items() if len(k) == 7 and isinstance(k[0], int) and k not in before}
+        key = (rows, hidden, eps, fp8)
+        if key in seen:
+            assert not new, f"{key}: a repeated call planned its AllReduce again"
+            continue
+        assert len(new) == 1, f"{key}: {len(new)} new AllReduce plans for one unfused call"
+        seen[key] = int(next(iter(new.values())).tail[sig])
+    c.check()
+    assert len(set(seen.values())) == len(seen) == 5, f"the signatures do not tell the calls apart: {seen}"
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
