@@ -14,6 +14,7 @@ Used by the launcher (pytest) and imported by the child scripts run under torchr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -21,6 +22,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).parents[2]
 #: Never let a child use NVLink multicast.
@@ -28,6 +30,10 @@ SAFETY = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVS
 OVERLAP_ENV = "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"
 #: Set by the launcher: the children share GPU 0 (fewer GPUs than ranks).
 SHARED_ENV = "SOLLAT_TEST_SHARED_GPU"
+#: Set by the launcher: the folder where each rank writes its verdict, ``rank<r>.json`` (RankResult).
+RESULTS_ENV = "SOLLAT_TEST_RESULTS"
+#: Failures of one section a result file keeps (the rest are counted).
+MAX_FAILURES_KEPT = 20
 
 
 def shares_gpu(nproc: int, gpus: int) -> bool:
@@ -82,9 +88,10 @@ def launch(script: Path, nproc: int, args: list[str], env: dict[str, str], timeo
     return p.returncode, out
 
 
-def assert_every_rank_passed(rc: int, out: str, nproc: int, sections: list[str] | None = None) -> list[str]:
-    """A launch's verdict: every rank printed its PLAN (``sections``, or rank 0's when None), PASS
-    for each planned section and SUMMARY failed=0, and the launch exited 0. Returns the sections."""
+def _assert_from_output(rc: int, out: str, nproc: int, sections: list[str] | None = None) -> list[str]:
+    """A launch's verdict from its output: every rank printed its PLAN (``sections``, or rank 0's
+    when None), PASS for each planned section and SUMMARY failed=0, and the launch exited 0.
+    Returns the sections."""
     fails = "\n".join(line for line in out.splitlines() if " FAIL " in line or " fail: " in line)
     tail = f"FAIL lines:\n{fails[-4000:]}\n--- last 6000 characters of output ---\n{out[-6000:]}"
     if sections is None:
@@ -99,6 +106,112 @@ def assert_every_rank_passed(rc: int, out: str, nproc: int, sections: list[str] 
         assert re.search(rf"RANK {r} SUMMARY passed={len(sections)} failed=0\b", out), f"rank {r}: SUMMARY\n{tail}"
     assert rc == 0, f"torchrun exit status {rc}\n{tail}"
     return sections
+
+
+def result_path(folder: str | Path, rank: int) -> Path:
+    return Path(folder) / f"rank{rank}.json"
+
+
+class RankResult:
+    """One rank's verdict, as a JSON file the launcher reads (``read_results``, ``verdict``),
+    rewritten whole (a temporary file, then a rename) after every change, so that what a rank that
+    died or hung had finished is on disk. No folder (``RESULTS_ENV`` unset, e.g. a launch by hand):
+    nothing is written.
+
+    The file: ``rank``; ``plan`` (the sections it will run, None before it knows); ``skipped``
+    ("name: why"); ``sections``: name -> {``passed``, ``failures`` (the first MAX_FAILURES_KEPT),
+    ``failure_count``, ``seconds``}; ``errors`` (failures outside a section: set-up, an abort, a
+    hang); ``summary``: {``passed``, ``failed``} once the rank finished, else None."""
+
+    def __init__(self, rank: int, folder: str | None = None) -> None:
+        self.folder = folder if folder is not None else os.environ.get(RESULTS_ENV) or None
+        self.data: dict[str, Any] = {"rank": rank, "plan": None, "skipped": [], "sections": {}, "errors": [],
+                                     "summary": None}
+
+    def plan(self, sections: list[str], skipped: list[str]) -> None:
+        self.data["plan"], self.data["skipped"] = list(sections), list(skipped)
+        self._write()
+
+    def section(self, name: str, failures: list[str], seconds: float) -> None:
+        self.data["sections"][name] = {"passed": not failures, "failures": failures[:MAX_FAILURES_KEPT],
+                                       "failure_count": len(failures), "seconds": round(seconds, 3)}
+        self._write()
+
+    def error(self, message: str) -> None:
+        self.data["errors"].append(message)
+        self._write()
+
+    def finish(self, passed: int, failed: int) -> None:
+        self.data["summary"] = {"passed": passed, "failed": failed}
+        self._write()
+
+    def _write(self) -> None:
+        if self.folder is None:
+            return
+        path = result_path(self.folder, self.data["rank"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1))
+        os.replace(tmp, path)
+
+
+def read_results(folder: str | Path, nproc: int) -> list[dict[str, Any] | None]:
+    """Every rank's result file (None where a rank wrote none, or one that is not JSON)."""
+    out: list[dict[str, Any] | None] = []
+    for r in range(nproc):
+        try:
+            out.append(json.loads(result_path(folder, r).read_text()))
+        except (OSError, ValueError):
+            out.append(None)
+    return out
+
+
+def verdict(results: list[dict[str, Any] | None], sections: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """(the planned sections, what is wrong): every rank wrote its file, planned ``sections`` (or
+    rank 0's plan when None), passed each of them, has no error outside a section, and finished with
+    a summary of that many passed and none failed. Empty "what is wrong": every rank passed."""
+    problems: list[str] = []
+    if sections is None:
+        first = results[0] if results else None
+        sections = list(first["plan"]) if first is not None and first.get("plan") is not None else []
+        if not sections:
+            problems.append("rank 0 wrote no plan")
+    for r, res in enumerate(results):
+        if res is None:
+            problems.append(f"rank {r}: no result file")
+            continue
+        if res.get("plan") != sections:
+            problems.append(f"rank {r}: plan {res.get('plan')} is not {sections}")
+        for err in res.get("errors", []):
+            problems.append(f"rank {r}: {err}")
+        done = res.get("sections", {})
+        for name in sections:
+            sec = done.get(name)
+            if sec is None:
+                problems.append(f"rank {r}: section {name} has no result")
+            elif not sec.get("passed"):
+                shown = "; ".join(sec.get("failures", [])[:3])
+                more = sec.get("failure_count", 0) - min(3, len(sec.get("failures", [])))
+                problems.append(f"rank {r}: section {name} failed: {shown}" + (f" (+{more} more)" if more > 0 else ""))
+        summary = res.get("summary")
+        if summary != {"passed": len(sections), "failed": 0}:
+            problems.append(f"rank {r}: summary {summary} (the rank did not finish, or not every section passed)")
+    return sections, problems
+
+
+def assert_every_rank_passed(rc: int, out: str, nproc: int, sections: list[str] | None = None,
+                             results: str | Path | None = None) -> list[str]:
+    """A launch's verdict: with ``results`` (the folder of RESULTS_ENV), from every rank's result
+    file (``verdict``); without, from the output (every rank printed its PLAN, PASS for each planned
+    section and SUMMARY failed=0); and the launch exited 0. Returns the sections."""
+    if results is None:
+        return _assert_from_output(rc, out, nproc, sections)
+    planned, problems = verdict(read_results(results, nproc), sections)
+    fails = "\n".join(line for line in out.splitlines() if " FAIL " in line or " fail: " in line)
+    tail = f"FAIL lines:\n{fails[-4000:]}\n--- last 6000 characters of output ---\n{out[-6000:]}"
+    assert not problems, "\n".join(problems[:40]) + "\n" + tail
+    assert rc == 0, f"torchrun exit status {rc}\n{tail}"
+    return planned
 
 
 def init_ranks(timeout_s: float) -> tuple[int, int, object, bool]:

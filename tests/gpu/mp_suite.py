@@ -22,7 +22,10 @@ plus 60 s (a hang inside CUDA or NCCL), and faulthandler backs it up without the
 
 Output, per rank: ``RANK r PLAN ...``, ``RANK r START s``, detail lines ``RANK r   s: ...``, then
 ``RANK r PASS s (...)`` or ``RANK r FAIL s: ...``, and ``RANK r SUMMARY passed=X failed=Y``
-(exit status 1 when any failed).
+(exit status 1 when any failed). The verdict: where the launcher sets ``SOLLAT_TEST_RESULTS`` (a
+folder), each rank also writes it to ``rank<r>.json`` there after every section (``_procs.RankResult``:
+the plan, each section's pass or failures, errors outside a section, the summary), which the
+launcher reads instead of the interleaved output.
 
 Environment: SOLLAT_MP_SECTIONS, SOLLAT_MP_SKIP (comma lists), SOLLAT_MP_TEAR_LINES (LL lines of the
 tear stress, default 1e9), SOLLAT_MP_GRAPH_REPLAYS (default 100), SOLLAT_MP_BUDGET_SCALE (scales
@@ -193,6 +196,8 @@ class Watchdog(threading.Thread):
                 s = self.suite
                 emit(f"RANK {s.rank} FAIL {self.section}: hung past its hard limit of {self.limit:.0f} s; "
                       "stacks follow, exiting")
+                s.result.error(f"{self.section}: hung past its hard limit of {self.limit:.0f} s")
+                s.result.finish(s.passed, s.failed + 1)
                 faulthandler.dump_traceback(all_threads=True)
                 emit(f"RANK {s.rank} SUMMARY passed={s.passed} failed={s.failed + 1}")
                 os._exit(3)
@@ -223,6 +228,7 @@ class Suite:
         self.aborted = False
         self.scale = env_float("SOLLAT_MP_BUDGET_SCALE", float(world) if shared else 1.0)
         self.watchdog = Watchdog(self)
+        self.result = _procs.RankResult(rank)  # this rank's verdict file (the launcher reads it)
 
     # -- reporting
     def log(self, msg: str) -> None:
@@ -390,6 +396,7 @@ class Suite:
         self.watchdog.disarm()
         if dt > budget:
             emit(f"RANK {self.rank} WARN {sec.name} took {dt:.1f} s, over its budget of {budget:.0f} s")
+        self.result.section(sec.name, self.failures, dt)
         if self.failures:
             self.failed += 1
             more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
@@ -1049,6 +1056,19 @@ def mismatched_all_reduce(s: Suite, comm: sollat.Communicator, base: Spec, alt: 
     return [out]
 
 
+def all_reduce_matrix(algos: tuple[str, ...]) -> list[tuple[str, str, str, int]]:
+    """The all_reduce mismatch cases: (phase, algorithm or library path, kind, differing set's
+    number = algorithm index + kind index): on first use every algorithm and kind; on shapes every
+    rank used before, every algorithm and the NCCL library path with CACHED_KINDS."""
+    out = []
+    for phase in ("first-use", "cached"):
+        paths = algos if phase == "first-use" else (*algos, select.NCCL)
+        for a, algo in enumerate(paths):
+            for k, kind in enumerate(MISMATCH_KINDS if phase == "first-use" else CACHED_KINDS):
+                out.append((phase, algo, kind, a + k))
+    return out
+
+
 @section("mismatch", 150)
 def mismatch(s: Suite) -> None:
     """all_reduce calls that differ between ranks (the first, a middle one, the last or half of
@@ -1060,39 +1080,34 @@ def mismatch(s: Suite) -> None:
     correct call. (c) The signature hook: one rank flips a bit of its signature."""
     f = s.fast
     algos = f.algorithms
-    i = 0
-    for phase in ("first-use", "cached"):
-        paths = algos if phase == "first-use" else (*algos, select.NCCL)
-        for a, algo in enumerate(paths):
-            for k, kind in enumerate(MISMATCH_KINDS if phase == "first-use" else CACHED_KINDS):
-                i += 1
-                n = (21002 if phase == "first-use" else 31002) + 64 * i  # sizes no other section uses (even)
-                specs = mismatch_specs(algos, algo, kind, n)
-                what = f"{phase} {kind} mismatch on {algo}"
-                if specs is None:
-                    s.log(f"{what}: not applicable ({algo} supports one {kind.split('_')[0]})")
-                    continue
-                base, alt = specs
-                who, ranks = differing(s, a + k)
-                if phase == "cached":
-                    correct_call(s, f, base, "warm")
-                    correct_call(s, f, alt, "warm")
-                    f.check()
-                s.barrier("mismatch")
-                desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on the {who} rank(s))"
-                err, where = expect_no_finite_result(
-                    s, f, lambda b=base, o=alt, w=what, r=ranks: mismatched_all_reduce(s, f, b, o, w, r), desc)
-                if phase == "first-use":
-                    if not isinstance(err, sollat.CallMismatchError) or not where.startswith("call"):
-                        s.fail(f"{desc}: expected CallMismatchError from the call itself, got "
-                               f"{'nothing' if err is None else describe(err)} from the {where}")
-                else:
-                    check_mismatch_error(s, err, where, desc, different_kernels=base[0] != alt[0])
-                    if select.NCCL in (base[0], alt[0]) and base[0] == alt[0]:  # refused before the library ran
-                        s.expect(where.startswith("call"), f"{desc}: the library path's call did not raise itself")
-                f.reset()
-                correct_call(s, f, base, f"recovery after {what}")
-                f.check()
+    for i, (phase, algo, kind, pattern) in enumerate(all_reduce_matrix(algos), start=1):
+        n = (21002 if phase == "first-use" else 31002) + 64 * i  # sizes no other section uses (even)
+        specs = mismatch_specs(algos, algo, kind, n)
+        what = f"{phase} {kind} mismatch on {algo}"
+        if specs is None:
+            s.log(f"{what}: not applicable ({algo} supports one {kind.split('_')[0]})")
+            continue
+        base, alt = specs
+        who, ranks = differing(s, pattern)
+        if phase == "cached":
+            correct_call(s, f, base, "warm")
+            correct_call(s, f, alt, "warm")
+            f.check()
+        s.barrier("mismatch")
+        desc = f"{what} ({spec_str(base)} vs {spec_str(alt)} on the {who} rank(s))"
+        err, where = expect_no_finite_result(
+            s, f, lambda b=base, o=alt, w=what, r=ranks: mismatched_all_reduce(s, f, b, o, w, r), desc)
+        if phase == "first-use":
+            if not isinstance(err, sollat.CallMismatchError) or not where.startswith("call"):
+                s.fail(f"{desc}: expected CallMismatchError from the call itself, got "
+                       f"{'nothing' if err is None else describe(err)} from the {where}")
+        else:
+            check_mismatch_error(s, err, where, desc, different_kernels=base[0] != alt[0])
+            if base[0] == alt[0] == select.NCCL:  # refused before the library ran
+                s.expect(where.startswith("call"), f"{desc}: the library path's call did not raise itself")
+        f.reset()
+        correct_call(s, f, base, f"recovery after {what}")
+        f.check()
     # (c) the signature hook: one rank flips a bit of its signature and sends its own data
     testing = testing_module()
     for a, algo in enumerate(algos):
@@ -1144,13 +1159,13 @@ class NormCall:
     fp8: str = ""
     dtype: torch.dtype = torch.bfloat16
 
-    def resolved(self, comm: sollat.Communicator) -> str:
+    def resolved(self, comm: Any) -> str:
         """The algorithm that runs: ``auto``'s pick, else the name."""
         if self.algo != "auto":
             return self.algo
         return comm.selected_rmsnorm_algorithm(self.rows * self.hidden * esize(self.dtype), self.dtype, self.rows)
 
-    def kernel(self, comm: sollat.Communicator) -> str:
+    def kernel(self, comm: Any) -> str:
         """What runs on the device: the fused algorithm, or the unfused one's AllReduce."""
         name = self.resolved(comm)
         if name != "unfused":
@@ -1175,7 +1190,7 @@ def _rmsnorm_call(s: Suite, comm: sollat.Communicator, c: NormCall, tag: str) ->
     return [y, r]
 
 
-def auto_unfused_shape(comm: sollat.Communicator) -> tuple[int, int] | None:
+def auto_unfused_shape(comm: Any) -> tuple[int, int] | None:
     """(rows, hidden) of a bf16 call where ``auto`` picks ``unfused`` (None: no such shape here)."""
     for rows, hidden in ((4, 1024), (8, 512), (3, 2048), (16, 256), (64, 1024)):
         if NormCall("auto", rows, hidden).resolved(comm) == "unfused":
@@ -1183,8 +1198,9 @@ def auto_unfused_shape(comm: sollat.Communicator) -> tuple[int, int] | None:
     return None
 
 
-def rmsnorm_mismatch_cases(comm: sollat.Communicator) -> list[tuple[str, NormCall, NormCall]]:
-    """(what, the call of most ranks, the differing ranks' call) for every algorithm (the fused
+def rmsnorm_mismatch_cases(comm: Any) -> list[tuple[str, NormCall, NormCall, int]]:
+    """(what, the call of most ranks, the differing ranks' call, the differing set's number: base
+    index + kind index) for every algorithm (the fused
     one-shots, unfused, auto where it picks unfused and where it picks a fused one, and unfused
     on a library path) and every argument that changes a rank's output: eps, hidden at the same
     element count, rows, the FP8 copy (fp8_scale with fp8_out, and fp8_scale alone), dtype over the
@@ -1195,27 +1211,27 @@ def rmsnorm_mismatch_cases(comm: sollat.Communicator) -> list[tuple[str, NormCal
         bases.append(NormCall("auto", *shape))
     if NormCall("auto", 1, 1024).resolved(comm) != "unfused":
         bases.append(NormCall("auto", 1, 1024))
-    out: list[tuple[str, NormCall, NormCall]] = []
-    for b in bases:
+    out: list[tuple[str, NormCall, NormCall, int]] = []
+    for g, b in enumerate(bases):
         tag = f"{b.algo}({b.resolved(comm)}) {b.rows}x{b.hidden}"
         other = {"oneshot_ll": "oneshot_sentinel", "oneshot_sentinel": "unfused"}.get(b.resolved(comm), "oneshot_ll")
-        out += [(f"rmsnorm {tag} eps", b, replace(b, eps=1e-5)),
-                (f"rmsnorm {tag} hidden at the same element count",
-                 b, replace(b, rows=b.rows * 2, hidden=b.hidden // 2) if b.hidden % 2 == 0 else replace(b, rows=1,
-                                                                                                       hidden=b.rows * b.hidden)),
-                (f"rmsnorm {tag} rows", b, replace(b, rows=b.rows + 1)),
-                (f"rmsnorm {tag} fp8 copy", b, replace(b, fp8="copy")),
-                (f"rmsnorm {tag} fp8 scale", b, replace(b, fp8="scale")),
-                (f"rmsnorm {tag} dtype over the same bytes", b, replace(b, dtype=torch.float16)),
-                (f"rmsnorm {tag} algorithm", b, replace(b, algo=other))]
+        same_numel = replace(b, rows=b.rows * 2, hidden=b.hidden // 2)
+        kinds = [(f"rmsnorm {tag} eps", b, replace(b, eps=1e-5)),
+                 (f"rmsnorm {tag} hidden at the same element count", b, same_numel),
+                 (f"rmsnorm {tag} rows", b, replace(b, rows=b.rows + 1)),
+                 (f"rmsnorm {tag} fp8 copy", b, replace(b, fp8="copy")),
+                 (f"rmsnorm {tag} fp8 scale", b, replace(b, fp8="scale")),
+                 (f"rmsnorm {tag} dtype over the same bytes", b, replace(b, dtype=torch.float16)),
+                 (f"rmsnorm {tag} algorithm", b, replace(b, algo=other))]
+        out += [(*c, g + k) for k, c in enumerate(kinds)]
     # unfused where its AllReduce is handed to a library (the table's sizes above its last rule):
     # refused by the agreement of every library call, before the library runs
     big = NormCall("unfused", 1024, 4096)
     if big.kernel(comm) in ("unfused:" + p for p in select.LIBRARY_PATHS):
         tag = f"unfused ({big.kernel(comm)}) {big.rows}x{big.hidden}"
-        out += [(f"rmsnorm {tag} eps", big, replace(big, eps=1e-5)),
-                (f"rmsnorm {tag} hidden at the same element count", big, replace(big, rows=2048, hidden=2048)),
-                (f"rmsnorm {tag} fp8 copy", big, replace(big, fp8="copy"))]
+        out += [(f"rmsnorm {tag} eps", big, replace(big, eps=1e-5), 0),
+                (f"rmsnorm {tag} hidden at the same element count", big, replace(big, rows=2048, hidden=2048), 1),
+                (f"rmsnorm {tag} fp8 copy", big, replace(big, fp8="copy"), 3)]
     return out
 
 
@@ -1231,23 +1247,28 @@ def mismatch_other(s: Suite) -> None:
     colls = {p: sollat.custom.Collective(f"maxabs_{p}", maxabs.SOURCE.read_text().replace("(maxabs,", f"(maxabs_{p},"),
                                          proto=p, max_slots=2) for p in ("ll", "sentinel")}
     f = s.new_comm(timeout_s=FAST_TIMEOUT_S, collectives=list(colls.values()))
-    # (what, most ranks' call, the differing ranks' call, whether the two run different kernels)
-    cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]], bool]] = []
+    # (what, most ranks' call, the differing ranks' call, whether the two run different kernels,
+    # the differing set's number: group + kind index, so that every group (an op on one algorithm)
+    # and every argument kind meets every differing set, see above)
+    cases: list[tuple[str, Callable[[], list[torch.Tensor]], Callable[[], list[torch.Tensor]], bool, int]] = []
     n = 4096 + 8
+    group = 0
     for kind in ("all_gather", "reduce_scatter"):
         for algo, other in (("ll", "sentinel"), ("sentinel", "ll")):
             def gs(a: str = algo, k: str = kind, dt: torch.dtype = torch.float32, m: int = n, op: str = "sum",
                    tag: str = "") -> Callable[[], list[torch.Tensor]]:
                 return lambda: _gs_call(s, f, k, a, dt, m, op, f"{k}-{a}-{tag}")
-            cases += [(f"{kind} {algo} size by one element", gs(), gs(m=n + 1), False),
-                      (f"{kind} {algo} dtype over the same bytes", gs(), gs(dt=torch.bfloat16, m=2 * n), False),
-                      (f"{kind} {algo} protocol", gs(), gs(a=other), True)]
+            kinds = [(f"{kind} {algo} size by one element", gs(), gs(m=n + 1), False),
+                     (f"{kind} {algo} dtype over the same bytes", gs(), gs(dt=torch.bfloat16, m=2 * n), False),
+                     (f"{kind} {algo} protocol", gs(), gs(a=other), True)]
             if kind == "reduce_scatter":
-                cases.append((f"{kind} {algo} op", gs(), gs(op="max"), False))
-    for what, b, alt in rmsnorm_mismatch_cases(f):
+                kinds.append((f"{kind} {algo} op", gs(), gs(op="max"), False))
+            cases += [(*c, group + k) for k, c in enumerate(kinds)]
+            group += 1
+    for what, b, alt, pattern in rmsnorm_mismatch_cases(f):
         cases.append((what, lambda c=b, w=what: _rmsnorm_call(s, f, c, w),
-                      lambda c=alt, w=what: _rmsnorm_call(s, f, c, w), b.kernel(f) != alt.kernel(f)))
-    for proto, coll in colls.items():
+                      lambda c=alt, w=what: _rmsnorm_call(s, f, c, w), b.kernel(f) != alt.kernel(f), pattern))
+    for g, (proto, coll) in enumerate(colls.items()):
         def run(dt: torch.dtype = torch.float32, m: int = 20000, c: Any = coll) -> Callable[[], list[torch.Tensor]]:
             def go() -> list[torch.Tensor]:
                 x = s.inputs("randn", m, dt, f"custom-{c.name}")[s.rank]
@@ -1255,16 +1276,16 @@ def mismatch_other(s: Suite) -> None:
                 f.run(c, x, out=out)
                 return [out]
             return go
-        cases += [(f"user collective {proto} size", run(), run(m=20004), False),
-                  (f"user collective {proto} dtype", run(), run(dt=torch.bfloat16, m=40000), False)]
-    for i, (what, base, alt, different_kernels) in enumerate(cases):
+        cases += [(f"user collective {proto} size", run(), run(m=20004), False, 2 * g),
+                  (f"user collective {proto} dtype", run(), run(dt=torch.bfloat16, m=40000), False, 2 * g + 1)]
+    for what, base, alt, different_kernels, pattern in cases:
         for warm in (base, alt):  # both shapes known on every rank: only the device (or a library call's agreement) can tell
             outs = warm()
             torch.cuda.synchronize(s.dev)
             f.check()
             s.expect(all(not bool(torch.isnan(o.float()).all()) for o in outs if o.is_floating_point()),
                      f"{what}: a correct warm-up call left NaN")
-        who, ranks = differing(s, i)
+        who, ranks = differing(s, pattern)
         desc = f"{what} (the {who} rank(s) differ)"
         s.barrier("mismatch_other")
         err, where = expect_no_finite_result(s, f, alt if s.rank in ranks else base, desc)
@@ -1707,6 +1728,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as e:
         emit(f"RANK {rank} FAIL init: {e}")
         emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+        failed_init = _procs.RankResult(rank)
+        failed_init.error(f"init: {e}")
+        failed_init.finish(0, 1)
         return 1
     names, skipped = runnable(selected(args.only), shared)
     store = dist.PrefixStore("sollat-mp-suite", dist.distributed_c10d._get_default_store())
@@ -1716,6 +1740,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(f"RANK {rank} PLAN {','.join(names)} ({mode}, torch {torch.__version__})")
     for why in skipped:
         emit(f"RANK {rank} SKIP {why}")
+    s.result.plan(names, skipped)
     s.watchdog.start()
     s.section = "init"
     s.watchdog.arm("init", 600)
@@ -1725,6 +1750,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         emit(f"RANK {rank} FAIL init: {type(e).__name__}: {e}")
         emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+        s.result.error(f"init: {type(e).__name__}: {e}")
+        s.result.finish(0, 1)
         os._exit(1)
     s.watchdog.disarm()
     t0 = time.monotonic()
@@ -1732,6 +1759,7 @@ def main(argv: list[str] | None = None) -> int:
         s.run_section(SECTIONS[name])
         if s.aborted:
             emit(f"RANK {rank} FAIL remaining sections not run after {name}")
+            s.result.error(f"remaining sections not run after {name}")
             s.failed += 1
             break
     if not s.aborted:
@@ -1741,6 +1769,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             emit(f"RANK {rank} WARN the ranks did not meet before exit: {type(e).__name__}: {e}")
     emit(f"RANK {rank} SUMMARY passed={s.passed} failed={s.failed} ({time.monotonic() - t0:.0f} s)")
+    s.result.finish(s.passed, s.failed)
     sys.stdout.flush()
     sys.stderr.flush()
     # no teardown of NCCL / symmetric memory: a peer that failed differently must not hang the exit

@@ -5,8 +5,9 @@ Where the host has a GPU per rank, each rank is one process per GPU over NCCL. W
 than ranks (one GPU: every launch here), the processes share GPU 0 over a gloo group
 (``_procs``): the suite then proves processes, symmetric memory between them, faults seen by
 other processes, stream and call ordering, and skips by name the sections that need NCCL between
-distinct GPUs. A host with more GPUs also runs the suite on all of them. Every rank must print
-PASS for every section of its PLAN and SUMMARY failed=0. Where ranks share a GPU the default run
+distinct GPUs. A host with more GPUs also runs the suite on all of them. Every rank must write a
+result file (``_procs.RankResult``) that holds its plan, a pass for every planned section and a
+summary with none failed. Where ranks share a GPU the default run
 launches 3 processes (the others, and every compile-skew launch, are marked slow: ``-m ''``).
 """
 
@@ -30,17 +31,22 @@ WORLDS = sorted({2, 3, 4} | ({GPUS} if GPUS > 4 else set()))
 needs_a_gpu = pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
 
 
-def launch(nproc: int, args: list[str], extra_env: dict[str, str], timeout_s: int) -> tuple[int, str]:
-    return _procs.launch(SUITE, nproc, args, _procs.child_env(nproc, GPUS, extra_env), timeout_s)
+def launch(nproc: int, args: list[str], extra_env: dict[str, str], timeout_s: int, results: Path) -> tuple[int, str]:
+    """torchrun the suite; each rank writes its verdict to ``results/rank<r>.json``."""
+    env = _procs.child_env(nproc, GPUS, {**extra_env, _procs.RESULTS_ENV: str(results)})
+    return _procs.launch(SUITE, nproc, args, env, timeout_s)
 
 
 @needs_a_gpu
 @pytest.mark.parametrize("nproc", [_procs.world_param(n, GPUS) for n in WORLDS])
-def test_real_rank_suite(nproc: int) -> None:
-    rc, out = launch(nproc, [], {}, MAIN_TIMEOUT_S)
-    sections = _procs.assert_every_rank_passed(rc, out, nproc)
+def test_real_rank_suite(tmp_path: Path, nproc: int) -> None:
+    results = tmp_path / "results"
+    rc, out = launch(nproc, [], {}, MAIN_TIMEOUT_S, results)
+    sections = _procs.assert_every_rank_passed(rc, out, nproc, results=results)
     if _procs.shares_gpu(nproc, GPUS):  # skipped by name, never silently
-        assert "tear" not in sections and "RANK 0 SKIP tear: " in out
+        first = _procs.read_results(results, nproc)[0]
+        assert first is not None and "tear" not in sections
+        assert any(why.startswith("tear: ") for why in first["skipped"]), first["skipped"]
 
 
 @needs_a_gpu
@@ -49,6 +55,7 @@ def test_real_rank_suite(nproc: int) -> None:
 def test_real_rank_compile_skew(tmp_path: Path, nproc: int) -> None:
     cache = tmp_path / "empty-cache"
     cache.mkdir()
+    results = tmp_path / "results"
     rc, out = launch(nproc, ["--only", "skew"], {"SOLLAT_CACHE_DIR": str(cache), "SOLLAT_MP_SECTIONS": "",
-                                                 "SOLLAT_MP_SKIP": ""}, SKEW_TIMEOUT_S)
-    assert _procs.assert_every_rank_passed(rc, out, nproc) == ["skew"]
+                                                 "SOLLAT_MP_SKIP": ""}, SKEW_TIMEOUT_S, results)
+    assert _procs.assert_every_rank_passed(rc, out, nproc, results=results) == ["skew"]
