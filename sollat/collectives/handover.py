@@ -14,8 +14,11 @@
   table hands over: on 2 H200s torch's two-shot in place beat NCCL in place from 8 to 64 MiB
   (docs/benchmarks.md, library handover and zero copy for large messages).
 
-Both carry their library's semantics, not sollat's: no sollat timeout or fault record, so a peer
-that never arrives can hang them as it hangs NCCL. The tuning table says where each is used.
+Both carry their library's semantics, not sollat's: no signature, no sollat timeout or fault
+record. So a Communicator agrees on every such call through the store before it calls the library
+(``sollat/comm/each_call.py``): a call that differs between ranks, or a peer that does not come
+within the timeout, raises on every rank instead of reaching the library; a peer that dies inside
+the library call can still hang it as it hangs NCCL. The tuning table says where each is used.
 """
 
 from __future__ import annotations
