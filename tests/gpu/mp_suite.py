@@ -1200,11 +1200,12 @@ def auto_unfused_shape(comm: Any) -> tuple[int, int] | None:
 
 def rmsnorm_mismatch_cases(comm: Any) -> list[tuple[str, NormCall, NormCall, int]]:
     """(what, the call of most ranks, the differing ranks' call, the differing set's number: base
-    index + kind index) for every algorithm (the fused
-    one-shots, unfused, auto where it picks unfused and where it picks a fused one, and unfused
-    on a library path) and every argument that changes a rank's output: eps, hidden at the same
-    element count, rows, the FP8 copy (fp8_scale with fp8_out, and fp8_scale alone), dtype over the
-    same bytes, algorithm."""
+    index + kind index) for every algorithm (the fused one-shots, unfused, auto where it picks
+    unfused and where it picks a fused one, and unfused on a library path) and every argument that
+    changes a rank's output: eps, hidden at the same element count, rows, the FP8 copy (fp8_scale
+    with fp8_out, and fp8_scale alone), dtype over the same bytes, algorithm. (The weight and the
+    residual must have x's dtype and shape, so they cannot differ alone; their values, like x's and
+    the scale's, are data.)"""
     bases = [NormCall("oneshot_ll", 4, 1024), NormCall("oneshot_sentinel", 4, 1024), NormCall("unfused", 4, 1024)]
     shape = auto_unfused_shape(comm)
     if shape is not None:
