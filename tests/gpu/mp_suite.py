@@ -1236,7 +1236,7 @@ def rmsnorm_mismatch_cases(comm: Any) -> list[tuple[str, NormCall, NormCall, int
     return out
 
 
-@section("mismatch_other", 150)
+@section("mismatch_other", 200)  # about 60 cases, a tenth of them waiting out a 2 s timeout
 def mismatch_other(s: Suite) -> None:
     """The other collectives on shapes every rank used before, the differing ranks the first, a
     middle one, the last or half of them in turn: all_gather and reduce_scatter (size by one
