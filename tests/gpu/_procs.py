@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,7 @@ class RankResult:
         self.folder = folder if folder is not None else os.environ.get(RESULTS_ENV) or None
         self.data: dict[str, Any] = {"rank": rank, "plan": None, "skipped": [], "sections": {}, "errors": [],
                                      "summary": None}
+        self._lock = threading.Lock()  # a watchdog thread may write while the rank's main thread does
 
     def plan(self, sections: list[str], skipped: list[str]) -> None:
         self.data["plan"], self.data["skipped"] = list(sections), list(skipped)
@@ -149,10 +151,11 @@ class RankResult:
         if self.folder is None:
             return
         path = result_path(self.folder, self.data["rank"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1))
-        os.replace(tmp, path)
+        with self._lock:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1))
+            os.replace(tmp, path)
 
 
 def read_results(folder: str | Path, nproc: int) -> list[dict[str, Any] | None]:
