@@ -32,7 +32,7 @@ SAMPLES: dict[str, list[str]] = {
 }
 #: Every shell tool and an argument it refuses before it does anything.
 SHELL: dict[str, str | None] = {"gpu_suite.sh": "bogus", "multi_gpu_campaign.sh": "tests,bogus",
-                                "real_rank_suite.sh": None}
+                                "real_rank_suite.sh": None, "setup.sh": "x"}
 #: Modules the tools import, not tools themselves.
 HELPERS = {"_host_timing.py", "_real_ranks.py"}
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
