@@ -403,9 +403,9 @@ def test_ci_runs_readme_test_command_with_the_slow_tests() -> None:
 
 
 def test_main_job_on_several_gpus_runs_one_process_per_gpu(monkeypatch, capsys) -> None:
-    """Issue 16, item 9: on a machine with 2+ GPUs `sollat bench` measures them (torchrun, one
-    process per GPU, the safety variables set) and says so in its first line; --one-gpu and a run
-    already under torchrun keep the old behaviour."""
+    """On a machine with 2+ GPUs `sollat bench` measures them (torchrun, one process per GPU, the
+    safety variables set) and says so in its first line; --one-gpu and a run already under
+    torchrun measure in this process."""
     import torch
 
     from sollat.bench import cli as bench_cli
