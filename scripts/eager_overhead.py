@@ -6,6 +6,7 @@ the fastest of five runs of 2000 calls: host noise (other tenants, frequency cha
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -17,11 +18,15 @@ from sollat import testing
 CALLS = 2000
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", choices=range(2, 9), default=[2, 4, 8], metavar="R",
+                   help="virtual rank counts (default: 2 4 8)")
+    a = p.parse_args(argv)
     dev = torch.device("cuda", 0)
     x = torch.randn(32, device=dev)
     print(f"torch x.add_(1): {eager_us(lambda: x.add_(1), CALLS):.2f} us", flush=True)
-    for r in (2, 4, 8):
+    for r in a.ranks:
         c = sollat.VirtualCommunicator(r, dev)
         xs = [torch.randn(32, device=dev) for _ in range(r)]
         outs = [torch.empty_like(v) for v in xs]

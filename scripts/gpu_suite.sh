@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # One device call: precompile, the GPU test suite, then the benchmarks. Logs land in $OUT.
 # Usage on the device machine:  bash scripts/gpu_suite.sh [tests|bench|extras|all]
-#   extras: the development measurements (latency experiments, breakdown, one-shot LL vs sentinel,
-#           eager host overhead).
+#   extras: where the one-shot's time goes (scripts/latency_breakdown.py) and the eager host time per
+#           call (scripts/eager_overhead.py).
 #   SOLLAT_GPU_TESTS=path  restricts the tests; BENCH_ARGS adds options to `sollat bench`.
 set -u
+case "${1:-}" in -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
+case "${1:-all}" in tests|bench|extras|all) ;;
+  *) echo "gpu_suite.sh: unknown part '$1' (want tests, bench, extras or all; see --help)" >&2; exit 2 ;; esac
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export SOLLAT_CACHE_DIR="${SOLLAT_CACHE_DIR:-/tmp/sollat-cache}"
@@ -31,7 +34,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   tar czf "$OUT/bench.tgz" -C /tmp/sollat-bench .
 fi
 if [ "$what" = extras ] || [ "$what" = all ]; then
-  for s in latency_experiments latency_breakdown oneshot_latency eager_overhead; do
+  for s in latency_breakdown eager_overhead; do
     echo "== scripts/$s.py"; python3 "scripts/$s.py"
   done 2>&1 | tee "$OUT/extras.txt"
 fi

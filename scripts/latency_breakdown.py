@@ -9,6 +9,7 @@ sentinel protocol must (ProtoLLReset, results still right), i.e. what the resets
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -19,7 +20,11 @@ from sollat.bench.timing import time_calls
 from sollat.device import build, launch
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, nargs="+", choices=range(2, 9), default=[2, 4, 8], metavar="R",
+                   help="virtual rank counts (default: 2 4 8)")
+    a = p.parse_args(argv)
     dev = torch.device("cuda", 0)
     launch.ensure_device(0)
     from cuda.core import ObjectCode
@@ -30,7 +35,7 @@ def main() -> int:
         t = time_calls(lambda i, pdl=pdl: launch.launch(k, launch.launch_config((1, 1), 32, pdl=pdl), (), device=dev), calls=100,
                        replays=15, device=dev)
         print(f"empty kernel pdl={pdl}: {t.stats.median:.3f} us", flush=True)
-    for r in (2, 4, 8):
+    for r in a.ranks:
         for algo in ("oneshot_ll", "oneshot_sentinel"):
             cells = []
             modes = [(0, "full"), (4, "self-loop"), (1, "send-no-wait"), (2, "no-comm"), (3, "prologue")]

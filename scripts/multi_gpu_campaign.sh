@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The multi-GPU campaign (real ranks, NVLink) in as few device calls as possible: run on nvidia-h200-x2 / -x4 / -x8.
-#   bash scripts/multi_gpu_campaign.sh [stages]     stages: any of tests,sol,bench,tune,apps (default all)
+# The multi-GPU campaign (real ranks, NVLink) in one call, on a host with 2 to 8 GPUs.
+# Usage:  bash scripts/multi_gpu_campaign.sh [stages]     stages: any of tests,sol,bench,tune,apps (default all)
 # Each stage has its own time limit, so one failure does not cost the rest. Everything lands in
 # $OUT as at most 8 files (logs + one tarball of result folders). T_TESTS, T_SOL, T_BENCH, T_TUNE,
 # T_DECODE, T_CG override the stage limits (seconds).
 set -u
+case "${1:-}" in -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
+for s in ${1//,/ }; do case "$s" in tests|sol|bench|tune|apps) ;;
+  *) echo "multi_gpu_campaign.sh: unknown stage '$s' (want any of tests,sol,bench,tune,apps; see --help)" >&2; exit 2 ;;
+esac; done
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export SOLLAT_CACHE_DIR="${SOLLAT_CACHE_DIR:-/tmp/sollat-cache}"

@@ -7,6 +7,7 @@
 #   RUNS=1  one run       SKEW=0  no compile-skew launch      RUN_TIMEOUT / SKEW_TIMEOUT  seconds
 #   SOLLAT_MP_TEAR_LINES=1e8  shorter tear stress              SOLLAT_MP_SKIP=tear,graphs  drop sections
 set -u
+case "${1:-}" in -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$(pwd)${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export SOLLAT_CACHE_DIR="${SOLLAT_CACHE_DIR:-/tmp/sollat-cache}"

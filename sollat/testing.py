@@ -1,7 +1,7 @@
 """Fault injection for tests and drills (public: the real-rank suite and users' own tests use it),
 and the hooks of the diagnostic scripts (scripts/): diagnostic kernel builds (``set_defines``),
 a launch-geometry override (``override_block_threads``) and host-overhead probes
-(``bare_launch``, ``borrowed_communicator``, ``eager_probes``). The scripts use no private member of
+(``bare_launch``, ``borrowed_communicator``). The scripts use no private member of
 the library.
 
 With ``inject``, kernels are built with ``SOLLAT_TEST_HOOKS`` (production builds never read the hooks), and
@@ -144,26 +144,3 @@ class _PlansLaunching(dict):  # type: ignore[type-arg]
             fn = self._launch_fn
             plan = dataclasses.replace(plan, bound=lambda _stream, _ptrs: fn())
         super().__setitem__(key, plan)
-
-
-def eager_probes(comm: Any, x: Any, out: Any) -> dict[str, Callable[[], object]]:
-    """Each step of ``comm.all_reduce(x, out=out)``'s eager hot path (a ``Communicator`` whose
-    call cache holds this call shape: call it once first) as a function of no argument, for
-    ``scripts/eager_breakdown.py``. The ``host`` steps launch nothing; ``driver call`` makes the
-    call's own launch and nothing else (a real collective: run it on every rank alike)."""
-    from .comm.api import _hot_numel
-
-    idx = comm._dev_index
-    key = (x.numel(), x.dtype, "sum", "auto", False, False)
-    plan = comm._calls[key]
-    if plan.bound is None:
-        raise ValueError("eager_probes: the call shape is not a prepacked sollat launch")
-    ptrs = (x.data_ptr(), out.data_ptr())
-    return {
-        "host: fault flags": lambda: comm._faulted or comm._err_host[0],
-        "host: argument checks (_hot_numel)": lambda: _hot_numel(x, out, idx),
-        "host: call cache lookup": lambda: comm._calls.get(key),
-        "host: stream handle": lambda: launch.stream_handle(idx),
-        "host: two data_ptr()": lambda: (x.data_ptr(), out.data_ptr()),
-        "driver call (BoundLaunch)": lambda: plan.bound(launch.stream_handle(idx), ptrs),
-    }

@@ -1,4 +1,4 @@
-"""``Communicator.all_reduce``'s eager hot path (issue 13, eager cost): which calls it takes, what
+"""``Communicator.all_reduce``'s eager hot path: which calls it takes, what
 it hands the driver, and that everything else falls through to the checked path. No GPU: CPU
 tensors report device -1, so a communicator faked onto device -1 takes them as its own; the launch
 is a recording stand-in. The real launches run in every GPU test and the real-rank suite."""

@@ -90,7 +90,7 @@ def test_auto_rule() -> None:
             for n in (lo + 1, hi):
                 assert resolve(kind, "auto", n, library=True, enabled=True) == f"{kind}_{proto}", (kind, n)
         assert resolve(kind, "auto", steps[-1][0] + 1, library=True, enabled=True) == "nccl"
-    # the measured steps (docs/benchmarks.md run 17)
+    # the measured steps (gather_scatter.REAL_RANK_STEPS)
     assert resolve("all_gather", "auto", 512 << 10, library=True, enabled=True) == "all_gather_ll"
     assert resolve("all_gather", "auto", 1 << 20, library=True, enabled=True) == "all_gather_ll"
     assert resolve("reduce_scatter", "auto", 512 << 10, library=True, enabled=True) == "reduce_scatter_sentinel"

@@ -1,7 +1,9 @@
 """The package states what is true now: no comment, docstring, message or tuning note in sollat/
-cites a session, a run number, an issue number or a commit, or tells the code's history; and what
-a user reads (every verb's --help, the main job's output without a GPU) carries no such words and
-no markup or internal names. History lives in git and docs/benchmarks.md."""
+cites a session, a run number, an issue number or a commit, or tells the code's history; README,
+the docs, the tests, the scripts and CI cite no session, run or issue either (they may name a
+commit and a date: a figure needs them); and what a user reads (every verb's --help, the main
+job's output without a GPU) carries no such words and no markup or internal names. History lives
+in git and CHANGELOG.md."""
 
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ HISTORY: dict[str, re.Pattern[str]] = {
     "session": re.compile(r"\bsessions?\s*#?\d+|\b(?:before|after|since|until|in|this|next|last|previous|"
                           r"first|second|third|earlier|later)\s+session\b", re.I),
     "run number": re.compile(r"\bruns?\s+\d{1,3}\b(?!\s*(?:\.\.|…|x\b|×|threads?|blocks?|ranks?|times|calls?|"
-                             r"steps?|iterations?|processes|µs|us\b|ms\b|GPUs?|rows?|%))", re.I),
+                             r"steps?|iterations?|processes|µs|us\b|ms\b|GPUs?|rows?|lines?|exhaustive|%))", re.I),
     "issue number": re.compile(r"\bissues?\s*#\s*\d+|\bissues?\s+\d+\b|\bthe (?:core )?issue'?s\b", re.I),
+    # a working session's tag or a run's label: s17b, run31
+    "tag": re.compile(r"\bs[12][0-9][a-h]\b|\bruns?\d{1,3}\b", re.I),
     # a short or full commit hash: 7-40 lower-case hex digits with a digit and a letter, not 0x...
     "commit": re.compile(r"(?<![0-9A-Za-z_])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z_])"),
     "history": re.compile(r"\bthe first version\b|\b(?:earlier|older|previous) versions?\b|\bformerly\b|"
@@ -49,6 +53,10 @@ def history_references(text: str, *, dates: bool = True) -> list[tuple[int, str,
     return found
 
 
+#: Kinds the files outside the package must not carry; commits and dates they may (a figure needs them).
+NOT_OUTSIDE = ("session", "run number", "issue number", "tag")
+
+
 def scan(package: Path = PACKAGE) -> list[str]:
     """``path:line: kind: text`` for every reference in the package's source, headers and notes."""
     out = []
@@ -65,7 +73,8 @@ def scan(package: Path = PACKAGE) -> list[str]:
     "measured in run 25", "docs/benchmarks.md, runs 15 and 17", "(issue 13)", "see issue #7",
     "the issue's yardstick", "at commit 358481b", "at 1be0c58 the kernel", "the first version timed out",
     "it used to be slower", "LL (no longer registered)", "Not run yet (written without a GPU).",
-    "passed on an H200 on 2026-11-30",
+    "passed on an H200 on 2026-11-30", "the s17b device script", "docs/results/x-run31/", "see run31",
+    "(session 14, issue 28)",
 ])
 def test_the_scanner_sees_history(text: str) -> None:
     assert history_references(text), text
@@ -73,6 +82,7 @@ def test_the_scanner_sees_history(text: str) -> None:
 
 @pytest.mark.parametrize("text", [
     "The real kernels run 32..512 threads per block", "calls run in issue order; calls issued on a stream",
+    "the first call runs 1 line per block", "fault_sweep() runs 16 exhaustive configurations",
     "a stand-in used to time a step", "sollat: communicator 3 no longer exists", "rec & 0xFFFFFFFF",
     "DecodeSession(model)", "run 2 ranks", "docs/results/2026-12-01-h200-x2-s8e/tune.txt",
     "scale = 1e-6; deadbeef", "the run's sessions of measurements",
@@ -94,6 +104,42 @@ def test_scan_names_file_and_line(tmp_path: Path) -> None:
 def test_the_package_cites_no_history() -> None:
     found = scan()
     assert not found, f"{len(found)} reference(s) to history in sollat/:\n" + "\n".join(found)
+
+
+# ---- README, docs, tests, scripts and CI ---------------------------------------------------------
+#: These spell history on purpose: as the patterns' examples.
+EXAMPLES = {Path(__file__).resolve()}
+
+
+def outside_files(root: Path = ROOT) -> list[Path]:
+    """README, every text file under docs/, tests/ and scripts/, and .ci/run."""
+    files = [root / "README.md", root / ".ci" / "run"]
+    for folder in ("docs", "tests", "scripts"):
+        files += [p for p in (root / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix in (".md", ".py", ".sh", ".txt", ".cu", ".json", "")]
+    return sorted(p for p in files if p.exists() and p.resolve() not in EXAMPLES)
+
+
+def scan_outside(root: Path = ROOT) -> list[str]:
+    out = []
+    for path in outside_files(root):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        out += [f"{path.relative_to(root)}:{number}: {kind}: {what!r}"
+                for number, kind, what in history_references(text, dates=False) if kind in NOT_OUTSIDE]
+    return out
+
+
+def test_scan_outside_sees_every_place(tmp_path: Path) -> None:
+    for rel in ("README.md", ".ci/run", "docs/a.md", "docs/results/x/command.txt", "tests/t.py", "scripts/s.sh"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("fine at 1be0c58 on 2026-12-06\nmeasured in s20c\n")
+    found = scan_outside(tmp_path)
+    assert len(found) == 6 and all(f.endswith(":2: tag: 's20c'") for f in found), found
+
+
+def test_readme_docs_tests_scripts_and_ci_cite_no_session_run_or_issue() -> None:
+    found = scan_outside()
+    assert not found, f"{len(found)} reference(s) to sessions, runs or issues:\n" + "\n".join(found)
 
 
 # ---- what a user reads ---------------------------------------------------------------------------

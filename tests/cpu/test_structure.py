@@ -108,7 +108,7 @@ def test_the_graph_sees_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_no_import_cycles() -> None:
     """A lower module never imports an upper one: a verb's module never imports the dispatcher
-    (``sollat.cli``), a base class's module never its subclasses' (issue 28, item 4)."""
+    (``sollat.cli``), a base class's module never its subclasses'."""
     graph = import_graph()
     cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(_describe(graph, c) for c in cycles)
@@ -116,7 +116,7 @@ def test_no_import_cycles() -> None:
 
 # ---- module length -------------------------------------------------------------------------------
 MAX_LINES = 400
-#: The core modules still over the limit (issue 28, item 4): each must leave this set
+#: The core modules still over the limit: each must leave this set
 #: as soon as it is split, so the test fails for a file here that is at most MAX_LINES long.
 OVER_LIMIT_FOR_NOW: set[str] = set()  # none since the public ops were written once (sollat/comm/api.py)
 

@@ -2,8 +2,8 @@
 cut (layout.plan_peer_groups and the peer-group formulas), its place in the registry (R >= 9 by
 name, never chosen by ``auto``), and a simulation of its line-channels' epochs over a sequence of
 calls of different sizes: the writer's and the reader's epoch of every line must agree in every
-pass, which they do only when lines per block depend on the world size alone (the first version
-fitted them to the message and timed out at R = 9 on the GPU: docs/benchmarks.md run 25)."""
+pass, which they do only when lines per block depend on the world size alone (lines per block
+fitted to the message disagree between calls of different sizes, and the peers time out)."""
 
 from __future__ import annotations
 

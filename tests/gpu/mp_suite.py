@@ -569,7 +569,7 @@ def rmsnorm_want(s: Suite, comm: sollat.Communicator, algo: str, xs: list[torch.
     """The bits ``all_reduce_rmsnorm(algo)`` must give: rmsnorm.reference of the rank-order sum,
     except where ``unfused`` hands its AllReduce to a library (NCCL, torch's two-shot: real ranks,
     large messages, outside batch-invariant mode), whose order of summation is not rank order from
-    3 ranks on (README: which paths keep which bits): then the reference of the sum that library
+    3 ranks on (docs/usage.md: which paths keep which bits): then the reference of the sum that library
     path gives (the same call again: every rank gets the same bits)."""
     from sollat import rmsnorm
 

@@ -2,7 +2,7 @@
 maxabs_allreduce.py, examples/allgather.py) on R = 2, 4, 8, every dtype they support, both
 protocols, odd sizes, bitwise against a torch reference; mixed with all_reduce, eagerly and in a
 CUDA graph; in place; the fault path (absent rank, timeout, NaN-or-exact outputs, refusal until
-reset) and an LL mismatch. Passed on an H200 on 2026-11-30 (21 tests, docs/benchmarks.md run 16)."""
+reset) and an LL mismatch."""
 
 from __future__ import annotations
 

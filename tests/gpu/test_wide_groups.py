@@ -3,7 +3,7 @@ abi.MAX_RANKS = 72 virtual ranks on one GPU: every collective, bitwise against i
 reference and identical on every rank, from one element to several scratch passes, the
 adversarial input classes, a mixed CUDA graph, and the faults (a rank that never arrives, a call
 that differs) named on every rank. The R <= 8 suites (test_allreduce.py and the others) cover the
-unwindowed kernels; the sizes here are the ones issue 28 names."""
+unwindowed kernels."""
 
 from __future__ import annotations
 
