@@ -25,6 +25,25 @@ The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the cal
 
 Everything else goes to the engine's path.
 
+Every input of that rule that is not the call itself is agreed between the ranks when the
+communicator is built (``GroupAdapter.ensure``), so that no rank routes a call to sollat while
+another routes it to the engine (both would wait for ever): each rank posts its engine limit and
+batch-invariant mode through the store, then whether its communicator was built and its
+``own_pick_limit``. Where the ranks differ, every rank takes the same value, and the group's rank 0
+logs one warning naming every rank and its value:
+
+* the engine limit and ``own_limit``: the smallest (a smaller limit only sends more calls to the
+  engine, which is correct at every size; a larger one would hand a rank calls its peers' settings
+  refuse);
+* the batch-invariant mode: on where any rank asks for it (a rank that asked relies on its bits
+  not depending on the batch; it costs the others no correctness; and a rank with
+  ``SOLLAT_BATCH_INVARIANT=1`` builds its communicator in that mode whatever the adapter asks,
+  so "off" could not be agreed by the communicators, which compare the mode themselves);
+* the communicator: it serves the group only where it was built on every rank.
+
+Until then the first call that the rule admits at some size (the size limit is not known yet:
+it is agreed there) builds it, the same call on every rank.
+
 The factory seam: ``set_communicator_factory(f)`` makes every adapter built afterwards construct
 its communicator as ``f(device_group, device, batch_invariant)`` (CPU tests inject a stand-in
 that reduces in rank order over gloo; ``None`` restores :func:`sollat_communicator`).
@@ -37,6 +56,7 @@ logged by the group's rank 0, naming the failed ranks and causes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 from collections import Counter
@@ -188,6 +208,35 @@ def _reason(exc: BaseException, rank: int) -> str:
     return summary if isinstance(summary, str) and summary else f"rank {rank}: {agree.cause(exc)}"
 
 
+def _smallest(values: Any) -> int | None:
+    """The smallest of byte limits where ``None`` is no limit (``None`` only where every one is)."""
+    limits = [int(v) for v in values if v is not None]
+    return min(limits) if limits else None
+
+
+def _own_pick_limit(comm: Any) -> int | None:
+    limit = getattr(comm, "own_pick_limit", None)
+    return limit() if callable(limit) else None
+
+
+def _agreed(posted: Sequence[dict[str, Any]], key: str, what: str, rule: Callable[[list[Any]], Any], how: str,
+            differ: list[str]) -> Any:
+    """``rule`` over every rank's ``posted[r][key]``; where the ranks posted different values, a note
+    for the group's warning names every rank with its value and what every rank uses."""
+    values = [p[key] for p in posted]
+    chosen = rule(values)
+    if isinstance(chosen, bool) or all(isinstance(v, bool) for v in values):
+        chosen = bool(chosen)
+    if len({json.dumps(v) for v in values}) > 1:
+        by_value: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            by_value.setdefault(json.dumps(v), []).append(r)
+        ranks = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+                          for v, rs in by_value.items())
+        differ.append(f"{what} differs ({ranks}): every rank uses {json.dumps(chosen)} ({how})")
+    return chosen
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -233,7 +282,11 @@ class GroupAdapter:
 
     # -- construction --
     def ensure(self) -> bool:
-        """Build the communicator if it is not built yet (collective over the group); whether it exists."""
+        """Build the communicator if it is not built yet (collective over the group); whether it
+        exists. Every input of the routing decision is agreed here, through the store, before the
+        adapter serves anything: the engine limit, the batch-invariant mode, ``own_limit`` and
+        whether the communicator exists (``_agreed``); a rank whose value differs is named in one
+        warning."""
         if self.comm is not None:
             return True
         if self.unavailable is not None or _capturing() or torch.compiler.is_compiling():
@@ -244,34 +297,53 @@ class GroupAdapter:
         import torch.distributed as dist
 
         rank = dist.get_rank(self.cpu_group)
-        exchange = self._exchanger(rank)
+        differ: list[str] = []
         try:
-            hosts = exchange(socket.gethostname(), 1.0)
+            return self._build(rank, differ)
+        finally:
+            if differ:  # one warning for the group (its rank 0 logs it), every disagreement in it
+                self.log.log(logging.WARNING if rank == 0 else logging.DEBUG,
+                             "sollat: %s group %s: the ranks' settings differ; every rank uses the same: %s",
+                             self.engine, self.name, "; ".join(differ))
+
+    def _build(self, rank: int, differ: list[str]) -> bool:
+        exchange = self._exchanger(rank)
+        mine = {"host": socket.gethostname(), "max_bytes": self.limit, "batch_invariant": bool(self.batch_invariant)}
+        try:
+            posted = [json.loads(p) for p in exchange(json.dumps(mine), 1.0)]
         except Exception as exc:  # a rank that never arrived: the same decision on every rank that did
             return self._keep_engine(_reason(exc, rank), rank)
-        why = domain_refusal(self.world_size, hosts)
+        # The same lists on every rank, hence the same values and the same notes.
+        self.limit = _agreed(posted, "max_bytes", MAX_BYTES_ENV, _smallest, "the smallest", differ)
+        self.batch_invariant = _agreed(posted, "batch_invariant", "batch-invariant mode", any,
+                                       "on where any rank asks for it", differ)
+        why = domain_refusal(self.world_size, [p["host"] for p in posted])
         comm: CommunicatorLike | None = None
         if why is None:
-            reason = ""
+            reason, own = "", None
             try:
                 comm = self._factory(self.device_group, self.device, self.batch_invariant)
+                own = _own_pick_limit(comm)
+                if bool(getattr(comm, "batch_invariant", self.batch_invariant)) != self.batch_invariant:
+                    raise UnsupportedError(f"its communicator's batch_invariant is "
+                                           f"{getattr(comm, 'batch_invariant', None)}, the group's {self.batch_invariant}")
             except Exception as exc:  # reported and agreed on below: this rank's reason, every rank's decision
                 reason = _reason(exc, rank)
             # Every rank learns every rank's outcome: sollat serves the group only where it was built
             # on all. The wait covers a peer that spends the setup timeout in the constructor's own
             # gates before it gives up (it never waits longer: comm/agree.py).
             try:
-                reasons = exchange(reason, 2.0)
+                outcomes = [json.loads(p) for p in exchange(json.dumps({"reason": reason, "own_limit": own}), 2.0)]
             except Exception as exc:
-                reasons = [_reason(exc, rank)]
-            failed = list(dict.fromkeys(r for r in reasons if r))  # each distinct reason once, rank order
+                outcomes = [{"reason": _reason(exc, rank), "own_limit": None}]
+            failed = list(dict.fromkeys(o["reason"] for o in outcomes if o["reason"]))  # each once, rank order
             why = "; ".join(failed) if failed else None
+            if why is None:
+                self.own_limit = _agreed(outcomes, "own_limit", "own_limit (the communicator's own_pick_limit)",
+                                         _smallest, "the smallest", differ)
         if why is not None:
             return self._keep_engine(why, rank)
         self.comm = comm
-        self.batch_invariant = bool(getattr(comm, "batch_invariant", self.batch_invariant))
-        limit = getattr(comm, "own_pick_limit", None)
-        self.own_limit = limit() if callable(limit) else None
         return True
 
     def _beyond_own_picks(self, x: torch.Tensor) -> str | None:
@@ -317,7 +389,7 @@ class GroupAdapter:
     def serves(self, x: torch.Tensor) -> bool:
         """Whether :meth:`all_reduce` would serve ``x`` (builds the communicator as it would)."""
         comm = self.comm
-        if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
             comm = self.comm
         why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes)
         return why is None and self._beyond_own_picks(x) is None
@@ -325,8 +397,8 @@ class GroupAdapter:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor | None:
         """The sum over the group of ``x`` (a new tensor), or ``None``: the engine must serve it."""
         comm = self.comm
-        if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
-            comm = self.comm  # built on the first call the rule gives it (the same call on every rank)
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
+            comm = self.comm  # built on the first call the rule admits at some size (the same call on every rank)
         why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes) or self._beyond_own_picks(x)
         if why is not None:
             self.counts["declined:" + why] += 1
@@ -340,8 +412,7 @@ class GroupAdapter:
         """``(y, residual_out)`` (with ``fp8_scale``: ``(y, residual_out, q)``) of AllReduce +
         residual add + RMSNorm in one sollat call, or ``None``: the caller must compose it itself."""
         comm = self.comm
-        if (comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale, self.max_bytes) is None
-                and self.ensure()):
+        if comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale) is None and self.ensure():
             comm = self.comm
         why = (rmsnorm_refusal(x, residual, weight, None if comm is None else comm.device, fp8_scale, self.max_bytes)
                or self._beyond_own_picks(x))
