@@ -43,6 +43,16 @@ _GO = "go"
 _LATE = "late "
 _OK, _ERROR = "ok\t", "error\t"
 MAX_CAUSE_CHARS = 400
+#: What a reset() waits for its peers beyond 2 x the communicator's timeout (host time: Python,
+#: the stream synchronisation, the store's round trips).
+RESET_SLACK_S = 5.0
+
+
+def reset_wait_s(timeout_s: float) -> float:
+    """How long ``Communicator.reset`` waits at each of its barriers for every rank: a rank whose
+    kernels returned at once (or saw the fault early) can arrive up to one ``timeout_s`` before a
+    peer whose kernel spun until it timed out; then this rank's own wait, and RESET_SLACK_S."""
+    return 2 * timeout_s + RESET_SLACK_S
 
 
 class SetupFailedError(SollatError):

@@ -326,12 +326,14 @@ class Communicator(_Communicator[torch.Tensor, torch.Tensor]):
     def reset(self) -> None:
         """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank.
 
-        Every wait is bounded by the communicator's ``timeout_s``, on the host, through the process
-        group's store (``agree.Agreement.recovery``; never a device-group barrier, which waits on
-        NCCL's watchdog when a peer died): where a rank does not arrive, every rank that did raises
-        ``PeerTimeoutError`` naming it within that time, and stays faulted. A successful reset
-        also moves every rank's host agreement to a new epoch, so that its rounds line up again
-        whatever rank gave up on which round before."""
+        Every wait is on the host, through the process group's store (``agree.Agreement.recovery``;
+        never a device-group barrier, which waits on NCCL's watchdog when a peer died), bounded by
+        ``agree.reset_wait_s(timeout_s)``: 2 x the communicator's ``timeout_s`` + RESET_SLACK_S
+        (a rank whose kernels returned at once reaches reset() up to one ``timeout_s`` before a
+        peer whose kernel spun until it timed out). Where a rank does not arrive, every rank that
+        did raises ``PeerTimeoutError`` naming it within that time, and stays faulted. A
+        successful reset also moves every rank's host agreement to a new epoch, so that its rounds
+        line up again whatever rank gave up on which round before."""
         # This rank's streams are idle first (its kernels end within timeout_s: every spin is
         # bounded); every rank is idle before any rank re-fills its scratch (a peer's kernel could
         # otherwise still write into it), and every rank has re-filled before any rank sends again.
@@ -343,7 +345,7 @@ class Communicator(_Communicator[torch.Tensor, torch.Tensor]):
             self._reset_local()
             dist.barrier(group=self.group)
             return
-        with self._agreement.recovery(self.timeout_s) as barrier:
+        with self._agreement.recovery(agree.reset_wait_s(self.timeout_s)) as barrier:
             barrier("reset() with every stream idle")
             self._reset_local()
             try:

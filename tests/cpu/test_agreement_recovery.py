@@ -134,6 +134,7 @@ def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(agree, "RESET_SLACK_S", 0.2)  # each reset() barrier waits 2 x timeout_s + 0.2 s
 
     def no_barrier(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("reset() waited on a device-group barrier")
@@ -153,11 +154,15 @@ def test_reset_realigns_drifted_rounds() -> None:
     assert [(c.resets, c._faulted) for c in comms] == [(1, False)] * 3
 
 
+def test_reset_waits_twice_the_timeout_and_a_slack() -> None:
+    assert agree.reset_wait_s(0.5) == 1.2  # RESET_SLACK_S patched to 0.2 here
+
+
 def test_reset_with_an_absent_rank_raises_on_every_survivor_within_the_timeout() -> None:
     comms = _communicators(3, 0.5, "reset-absent")
     t0 = time.monotonic()
     got = on_threads(2, lambda r: comms[2 * r].reset())  # ranks 0 and 2; rank 1 never arrives
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < agree.reset_wait_s(0.5) + 3
     assert all(isinstance(e, PeerTimeoutError) and e.peer == 1 and "rank(s) [1] did not reach reset()" in str(e)
                for e in got), got
     assert [c.resets for c in comms] == [0, 0, 0]  # no survivor re-filled its scratch
@@ -166,7 +171,7 @@ def test_reset_with_an_absent_rank_raises_on_every_survivor_within_the_timeout()
 
 def test_a_rank_lost_between_the_barriers_leaves_every_survivor_faulted(monkeypatch: pytest.MonkeyPatch) -> None:
     comms = _communicators(3, 0.5, "reset-lost")
-    comms[1]._reset_local = lambda: time.sleep(3)  # rank 1 never reaches the second barrier in time
+    comms[1]._reset_local = lambda: time.sleep(2.5)  # rank 1 reaches the second barrier after 1.2 s
     got = on_threads(3, lambda r: comms[r].reset())
     assert isinstance(got[0], PeerTimeoutError) and isinstance(got[2], PeerTimeoutError), got
     assert got[0].peer == 1 and got[2].peer == 1
