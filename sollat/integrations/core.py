@@ -5,25 +5,8 @@ group and asks it, call by call, to serve an all-reduce. The adapter answers wit
 served it) or ``None`` (the engine's own path must serve it). Everything here runs under
 ``torchrun`` on GPUs where the engines cannot be installed (``scripts/engine_adapter_real.py``).
 
-The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the call):
-
-* the group's sollat communicator exists: constructed collectively, lazily, on every rank of the
-  group (world size 2..72, every rank on one host, and the construction succeeded on every rank:
-  symmetric memory mapped every peer's scratch; agreed through the process group's store with a
-  timeout, so that no rank routes to sollat while another routes to the engine, and no rank
-  waits on a peer that failed);
-* the tensor lies on the communicator's device, is contiguous, has 1 .. ``MAX_ELEMENTS`` elements
-  and a dtype sollat reduces (float32, bfloat16, float16, float64; the fused RMSNorm: the first
-  three, a weight ``[hidden]`` of x's dtype, a residual of x's shape and dtype, hidden <= 65536,
-  the FP8 scale one float32 element on the device);
-* outside batch-invariant mode, the message (x) is at most the engine limit
-  (``$SOLLAT_ENGINE_MAX_BYTES``, ``settings.py``), and at most the size above which the
-  communicator's table picks an algorithm the engine's communicator leaves out
-  (``GroupAdapter.own_limit``). In batch-invariant mode there is no size limit: a threshold would
-  send one row through two implementations at two batch sizes, which that mode forbids (sollat
-  cuts a large message into passes over the same scratch).
-
-Everything else goes to the engine's path.
+The rule (``rule.py``: ``all_reduce_refusal``, ``rmsnorm_refusal``, ``domain_refusal``; pure
+functions of the call) says which calls sollat serves; everything else goes to the engine's path.
 
 Every input of that rule that is not the call itself is agreed between the ranks when the
 communicator is built (``GroupAdapter.ensure``), so that no rank routes a call to sollat while
@@ -65,15 +48,14 @@ from typing import Any, Protocol
 
 import torch
 
-from ..collectives.rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
-from ..collectives.rmsnorm import MAX_HIDDEN
 from ..comm import agree
-from ..comm.base import MAX_ELEMENTS
 from ..device import faults
-from ..device.dtypes import DTYPES
 from ..device.layout import MAX_RANKS
 from ..errors import UnsupportedError
 from . import settings
+from .rule import ALL_REDUCE_DTYPES, MIN_WORLD_SIZE, all_reduce_refusal, domain_refusal, rmsnorm_refusal
+from .rule import MAX_ELEMENTS as MAX_ELEMENTS  # re-exported: what the rule and the vLLM pass name
+from .rule import RMSNORM_DTYPES as RMSNORM_DTYPES
 from .settings import BATCH_INVARIANT_ENV, MAX_BYTES_ENV, OPT_IN_ENV, opted_in
 
 __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "MAX_BYTES_ENV", "OPT_IN_ENV", "GroupAdapter",
@@ -82,74 +64,11 @@ __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "MAX_BYTES_ENV", "OPT_IN_
 
 logger = logging.getLogger("sollat.integrations")
 
-ALL_REDUCE_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPES)
-MIN_WORLD_SIZE = 2
-
-
 def sollat_batch_invariant_env(value: str | None) -> bool:
     """Whether ``$SOLLAT_BATCH_INVARIANT`` asks for sollat's batch-invariant mode on its own (the
     engine's mode turns it on too); only ``1`` does (the plugin has checked the value at start-up,
     ``settings.check_environment``)."""
     return value is not None and value.strip() == "1"
-
-
-# ---- the rule -----------------------------------------------------------------------------------
-def all_reduce_refusal(x: Any, device: torch.device | None, max_bytes: int | None = None) -> str | None:
-    """``None`` when a sum all-reduce of ``x`` is sollat's to serve on a communicator on ``device``
-    (``None``: no communicator) with the engine limit ``max_bytes`` (``None``: none), else why not
-    (the engine serves it)."""
-    if device is None:
-        return "no sollat communicator"
-    if not isinstance(x, torch.Tensor):
-        return f"not a tensor ({type(x).__name__})"
-    if x.device != device:
-        return f"on {x.device}, the communicator is on {device}"
-    if x.dtype not in DTYPES:
-        return f"dtype {x.dtype}"
-    n = x.numel()
-    if n == 0:
-        return "empty"
-    if n > MAX_ELEMENTS:
-        return f"{n} elements > {MAX_ELEMENTS}"
-    if not x.is_contiguous():
-        return "not contiguous"
-    if max_bytes is not None and n * x.element_size() > max_bytes:
-        return f"{n * x.element_size()} bytes > {MAX_BYTES_ENV} ({max_bytes})"
-    return None
-
-
-def rmsnorm_refusal(x: Any, residual: Any, weight: Any, device: torch.device | None,
-                    fp8_scale: Any = None, max_bytes: int | None = None) -> str | None:
-    """``None`` when AllReduce + residual add + RMSNorm (+ the static FP8 copy with ``fp8_scale``)
-    is sollat's to serve in one call (``Communicator.all_reduce_rmsnorm``), else why not."""
-    why = all_reduce_refusal(x, device, max_bytes)
-    if why is not None:
-        return why
-    if x.dtype not in RMSNORM_DTYPES:
-        return f"dtype {x.dtype} (the fused RMSNorm takes float32, bfloat16, float16)"
-    if x.dim() < 1 or x.shape[-1] > MAX_HIDDEN:
-        return f"hidden {x.shape[-1] if x.dim() else 0} > {MAX_HIDDEN}" if x.dim() else "a 0-d tensor"
-    if (not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
-            or residual.device != x.device or not residual.is_contiguous()):
-        return "residual is not a contiguous tensor of x's shape, dtype and device"
-    if (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (x.shape[-1],) or weight.dtype != x.dtype
-            or weight.device != x.device):
-        return "weight is not [hidden] of x's dtype and device"
-    if fp8_scale is not None and (not isinstance(fp8_scale, torch.Tensor) or fp8_scale.dtype != torch.float32
-                                  or fp8_scale.numel() != 1 or fp8_scale.device != x.device):
-        return "fp8 scale is not one float32 element on x's device"
-    return None
-
-
-def domain_refusal(world_size: int, hosts: Sequence[str]) -> str | None:
-    """``None`` when a group of ``world_size`` ranks on ``hosts`` (one entry per rank) can be one
-    sollat communicator: 2..72 ranks on one host (one NVLink domain; whether every peer's memory
-    can really be mapped is what the construction itself finds out)."""
-    if not MIN_WORLD_SIZE <= world_size <= MAX_RANKS:
-        return f"world size {world_size} (sollat serves {MIN_WORLD_SIZE}..{MAX_RANKS} ranks)"
-    if len(set(hosts)) > 1:
-        return f"the group spans hosts {sorted(set(hosts))} (sollat serves one host's GPUs)"
-    return None
 
 
 # ---- the communicator and how it is made ----------------------------------------------------------
