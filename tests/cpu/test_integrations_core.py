@@ -444,11 +444,13 @@ def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
             t0 = time.monotonic()
             got["int32_first"] = ad.all_reduce(torch.ones(2, dtype=torch.int32)) is None  # declined: nothing built
             got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
+            # The first float call is above rank 1's own limit in rank1_limit: it builds the
+            # communicator on every rank all the same (the limits are agreed there).
+            big = ad.all_reduce(_rank_input(rank, 2, 128))  # 512 bytes: above SMALL
+            got["big"] = None if big is None else big.view(torch.int32).tolist()
             y = ad.all_reduce(_rank_input(rank, 1, 64))  # 256 bytes: within every limit
             got["seconds"] = time.monotonic() - t0
             got["y"] = None if y is None else y.view(torch.int32).tolist()
-            big = ad.all_reduce(_rank_input(rank, 2, 128))  # 512 bytes: above SMALL
-            got["big"] = None if big is None else big.view(torch.int32).tolist()
             x, r, w = _rank_input(rank, 3, 8).reshape(2, 4), torch.ones(2, 4), torch.ones(4)
             fused = ad.all_reduce_rmsnorm(x, r, w, 1e-6)
             got["fused_r"] = None if fused is None else fused[1].reshape(-1).view(torch.int32).tolist()
