@@ -324,14 +324,32 @@ class Communicator(_Communicator[torch.Tensor, torch.Tensor]):
             handover.nccl_reduce_scatter(x, y, op, self.group)
 
     def reset(self) -> None:
-        """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank."""
-        import torch.distributed as dist
+        """Collective: clear a recorded fault and re-initialise buffers and epochs on every rank.
 
-        # Every stream of every rank is idle before any rank re-fills its scratch (a peer's
-        # kernel on a side stream could otherwise still write into it), and every rank has
-        # re-filled before any rank sends again.
+        Every wait is on the host, through the process group's store (``agree.Agreement.recovery``;
+        never a device-group barrier, which waits on NCCL's watchdog when a peer died), bounded by
+        ``agree.reset_wait_s(timeout_s)``: 2 x the communicator's ``timeout_s`` + RESET_SLACK_S
+        (a rank whose kernels returned at once reaches reset() up to one ``timeout_s`` before a
+        peer whose kernel spun until it timed out). Where a rank does not arrive, every rank that
+        did raises ``PeerTimeoutError`` naming it within that time, and stays faulted. A
+        successful reset also moves every rank's host agreement to a new epoch, so that its rounds
+        line up again whatever rank gave up on which round before."""
+        # This rank's streams are idle first (its kernels end within timeout_s: every spin is
+        # bounded); every rank is idle before any rank re-fills its scratch (a peer's kernel could
+        # otherwise still write into it), and every rank has re-filled before any rank sends again.
         torch.cuda.synchronize(self.device)
-        dist.barrier(group=self.group)
-        self._reset_local()
-        dist.barrier(group=self.group)
+        if isinstance(self._agreement, agree.NoAgreement):  # no store to wait through: torch's barrier
+            import torch.distributed as dist
 
+            dist.barrier(group=self.group)
+            self._reset_local()
+            dist.barrier(group=self.group)
+            return
+        with self._agreement.recovery(agree.reset_wait_s(self.timeout_s)) as barrier:
+            barrier("reset() with every stream idle")
+            self._reset_local()
+            try:
+                barrier("reset() with its scratch re-initialised")
+            except Exception:
+                self._faulted = True  # its peers did not re-initialise: no call may run until a reset passes
+                raise

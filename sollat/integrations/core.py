@@ -5,25 +5,27 @@ group and asks it, call by call, to serve an all-reduce. The adapter answers wit
 served it) or ``None`` (the engine's own path must serve it). Everything here runs under
 ``torchrun`` on GPUs where the engines cannot be installed (``scripts/engine_adapter_real.py``).
 
-The rule (``all_reduce_refusal``, ``rmsnorm_refusal``; pure functions of the call):
+The rule (``rule.py``: ``all_reduce_refusal``, ``rmsnorm_refusal``, ``domain_refusal``; pure
+functions of the call) says which calls sollat serves; everything else goes to the engine's path.
 
-* the group's sollat communicator exists: constructed collectively, lazily, on every rank of the
-  group (world size 2..72, every rank on one host, and the construction succeeded on every rank:
-  symmetric memory mapped every peer's scratch; agreed through the process group's store with a
-  timeout, so that no rank routes to sollat while another routes to the engine, and no rank
-  waits on a peer that failed);
-* the tensor lies on the communicator's device, is contiguous, has 1 .. ``MAX_ELEMENTS`` elements
-  and a dtype sollat reduces (float32, bfloat16, float16, float64; the fused RMSNorm: the first
-  three, a weight ``[hidden]`` of x's dtype, a residual of x's shape and dtype, hidden <= 65536,
-  the FP8 scale one float32 element on the device);
-* outside batch-invariant mode, the message (x) is at most the engine limit
-  (``$SOLLAT_ENGINE_MAX_BYTES``, ``settings.py``), and at most the size above which the
-  communicator's table picks an algorithm the engine's communicator leaves out
-  (``GroupAdapter.own_limit``). In batch-invariant mode there is no size limit: a threshold would
-  send one row through two implementations at two batch sizes, which that mode forbids (sollat
-  cuts a large message into passes over the same scratch).
+Every input of that rule that is not the call itself is agreed between the ranks when the
+communicator is built (``GroupAdapter.ensure``), so that no rank routes a call to sollat while
+another routes it to the engine (both would wait for ever): each rank posts its engine limit and
+batch-invariant mode through the store, then whether its communicator was built and its
+``own_pick_limit``. Where the ranks differ, every rank takes the same value, and the group's rank 0
+logs one warning naming every rank and its value:
 
-Everything else goes to the engine's path.
+* the engine limit and ``own_limit``: the smallest (a smaller limit only sends more calls to the
+  engine, which is correct at every size; a larger one would hand a rank calls its peers' settings
+  refuse);
+* the batch-invariant mode: on where any rank asks for it (a rank that asked relies on its bits
+  not depending on the batch; it costs the others no correctness; and a rank with
+  ``SOLLAT_BATCH_INVARIANT=1`` builds its communicator in that mode whatever the adapter asks,
+  so "off" could not be agreed by the communicators, which compare the mode themselves);
+* the communicator: it serves the group only where it was built on every rank.
+
+Until then the first call that the rule admits at some size (the size limit is not known yet:
+it is agreed there) builds it, the same call on every rank.
 
 The factory seam: ``set_communicator_factory(f)`` makes every adapter built afterwards construct
 its communicator as ``f(device_group, device, batch_invariant)`` (CPU tests inject a stand-in
@@ -37,6 +39,7 @@ logged by the group's rank 0, naming the failed ranks and causes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import socket
 from collections import Counter
@@ -45,15 +48,14 @@ from typing import Any, Protocol
 
 import torch
 
-from ..collectives.rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
-from ..collectives.rmsnorm import MAX_HIDDEN
 from ..comm import agree
-from ..comm.base import MAX_ELEMENTS
 from ..device import faults
-from ..device.dtypes import DTYPES
 from ..device.layout import MAX_RANKS
 from ..errors import UnsupportedError
 from . import settings
+from .rule import ALL_REDUCE_DTYPES, MIN_WORLD_SIZE, all_reduce_refusal, domain_refusal, rmsnorm_refusal
+from .rule import MAX_ELEMENTS as MAX_ELEMENTS  # re-exported: what the rule and the vLLM pass name
+from .rule import RMSNORM_DTYPES as RMSNORM_DTYPES
 from .settings import BATCH_INVARIANT_ENV, MAX_BYTES_ENV, OPT_IN_ENV, opted_in
 
 __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "MAX_BYTES_ENV", "OPT_IN_ENV", "GroupAdapter",
@@ -62,74 +64,11 @@ __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "MAX_BYTES_ENV", "OPT_IN_
 
 logger = logging.getLogger("sollat.integrations")
 
-ALL_REDUCE_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPES)
-MIN_WORLD_SIZE = 2
-
-
 def sollat_batch_invariant_env(value: str | None) -> bool:
     """Whether ``$SOLLAT_BATCH_INVARIANT`` asks for sollat's batch-invariant mode on its own (the
     engine's mode turns it on too); only ``1`` does (the plugin has checked the value at start-up,
     ``settings.check_environment``)."""
     return value is not None and value.strip() == "1"
-
-
-# ---- the rule -----------------------------------------------------------------------------------
-def all_reduce_refusal(x: Any, device: torch.device | None, max_bytes: int | None = None) -> str | None:
-    """``None`` when a sum all-reduce of ``x`` is sollat's to serve on a communicator on ``device``
-    (``None``: no communicator) with the engine limit ``max_bytes`` (``None``: none), else why not
-    (the engine serves it)."""
-    if device is None:
-        return "no sollat communicator"
-    if not isinstance(x, torch.Tensor):
-        return f"not a tensor ({type(x).__name__})"
-    if x.device != device:
-        return f"on {x.device}, the communicator is on {device}"
-    if x.dtype not in DTYPES:
-        return f"dtype {x.dtype}"
-    n = x.numel()
-    if n == 0:
-        return "empty"
-    if n > MAX_ELEMENTS:
-        return f"{n} elements > {MAX_ELEMENTS}"
-    if not x.is_contiguous():
-        return "not contiguous"
-    if max_bytes is not None and n * x.element_size() > max_bytes:
-        return f"{n * x.element_size()} bytes > {MAX_BYTES_ENV} ({max_bytes})"
-    return None
-
-
-def rmsnorm_refusal(x: Any, residual: Any, weight: Any, device: torch.device | None,
-                    fp8_scale: Any = None, max_bytes: int | None = None) -> str | None:
-    """``None`` when AllReduce + residual add + RMSNorm (+ the static FP8 copy with ``fp8_scale``)
-    is sollat's to serve in one call (``Communicator.all_reduce_rmsnorm``), else why not."""
-    why = all_reduce_refusal(x, device, max_bytes)
-    if why is not None:
-        return why
-    if x.dtype not in RMSNORM_DTYPES:
-        return f"dtype {x.dtype} (the fused RMSNorm takes float32, bfloat16, float16)"
-    if x.dim() < 1 or x.shape[-1] > MAX_HIDDEN:
-        return f"hidden {x.shape[-1] if x.dim() else 0} > {MAX_HIDDEN}" if x.dim() else "a 0-d tensor"
-    if (not isinstance(residual, torch.Tensor) or residual.shape != x.shape or residual.dtype != x.dtype
-            or residual.device != x.device or not residual.is_contiguous()):
-        return "residual is not a contiguous tensor of x's shape, dtype and device"
-    if (not isinstance(weight, torch.Tensor) or tuple(weight.shape) != (x.shape[-1],) or weight.dtype != x.dtype
-            or weight.device != x.device):
-        return "weight is not [hidden] of x's dtype and device"
-    if fp8_scale is not None and (not isinstance(fp8_scale, torch.Tensor) or fp8_scale.dtype != torch.float32
-                                  or fp8_scale.numel() != 1 or fp8_scale.device != x.device):
-        return "fp8 scale is not one float32 element on x's device"
-    return None
-
-
-def domain_refusal(world_size: int, hosts: Sequence[str]) -> str | None:
-    """``None`` when a group of ``world_size`` ranks on ``hosts`` (one entry per rank) can be one
-    sollat communicator: 2..72 ranks on one host (one NVLink domain; whether every peer's memory
-    can really be mapped is what the construction itself finds out)."""
-    if not MIN_WORLD_SIZE <= world_size <= MAX_RANKS:
-        return f"world size {world_size} (sollat serves {MIN_WORLD_SIZE}..{MAX_RANKS} ranks)"
-    if len(set(hosts)) > 1:
-        return f"the group spans hosts {sorted(set(hosts))} (sollat serves one host's GPUs)"
-    return None
 
 
 # ---- the communicator and how it is made ----------------------------------------------------------
@@ -188,6 +127,35 @@ def _reason(exc: BaseException, rank: int) -> str:
     return summary if isinstance(summary, str) and summary else f"rank {rank}: {agree.cause(exc)}"
 
 
+def _smallest(values: Any) -> int | None:
+    """The smallest of byte limits where ``None`` is no limit (``None`` only where every one is)."""
+    limits = [int(v) for v in values if v is not None]
+    return min(limits) if limits else None
+
+
+def _own_pick_limit(comm: Any) -> int | None:
+    limit = getattr(comm, "own_pick_limit", None)
+    return limit() if callable(limit) else None
+
+
+def _agreed(posted: Sequence[dict[str, Any]], key: str, what: str, rule: Callable[[list[Any]], Any], how: str,
+            differ: list[str]) -> Any:
+    """``rule`` over every rank's ``posted[r][key]``; where the ranks posted different values, a note
+    for the group's warning names every rank with its value and what every rank uses."""
+    values = [p[key] for p in posted]
+    chosen = rule(values)
+    if isinstance(chosen, bool) or all(isinstance(v, bool) for v in values):
+        chosen = bool(chosen)
+    if len({json.dumps(v) for v in values}) > 1:
+        by_value: dict[str, list[int]] = {}
+        for r, v in enumerate(values):
+            by_value.setdefault(json.dumps(v), []).append(r)
+        ranks = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {v}"
+                          for v, rs in by_value.items())
+        differ.append(f"{what} differs ({ranks}): every rank uses {json.dumps(chosen)} ({how})")
+    return chosen
+
+
 def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
@@ -233,7 +201,11 @@ class GroupAdapter:
 
     # -- construction --
     def ensure(self) -> bool:
-        """Build the communicator if it is not built yet (collective over the group); whether it exists."""
+        """Build the communicator if it is not built yet (collective over the group); whether it
+        exists. Every input of the routing decision is agreed here, through the store, before the
+        adapter serves anything: the engine limit, the batch-invariant mode, ``own_limit`` and
+        whether the communicator exists (``_agreed``); a rank whose value differs is named in one
+        warning."""
         if self.comm is not None:
             return True
         if self.unavailable is not None or _capturing() or torch.compiler.is_compiling():
@@ -244,34 +216,53 @@ class GroupAdapter:
         import torch.distributed as dist
 
         rank = dist.get_rank(self.cpu_group)
-        exchange = self._exchanger(rank)
+        differ: list[str] = []
         try:
-            hosts = exchange(socket.gethostname(), 1.0)
+            return self._build(rank, differ)
+        finally:
+            if differ:  # one warning for the group (its rank 0 logs it), every disagreement in it
+                self.log.log(logging.WARNING if rank == 0 else logging.DEBUG,
+                             "sollat: %s group %s: the ranks' settings differ; every rank uses the same: %s",
+                             self.engine, self.name, "; ".join(differ))
+
+    def _build(self, rank: int, differ: list[str]) -> bool:
+        exchange = self._exchanger(rank)
+        mine = {"host": socket.gethostname(), "max_bytes": self.limit, "batch_invariant": bool(self.batch_invariant)}
+        try:
+            posted = [json.loads(p) for p in exchange(json.dumps(mine), 1.0)]
         except Exception as exc:  # a rank that never arrived: the same decision on every rank that did
             return self._keep_engine(_reason(exc, rank), rank)
-        why = domain_refusal(self.world_size, hosts)
+        # The same lists on every rank, hence the same values and the same notes.
+        self.limit = _agreed(posted, "max_bytes", MAX_BYTES_ENV, _smallest, "the smallest", differ)
+        self.batch_invariant = _agreed(posted, "batch_invariant", "batch-invariant mode", any,
+                                       "on where any rank asks for it", differ)
+        why = domain_refusal(self.world_size, [p["host"] for p in posted])
         comm: CommunicatorLike | None = None
         if why is None:
-            reason = ""
+            reason, own = "", None
             try:
                 comm = self._factory(self.device_group, self.device, self.batch_invariant)
+                own = _own_pick_limit(comm)
+                if bool(getattr(comm, "batch_invariant", self.batch_invariant)) != self.batch_invariant:
+                    raise UnsupportedError(f"its communicator's batch_invariant is "
+                                           f"{getattr(comm, 'batch_invariant', None)}, the group's {self.batch_invariant}")
             except Exception as exc:  # reported and agreed on below: this rank's reason, every rank's decision
                 reason = _reason(exc, rank)
             # Every rank learns every rank's outcome: sollat serves the group only where it was built
             # on all. The wait covers a peer that spends the setup timeout in the constructor's own
             # gates before it gives up (it never waits longer: comm/agree.py).
             try:
-                reasons = exchange(reason, 2.0)
+                outcomes = [json.loads(p) for p in exchange(json.dumps({"reason": reason, "own_limit": own}), 2.0)]
             except Exception as exc:
-                reasons = [_reason(exc, rank)]
-            failed = list(dict.fromkeys(r for r in reasons if r))  # each distinct reason once, rank order
+                outcomes = [{"reason": _reason(exc, rank), "own_limit": None}]
+            failed = list(dict.fromkeys(o["reason"] for o in outcomes if o["reason"]))  # each once, rank order
             why = "; ".join(failed) if failed else None
+            if why is None:
+                self.own_limit = _agreed(outcomes, "own_limit", "own_limit (the communicator's own_pick_limit)",
+                                         _smallest, "the smallest", differ)
         if why is not None:
             return self._keep_engine(why, rank)
         self.comm = comm
-        self.batch_invariant = bool(getattr(comm, "batch_invariant", self.batch_invariant))
-        limit = getattr(comm, "own_pick_limit", None)
-        self.own_limit = limit() if callable(limit) else None
         return True
 
     def _beyond_own_picks(self, x: torch.Tensor) -> str | None:
@@ -317,7 +308,7 @@ class GroupAdapter:
     def serves(self, x: torch.Tensor) -> bool:
         """Whether :meth:`all_reduce` would serve ``x`` (builds the communicator as it would)."""
         comm = self.comm
-        if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
             comm = self.comm
         why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes)
         return why is None and self._beyond_own_picks(x) is None
@@ -325,8 +316,8 @@ class GroupAdapter:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor | None:
         """The sum over the group of ``x`` (a new tensor), or ``None``: the engine must serve it."""
         comm = self.comm
-        if comm is None and all_reduce_refusal(x, self.device, self.max_bytes) is None and self.ensure():
-            comm = self.comm  # built on the first call the rule gives it (the same call on every rank)
+        if comm is None and all_reduce_refusal(x, self.device) is None and self.ensure():
+            comm = self.comm  # built on the first call the rule admits at some size (the same call on every rank)
         why = all_reduce_refusal(x, None if comm is None else comm.device, self.max_bytes) or self._beyond_own_picks(x)
         if why is not None:
             self.counts["declined:" + why] += 1
@@ -340,8 +331,7 @@ class GroupAdapter:
         """``(y, residual_out)`` (with ``fp8_scale``: ``(y, residual_out, q)``) of AllReduce +
         residual add + RMSNorm in one sollat call, or ``None``: the caller must compose it itself."""
         comm = self.comm
-        if (comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale, self.max_bytes) is None
-                and self.ensure()):
+        if comm is None and rmsnorm_refusal(x, residual, weight, self.device, fp8_scale) is None and self.ensure():
             comm = self.comm
         why = (rmsnorm_refusal(x, residual, weight, None if comm is None else comm.device, fp8_scale, self.max_bytes)
                or self._beyond_own_picks(x))

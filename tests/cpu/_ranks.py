@@ -1,4 +1,4 @@
-"""Ranks for the CPU tests of multi-rank host logic: on threads (one store, no processes), or as two
+"""Ranks for the CPU tests of multi-rank host logic: on threads (one store, no processes), or as
 processes over gloo that write what each saw to ``<rank>.json`` and leave together."""
 
 from __future__ import annotations
@@ -38,26 +38,32 @@ def on_threads(world: int, fn: Callable[[int], Any], delay: dict[int, float] | N
 def two_processes(worker: Callable[..., None], args: tuple[Any, ...], out: Path) -> dict[int, Any]:
     """``worker(rank, port, *args, str(out))`` in 2 spawned processes (``port``: a free local one for
     the process group's store); what each wrote to ``out/<rank>.json``."""
+    return processes(worker, args, out, 2)
+
+
+def processes(worker: Callable[..., None], args: tuple[Any, ...], out: Path, world: int) -> dict[int, Any]:
+    """``worker(rank, port, *args, str(out))`` in ``world`` spawned processes; what each wrote to
+    ``out/<rank>.json``."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(worker, args=(port, *args, str(out)), nprocs=2)
-    return {r: json.loads((out / f"{r}.json").read_text()) for r in (0, 1)}
+    mp.spawn(worker, args=(port, *args, str(out)), nprocs=world)
+    return {r: json.loads((out / f"{r}.json").read_text()) for r in range(world)}
 
 
-def leave_together(rank: int, prefix: str, timeout_s: float) -> None:
-    """The end of a worker of ``two_processes``: both ranks are done before either leaves, and rank
-    0, which serves the store, leaves last (a process-group teardown could wait on collectives a
-    failed construction never ran)."""
+def leave_together(rank: int, prefix: str, timeout_s: float, world: int = 2) -> None:
+    """The end of a worker of ``processes``: every rank is done before any leaves, and rank 0, which
+    serves the store, leaves last (a process-group teardown could wait on collectives a failed
+    construction never ran)."""
     import torch.distributed as dist
 
     store = dist.distributed_c10d._get_default_store()
     store.set(f"{prefix}done/{rank}", "1")
-    store.wait([f"{prefix}done/0", f"{prefix}done/1"], timedelta(seconds=timeout_s))
-    if rank == 1:
-        store.set(f"{prefix}left/1", "1")
+    store.wait([f"{prefix}done/{r}" for r in range(world)], timedelta(seconds=timeout_s))
+    if rank != 0:
+        store.set(f"{prefix}left/{rank}", "1")
     else:
-        store.wait([f"{prefix}left/1"], timedelta(seconds=timeout_s))
+        store.wait([f"{prefix}left/{r}" for r in range(1, world)], timedelta(seconds=timeout_s))
     os._exit(0)

@@ -1,8 +1,9 @@
 """The engine-free core of the engine plugins (sollat/integrations/core.py, settings.py): the
 opt-in and every variable the plugins read, the rule and the engine limit, the communicator an
 engine builds (its footprint, and that decode-size calls keep their algorithm and geometry), and a
-GroupAdapter over two gloo processes with stand-in communicators (no engine, no GPU): one decision
-on every rank, one warning."""
+GroupAdapter over three gloo processes with stand-in communicators that sum in rank order (no
+engine, no GPU): the rank-order bits on every rank, one decision on every rank where a rank fails,
+is absent, or has another engine limit, batch-invariant mode or own_pick_limit, one warning."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from sollat.device.dtypes import DTYPES
 from sollat.errors import UnsupportedError
 from sollat.integrations import core, settings
 
-from ._ranks import leave_together, two_processes
+from ._ranks import leave_together, processes
 
 CPU = torch.device("cpu")
 
@@ -343,19 +344,27 @@ def test_adapter_without_a_group_of_two() -> None:
     assert "unavailable" in ad.describe()
 
 
-# ---- two gloo processes ------------------------------------------------------------------------
-class _SumDouble:
-    """Sums in rank order over the gloo group; rank ``fail_rank`` fails to construct."""
+# ---- three gloo processes ----------------------------------------------------------------------
+WORLD = 3  # odd: the ranks' order of summation shows in the bits (at 2 ranks a + b == b + a)
+SMALL = 256  # a limit in bytes one rank may have: 64 float32 elements fit, 128 do not
+
+
+class _RankOrderDouble:
+    """Sums in rank order in float32 over the gloo group (a left fold, as sollat's kernels);
+    rank ``fail_rank`` fails to construct; rank ``own_rank`` reports ``own_pick_limit`` SMALL."""
 
     fail_rank = -1
+    own_rank = -1
 
     def __init__(self, group: Any, device: torch.device, batch_invariant: bool) -> None:
         import torch.distributed as dist
 
-        if dist.get_rank() == _SumDouble.fail_rank:
+        if dist.get_rank() == _RankOrderDouble.fail_rank:
             raise RuntimeError("no peer memory here")
         self.group, self.device, self.batch_invariant = group, device, batch_invariant
         self.calls = 0
+        if dist.get_rank() == _RankOrderDouble.own_rank:
+            self.own_pick_limit = lambda: SMALL
 
     def all_reduce(self, x: torch.Tensor, op: str = "sum", algo: str = "auto", *, out: Any = None) -> torch.Tensor:
         import torch.distributed as dist
@@ -363,7 +372,10 @@ class _SumDouble:
         self.calls += 1
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(self.group))]
         dist.all_gather(parts, x, group=self.group)
-        return torch.stack([p.double() for p in parts]).sum(0).to(x.dtype)
+        acc = parts[0].float()
+        for p in parts[1:]:
+            acc = acc + p.float()
+        return acc.to(x.dtype)
 
     def all_reduce_rmsnorm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                            algo: str = "auto", **kw: Any) -> tuple[torch.Tensor, ...]:
@@ -381,75 +393,148 @@ class _Lines(logging.Handler):
         self.records.append((record.levelname, record.getMessage()))
 
 
-def _two_ranks(rank: int, port: int, fail_rank: int, out: str) -> None:
+def _rank_input(rank: int, call: int, n: int) -> torch.Tensor:
+    """Rank ``rank``'s float32 input of call ``call``: every process draws the same for every rank."""
+    return torch.randn(n, generator=torch.Generator().manual_seed(1000 * call + rank))
+
+
+def _rank_order(call: int, n: int) -> torch.Tensor:
+    from sollat.gather_scatter import rank_order_reduce
+
+    return rank_order_reduce([_rank_input(r, call, n) for r in range(WORLD)], "sum")
+
+
+# Each scenario: what one rank does differently (the others run the defaults: batch_invariant False,
+# the default engine limit, a communicator built with no own_pick_limit).
+SCENARIOS = ["built", "rank1_fails", "rank1_absent", "rank1_limit", "rank1_batch_invariant", "rank2_own_limit"]
+
+
+def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
     import json
     import os
     import time
+    from datetime import timedelta
 
     import torch.distributed as dist
 
     os.environ["SOLLAT_SETUP_TIMEOUT_S"] = "3"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    _SumDouble.fail_rank = fail_rank
-    core.set_communicator_factory(_SumDouble)
-    group = dist.new_group([0, 1], backend="gloo")
+    if scenario == "rank1_limit" and rank == 1:  # read as the engine shims read it
+        os.environ[settings.MAX_BYTES_ENV] = str(SMALL)
+    # A call routed to sollat on some ranks and to the engine on others makes the stand-in's
+    # all_gather wait: bounded here, so that such a split fails the test instead of hanging it.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=20))
+    _RankOrderDouble.fail_rank = 1 if scenario == "rank1_fails" else -1
+    _RankOrderDouble.own_rank = 2 if scenario == "rank2_own_limit" else -1
+    core.set_communicator_factory(_RankOrderDouble)
+    group = dist.new_group(list(range(WORLD)), backend="gloo")
     log = logging.getLogger("engine.plugins.sollat")
     lines = _Lines()
     log.addHandler(lines)
     log.setLevel(logging.DEBUG)
-    ad = core.GroupAdapter(engine="test", name="tp:0", device_group=group, cpu_group=group, device=CPU, world_size=2,
-                           batch_invariant=True, log=log)
+    ad = core.GroupAdapter(engine="test", name="tp:0", device_group=group, cpu_group=group, device=CPU,
+                           world_size=WORLD, batch_invariant=scenario == "rank1_batch_invariant" and rank == 1,
+                           max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)), log=log)
     got: dict[str, Any] = {}
-    if fail_rank == 2 and rank == 1:  # "absent": rank 1 never builds the adapter's communicator
-        time.sleep(4)
-        got["absent"] = True
-    else:
-        t0 = time.monotonic()
-        got["int32_first"] = ad.all_reduce(torch.ones(2, dtype=torch.int32)) is None  # declined: nothing built
-        got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
-        y = ad.all_reduce(torch.full((3,), float(rank + 1)))
-        got["seconds"] = time.monotonic() - t0
-        got["y"] = None if y is None else y.tolist()
-        x, r, w = torch.full((2, 4), float(rank)), torch.ones(2, 4), torch.ones(4)
-        fused = ad.all_reduce_rmsnorm(x, r, w, 1e-6)
-        got["fused_r"] = None if fused is None else fused[1].tolist()
-        got["fp8"] = None if ad.all_reduce_rmsnorm(x, r, w, 1e-6, fp8_scale=torch.ones(1)) is None else 3
-        with ad.capture():
-            got["capturing"] = ad.capturing
-        got["unavailable"] = ad.unavailable
-        got["batch_invariant"] = ad.batch_invariant
-        got["counts"] = dict(ad.counts)
+    try:
+        if scenario == "rank1_absent" and rank == 1:  # "absent": rank 1 never builds the adapter's communicator
+            time.sleep(4)
+            got["absent"] = True
+        else:
+            t0 = time.monotonic()
+            got["int32_first"] = ad.all_reduce(torch.ones(2, dtype=torch.int32)) is None  # declined: nothing built
+            got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
+            # The first float call is above rank 1's own limit in rank1_limit: it builds the
+            # communicator on every rank all the same (the limits are agreed there).
+            big = ad.all_reduce(_rank_input(rank, 2, 128))  # 512 bytes: above SMALL
+            got["big"] = None if big is None else big.view(torch.int32).tolist()
+            y = ad.all_reduce(_rank_input(rank, 1, 64))  # 256 bytes: within every limit
+            got["seconds"] = time.monotonic() - t0
+            got["y"] = None if y is None else y.view(torch.int32).tolist()
+            x, r, w = _rank_input(rank, 3, 8).reshape(2, 4), torch.ones(2, 4), torch.ones(4)
+            fused = ad.all_reduce_rmsnorm(x, r, w, 1e-6)
+            got["fused_r"] = None if fused is None else fused[1].reshape(-1).view(torch.int32).tolist()
+            got["fp8"] = None if ad.all_reduce_rmsnorm(x, r, w, 1e-6, fp8_scale=torch.ones(1)) is None else 3
+            with ad.capture():
+                got["capturing"] = ad.capturing
+            got["unavailable"] = ad.unavailable
+            got["batch_invariant"] = ad.batch_invariant
+            got["comm_batch_invariant"] = getattr(ad.comm, "batch_invariant", None)
+            got["limits"] = [ad.limit, ad.own_limit]
+            got["counts"] = dict(ad.counts)
+    except Exception as exc:  # a split decision: recorded, and the test fails on it
+        got["error"] = f"{type(exc).__name__}: {exc}"
     got["log"] = lines.records
     Path(out, f"{rank}.json").write_text(json.dumps(got))
-    leave_together(rank, "", 60)
+    leave_together(rank, "", 60, WORLD)
 
 
-@pytest.mark.parametrize("fail_rank", [-1, 1, 2], ids=["built", "rank1_fails", "rank1_absent"])
-def test_adapter_agrees_on_every_rank(tmp_path: Path, fail_rank: int) -> None:
+def _int_bits(t: torch.Tensor) -> list[int]:
+    return t.reshape(-1).view(torch.int32).tolist()
 
-    got = two_processes(_two_ranks, (fail_rank,), tmp_path)
-    if fail_rank == 2:
-        g = got[0]
-        assert g["y"] is None and g["seconds"] < 3 + 5  # within the setup timeout, not the store's own
-        assert g["unavailable"].startswith("rank 0: PeerTimeoutError: sollat: rank(s) [1] did not reach")
-        assert [lv for lv, _ in g["log"]] == ["WARNING"] and "keeps the engine's all-reduce" in g["log"][0][1]
-        assert got[1]["log"] == []
+
+def test_the_inputs_show_the_rank_order() -> None:
+    """The three ranks' inputs of the processes below sum to other bits in another order, so a
+    result in the wrong order cannot pass."""
+    for call, n in ((1, 64), (2, 128), (3, 8)):
+        xs = [_rank_input(r, call, n) for r in range(WORLD)]
+        assert _int_bits(_rank_order(call, n)) != _int_bits((xs[2] + xs[1]) + xs[0])
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_adapter_agrees_on_every_rank(tmp_path: Path, scenario: str) -> None:
+    got = processes(_three_ranks, (scenario,), tmp_path, WORLD)
+    errors = {r: g["error"] for r, g in got.items() if "error" in g}
+    assert not errors, f"a rank routed differently from its peers: {errors}"
+    small, big = _int_bits(_rank_order(1, 64)), _int_bits(_rank_order(2, 128))
+    fused = _int_bits(_rank_order(3, 8).reshape(2, 4) + 1.0)
+    if scenario == "rank1_absent":
+        assert got[1] == {"absent": True, "log": []}
+        for rank in (0, 2):
+            g = got[rank]
+            assert g["y"] is None and g["seconds"] < 3 + 5  # within the setup timeout, not the store's own
+            assert g["unavailable"].startswith(f"rank {rank}: PeerTimeoutError: sollat: rank(s) [1] did not reach")
+        assert [lv for lv, _ in got[0]["log"]] == ["WARNING"] and "keeps the engine's all-reduce" in got[0]["log"][0][1]
+        assert [lv for lv, _ in got[2]["log"]] == ["DEBUG"]
         return
-    for rank in (0, 1):
+    for rank in range(WORLD):
         g = got[rank]
         assert g["int32_first"] and not g["built_after_int32"]
         assert g["capturing"] is True
-        if fail_rank < 0:
-            assert g["y"] == [3.0, 3.0, 3.0]
-            assert g["fused_r"] == [[2.0] * 4] * 2  # 0 + 1 summed, plus the residual 1
-            assert g["fp8"] == 3
-            assert g["unavailable"] is None and g["batch_invariant"] is True
-            assert g["counts"] == {"declined:no sollat communicator": 1, "all_reduce": 1, "all_reduce_rmsnorm": 2}
-            assert g["log"] == []
-        else:  # one rank could not build it: neither rank routes anything to sollat
-            assert g["y"] is None and g["fused_r"] is None and g["fp8"] is None
+        if scenario == "rank1_fails":  # one rank could not build it: no rank routes anything to sollat
+            assert g["y"] is None and g["big"] is None and g["fused_r"] is None and g["fp8"] is None
             assert g["unavailable"] == "rank 1: RuntimeError: no peer memory here"
-            assert g["counts"] == {"declined:no sollat communicator": 4}
-    if fail_rank == 1:  # one warning for the group (rank 0's), the same text on every rank
+            assert g["counts"] == {"declined:no sollat communicator": 5}
+            continue
+        assert g["y"] == small, f"rank {rank}: not the rank-order sum"
+        assert g["fused_r"] == fused and g["fp8"] == 3
+        assert g["unavailable"] is None
+        invariant = scenario == "rank1_batch_invariant"
+        assert g["batch_invariant"] is invariant and g["comm_batch_invariant"] is invariant
+        limit = SMALL if scenario == "rank1_limit" else settings.DEFAULT_MAX_BYTES
+        assert g["limits"] == [limit, SMALL if scenario == "rank2_own_limit" else None]
+        if scenario in ("rank1_limit", "rank2_own_limit"):  # above the agreed limit: the engine's, on every rank
+            assert g["big"] is None and g["counts"]["all_reduce"] == 1
+        else:
+            assert g["big"] == big and g["counts"]["all_reduce"] == 2
+    warnings = [[m for lv, m in got[r]["log"] if lv == "WARNING"] for r in range(WORLD)]
+    if scenario == "rank1_fails":  # one warning for the group (rank 0's), the same text on every rank
         want = "sollat: test group tp:0 keeps the engine's all-reduce: rank 1: RuntimeError: no peer memory here"
-        assert got[0]["log"] == [["WARNING", want]] and got[1]["log"] == [["DEBUG", want]]
+        assert got[0]["log"] == [["WARNING", want]]
+        assert got[1]["log"] == got[2]["log"] == [["DEBUG", want]]
+        return
+    differs = {
+        "built": None,
+        "rank1_limit": f"SOLLAT_ENGINE_MAX_BYTES differs (ranks 0, 2: {settings.DEFAULT_MAX_BYTES}; rank 1: {SMALL}): "
+                       f"every rank uses {SMALL} (the smallest)",
+        "rank1_batch_invariant": "batch-invariant mode differs (ranks 0, 2: false; rank 1: true): every rank uses "
+                                 "true (on where any rank asks for it)",
+        "rank2_own_limit": f"own_limit (the communicator's own_pick_limit) differs (ranks 0, 1: null; rank 2: {SMALL}): "
+                           f"every rank uses {SMALL} (the smallest)",
+    }[scenario]
+    if differs is None:
+        assert all(g["log"] == [] for g in got.values())
+        return
+    want = f"sollat: test group tp:0: the ranks' settings differ; every rank uses the same: {differs}"
+    assert warnings[0] == [want] and warnings[1] == warnings[2] == []  # exactly one, from rank 0
+    assert got[1]["log"] == got[2]["log"] == [["DEBUG", want]]

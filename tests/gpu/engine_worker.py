@@ -20,7 +20,11 @@ engine's path with the same reason naming rank 1 and the cause, within the setup
 warning (rank 0's). The faults are injected here, on rank 1, by replacing torch's symmetric-memory
 functions or the environment for that construction (sollat has no hook for them); the rendezvous
 comes last, as it leaves the healthy ranks' torch rendezvous sequence one step ahead of rank 1's.
-Last, ``cross-rank``: every output's raw-bit digest, compared across ranks through the store.
+Before the failures, ``disagree:max_bytes|batch_invariant``: rank 1 alone has another
+``SOLLAT_ENGINE_MAX_BYTES`` (64 KiB) or asks for the batch-invariant mode; every rank uses the
+smallest limit (the mode on), serves and declines the same calls (bit for bit sollat's reference
+where served), and rank 0 logs one warning naming rank 1 and its value. Last, ``cross-rank``: every
+output's raw-bit digest, compared across ranks through the store.
 
 Every wait is bounded: the store's with a timeout, sollat's kernels by their fault timeout, the
 whole process by WATCHDOG_S. Per rank: ``RANK r PASS section (...)`` or ``RANK r FAIL section: why``,
@@ -52,8 +56,11 @@ except ImportError:
 
 MODES = ("default", "batch_invariant")
 FAILURES = ("env", "oom", "rendezvous")  # the rendezvous last (module docstring)
+DISAGREEMENTS = ("max_bytes", "batch_invariant")  # what rank 1 alone sets otherwise
 SECTIONS = (tuple(f"{s}:{m}" for m in MODES for s in ("rule", "eager", "graph", "compile"))
-            + tuple(f"failure:{f}" for f in FAILURES) + ("cross-rank",))
+            + tuple(f"disagree:{d}" for d in DISAGREEMENTS) + tuple(f"failure:{f}" for f in FAILURES)
+            + ("cross-rank",))  # the failures last: the rendezvous failure leaves rendezvous sequences apart
+RANK1_MAX_BYTES = "64KiB"  # disagree:max_bytes: rank 1's SOLLAT_ENGINE_MAX_BYTES
 EPS, REPLAYS, COMPILE_CALLS, STORE_WAIT_S, WATCHDOG_S = 1e-6, 6, 6, 300.0, 480.0
 FAILURE_SETUP_TIMEOUT_S = 20.0  # the failure sections' SOLLAT_SETUP_TIMEOUT_S
 # The last: exactly the engine limit, 1 MiB (declined where the table gives it to an algorithm the
@@ -358,6 +365,58 @@ class Run:
         self.expect(len(set(reasons)) == 1, f"every rank the same reason: {reasons}")
         self.expect(ad.all_reduce(torch.ones(4, device=self.dev)) is None, "its calls go to the engine")
 
+    def disagree(self, what: str) -> None:
+        """Rank 1 alone has another engine limit (its ``SOLLAT_ENGINE_MAX_BYTES``, read as the shims
+        read it) or asks for the batch-invariant mode: every rank takes the same value (the smallest
+        limit; the mode on), routes every call alike, and rank 0 logs one warning naming rank 1."""
+        from sollat.integrations import core, settings
+
+        core.set_communicator_factory(None)
+        saved = os.environ.get(settings.MAX_BYTES_ENV)
+        if what == "max_bytes" and self.rank == 1:
+            os.environ[settings.MAX_BYTES_ENV] = RANK1_MAX_BYTES
+        try:
+            limit = settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV))
+        finally:
+            if saved is None:
+                os.environ.pop(settings.MAX_BYTES_ENV, None)
+            else:
+                os.environ[settings.MAX_BYTES_ENV] = saved
+        name = f"tp:disagree-{what}"
+        ad = core.GroupAdapter(engine="test", name=name, device_group=dist.group.WORLD, cpu_group=self.cpu_group,
+                               device=self.dev, world_size=self.world, max_bytes=limit, log=self.log,
+                               batch_invariant=what == "batch_invariant" and self.rank == 1)
+        ADAPTERS[name] = ad
+        seen = len(self.records)
+        if not self.expect(ad.ensure(), f"communicator built on every rank ({ad.unavailable})"):
+            return
+        small = settings.max_message_bytes(RANK1_MAX_BYTES)
+        if what == "max_bytes":
+            self.expect(ad.limit == small and ad.max_bytes == small and not ad.batch_invariant,
+                        f"every rank uses the smallest limit: limit {ad.limit}, batch_invariant {ad.batch_invariant}")
+            cases = [((8, 4096), torch.bfloat16, True), ((16, 4096), torch.bfloat16, False)]  # 64 KiB, 128 KiB
+            want_warning = f"rank 1: {small}): every rank uses {small} (the smallest)"
+        else:
+            self.expect(ad.batch_invariant and ad.comm.batch_invariant and ad.max_bytes is None,
+                        f"every rank in batch-invariant mode: adapter {ad.batch_invariant}, communicator "
+                        f"{ad.comm.batch_invariant}, max_bytes {ad.max_bytes}")
+            cases = [((8, 4096), torch.bfloat16, True), (*ABOVE_LIMIT, True)]  # above the limit: no limit here
+            want_warning = "rank 1: true): every rank uses true (on where any rank asks for it)"
+        for shape, dtype, served in cases:
+            xs = self.inputs(f"disagree-{what}", shape, dtype)
+            got = ad.all_reduce(xs[self.rank])
+            if served:
+                self.same(got, ref.rank_order_reduce(xs, "sum"), f"disagree {what} all_reduce {shape}")
+            else:
+                self.expect(got is None, f"disagree {what} {shape}: above the agreed limit, served")
+        ad.comm.check()
+        warnings = [m for lv, m in self.records[seen:] if lv >= logging.WARNING]
+        if self.rank == 0:
+            self.expect(len(warnings) == 1 and want_warning in warnings[0] and "rank 1: " in warnings[0],
+                        f"one warning naming rank 1 ({want_warning!r}): {warnings}")
+        else:
+            self.expect(warnings == [], f"rank 0 alone warns: {warnings}")
+
     def cross_rank(self) -> None:
         lists = self.exchange("digests", json.dumps(self.digests))
         self.expect(len(self.digests) > 0, "outputs were recorded")
@@ -397,7 +456,7 @@ def main() -> int:
     for name in SECTIONS:
         what, _, arg = name.partition(":")
         fn = {"rule": run.rule, "eager": run.eager, "graph": run.graph, "compile": run.compile,
-              "failure": run.failure}.get(what)
+              "failure": run.failure, "disagree": run.disagree}.get(what)
         run.section(name, run.cross_rank if fn is None else (lambda fn=fn, arg=arg: fn(arg)))
     with contextlib.suppress(Exception):  # leave together: no rank exits while a peer still needs the store
         run.exchange("done", "1")

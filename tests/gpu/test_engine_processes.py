@@ -7,10 +7,11 @@ processes; 2 and 4 are marked slow (``-m ''`` runs them).
 It proves, on every rank: the rule (what goes to the engine), one communicator per group built
 with the engine options, every routed all-reduce and fused AllReduce + RMSNorm (+ FP8) result bit
 for bit sollat's reference eagerly, in a CUDA graph and under ``torch.compile`` (the fused op the
-vLLM pass inserts), in the default and the batch-invariant mode, the same bits on every rank; and
-one decision on every rank, within the setup timeout, with one warning, when the construction
-fails on rank 1 (a bad environment value, its scratch allocation out of memory, its rendezvous
-failing). Every rank must print PASS for every section of its PLAN and SUMMARY failed=0; the
+vLLM pass inserts), in the default and the batch-invariant mode, the same bits on every rank; one
+routing on every rank, with one warning naming rank 1, when rank 1 alone has another
+SOLLAT_ENGINE_MAX_BYTES or batch-invariant setting; and one decision on every rank, within the
+setup timeout, with one warning, when the construction fails on rank 1 (a bad environment value,
+its scratch allocation out of memory, its rendezvous failing). Every rank must print PASS for every section of its PLAN and SUMMARY failed=0; the
 launcher kills the whole launch after TIMEOUT_S.
 """
 
