@@ -64,7 +64,7 @@ class EachCall:
             missing = [r for r, key in enumerate(keys) if not _present(store, key)]
             if missing:
                 proposal = _LATE + ",".join(map(str, missing))
-        decided = _decide(store, decision, proposal)
+        decided = _decide(store, decision, proposal, self.timeout_s)
         if decided.startswith(_LATE):
             late = [int(r) for r in decided[len(_LATE):].split(",") if r]
             raise PeerTimeoutError(
