@@ -322,7 +322,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // A row cluster's blocks store into each other's shared memory, so none of them may leave
   // before it has received every store meant for it: a block of a cluster that refuses the call
   // runs the first row as a faulted thread does (nothing sent), and the row's exchange, which
-  // every block joins, makes the whole cluster write NaN from there. Its mbarriers are
+  // every receiving block joins, makes the whole cluster write NaN from there. Its mbarriers are
   // initialised and announced now; the wait for every sibling's announcement comes right before
   // the first remote store, so it is off the exchange with the peers.
   bool refuses = false;
