@@ -228,8 +228,8 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   constexpr int kChunks = RmsnormChunks<T, kBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
   static_assert(kChunks <= kRmsnormMaxChunks && kChunks % 4 == 0, "row_tree_sum covers the row, rows 16-byte aligned");
   // By row parity: a fast block's next row never overwrites sums a slow one has not read yet (the
-  // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
-  // that holds it (into every block of the cluster).
+  // argument is at the parity reuse below). [c]: chunk c's sum (float bits), stored by the warp
+  // that holds it (into every receiving block of the cluster).
   __shared__ __align__(16) u32 chunk_sums[2][kChunks];  // 16-byte rows: row_tree_sum
   __shared__ u32 chunk_faults[2][kChunks];        // by row parity: [c] 1 when chunk c's warp met a fault (k > 1)
   __shared__ __align__(8) u64 row_bars[2];         // by row parity: the row exchange's mbarrier (k > 1)
