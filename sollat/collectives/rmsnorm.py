@@ -90,7 +90,8 @@ class RowGeometry:
     A row belongs to one cluster of ``row_blocks`` blocks; cluster c takes rows c, c + clusters,
     ... (``blocks // row_blocks`` clusters). Line l of a row (``elems_per_line`` elements) belongs
     to pass ``l // (row_blocks * slots * threads)``, block ``l // (slots * threads) % row_blocks``
-    of the cluster, slot ``l // threads % slots``, thread ``l % threads``."""
+    of the cluster, slot ``l // threads % slots``, thread ``l % threads``. Warps and blocks that
+    hold no line take no part in the row's exchange: ``row_exchange``."""
 
     blocks: int  # per rank, a multiple of row_blocks
     threads: int  # multiple of 32, <= abi.RMSNORM_MAX_THREADS
@@ -132,6 +133,29 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
     passes = layout.ceil_div(row_lines, row_blocks * threads * slots)
     clusters = max(1, min(rows, limit // row_blocks))
     return RowGeometry(clusters * row_blocks, threads, slots, passes, row_lines, epl, row_blocks)
+
+
+@dataclass(frozen=True)
+class RowExchange:
+    """Who takes part in a row cluster's exchange of chunk sums (``row_exchange``)."""
+
+    receivers: int  # blocks 0 .. receivers - 1 of the cluster hold a line of a row and receive every chunk
+    warps: tuple[int, ...]  # per block of the cluster: warps 0 .. warps[j] - 1 hold a line and take part
+
+
+def row_exchange(g: RowGeometry) -> RowExchange:
+    """The kernel's ``takes_part`` and ``receivers`` (csrc/kernels/allreduce_rmsnorm.cu, "Row
+    exchange"): warp w of block j holds a line of a row iff its first one, line
+    ``j * slots * threads + 32 * w`` (pass 0, slot 0), is in the row; then it stores that chunk in
+    every row. The cut can leave warps, and whole blocks, without a line (threads round up to whole
+    warps, so the last block gets what remains); those leave the kernel at entry and receive
+    nothing, so every warp that waits on a block's row phase stores into every receiving block in
+    every row (tests/cpu/test_rmsnorm_geometry.py)."""
+    block_lines = g.slots * g.threads
+    warps = g.threads // layout.WARP
+    per_block = tuple(min(warps, max(0, layout.ceil_div(g.row_lines - j * block_lines, layout.WARP)))
+                      for j in range(g.row_blocks))
+    return RowExchange(min(g.row_blocks, layout.ceil_div(g.row_lines, block_lines)), per_block)
 
 
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:

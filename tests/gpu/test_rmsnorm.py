@@ -25,7 +25,7 @@ import torch
 import sollat
 from sollat import testing
 from sollat.collectives import algorithms, rmsnorm, rmsnorm_epilogue, rmsnorm_rules
-from sollat.device import abi
+from sollat.device import abi, dtypes, layout
 
 from ._faults import assert_mismatch_poisons_every_rank, poisoned_like
 from ._reference import assert_bitwise
@@ -820,4 +820,106 @@ def test_unfused_epilogue_serves_every_rank_in_one_launch_under_a_graph(r: int) 
         c.all_reduce_rmsnorm(xs, shared, w, 1e-6, "unfused", residual_out=shared)
     with pytest.raises(sollat.UnsupportedError, match="share memory"):
         c.all_reduce_rmsnorm(xs, res, w, 1e-6, "unfused", out=[outs[0]] * r)
+    c.check()
+
+
+# ---- row geometries that leave warps or blocks without a line ----------------------------------
+# The cut rounds threads up to whole warps, so a row cluster's last block can get a warp's worth of
+# lines or none (rmsnorm.row_exchange: 2880 bf16 on LL leaves warp 5 of block 3 empty, 5376 bf16
+# on LL block 7 of 8; the sentinel and fp32 cuts have their own); those warps and blocks leave
+# the kernel at entry, and every warp that waits on a block's row phase stores into every
+# receiving block in every row (csrc/kernels/allreduce_rmsnorm.cu, "Row exchange"). A cluster
+# reuses its row buffers (two parities) from its third row on, which the algorithms' 32 blocks
+# never give a cluster (one row cluster per row up to 32 blocks): a cap of 8 or 4 blocks per
+# rank does, at the row counts that keep clusters (up to 16 rows); the fused algorithms' blocks
+# are capped here through the virtual communicator's block cap.
+GEOMETRY_HIDDEN = [2880, 5376, 6144, 7168]
+GEOMETRY_ROWS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 33, 64, 129, 512]
+GEOMETRY_REPEATS = 3  # back-to-back calls of one shape (each with fresh inputs), checked after all
+FUSED = [a for a in ALGOS if a != rmsnorm.UNFUSED]
+
+
+def capped_comm(r: int, cap: int | None, monkeypatch: pytest.MonkeyPatch, timeout_s: float = 2.0
+                ) -> sollat.VirtualCommunicator:
+    """A virtual communicator whose fused regions (and AllReduce blocks) hold at most ``cap``
+    blocks per rank (None: the default)."""
+    if cap is None:
+        return comm(r)
+    with monkeypatch.context() as m:
+        m.setattr(layout, "virtual_block_cap", lambda world, sms: cap)
+        return sollat.VirtualCommunicator(r, DEV, timeout_s=timeout_s)
+
+
+def _reuses_a_row_buffer(algo: str, dtype: torch.dtype, rows: int, hidden: int, r: int, cap: int) -> bool:
+    """Whether the cut at ``cap`` blocks per rank gives some cluster (of more than one block) three
+    rows or more (the kernel's geometry, as the plan makes it before the occupancy check)."""
+    alg = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name(algo)]
+    dt = dtypes.DTYPES[dtype]
+    g = rmsnorm.row_geometry(alg, dt, rows, hidden, r, cap)
+    if g.row_blocks > cap:
+        g = rmsnorm.row_geometry(alg, dt, rows, hidden, r, cap, widest_blocks=cap)
+    return g.row_blocks > 1 and rows > 2 * (g.blocks // g.row_blocks)
+
+
+@pytest.mark.parametrize("r", [2, 3, 4, 8])
+@pytest.mark.parametrize("cap", [None, 8, 4], ids=["blocks-default", "blocks-8", "blocks-4"])
+@pytest.mark.parametrize("algo", FUSED)
+def test_row_geometries_with_empty_warps_and_reused_row_buffers(r: int, cap: int | None, algo: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """hidden 2880, 5376, 6144, 7168 (bf16, and fp32 where its cut leaves warps empty too) at 1 to
+    512 rows: every call's y and residual_out bitwise rmsnorm.reference on every rank, outputs
+    poisoned first, GEOMETRY_REPEATS calls of each shape back to back (fresh inputs each) before
+    any is checked, so that a block the scheduler holds back meets its siblings rows ahead."""
+    c = capped_comm(r, cap, monkeypatch)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"geometry|{r}|{cap}|{algo}".encode()))
+    reused = 0
+    for hidden, dtype in itertools.product(GEOMETRY_HIDDEN, (torch.bfloat16, torch.float32)):
+        if dtype == torch.float32 and hidden not in (2880, 5376):
+            continue
+        for rows in GEOMETRY_ROWS:
+            if rows > 16 and (cap is not None or dtype != torch.bfloat16):
+                continue  # no row cluster above 16 rows: the default blocks and bf16 cover it
+            reused += cap is not None and _reuses_a_row_buffer(algo, dtype, rows, hidden, r, cap)
+            pending = []
+            for _ in range(GEOMETRY_REPEATS if rows <= 16 else 1):
+                xs, res, w = inputs(r, rows, hidden, dtype, gen)
+                outs, routs = poisoned_like(xs), poisoned_like(res)
+                c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+                pending.append((outs, routs, xs, res, w))
+            for k, (outs, routs, xs, res, w) in enumerate(pending):
+                check(outs, routs, xs, res, w, 1e-6, algo, f"{algo} R={r} cap={cap} {dtype} {rows}x{hidden} call {k}")
+    c.check()
+    assert cap is None or reused >= 5, f"only {reused} shapes reuse a row buffer in a cluster"
+
+
+@pytest.mark.parametrize("algo", FUSED)
+def test_a_timeout_names_the_absent_peer_where_warps_or_blocks_hold_no_line(algo: str) -> None:
+    """An absent rank (the first, a middle one, the last) at cuts that leave warps or whole blocks
+    without a line: every rank raises PeerTimeoutError naming the absent rank, never the rank that
+    detected it (a block's wait for its siblings must not time out before their receives, which
+    know the peer), and the communicator computes right again after reset()."""
+    r = 4
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.3)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"late peer|{algo}".encode()))
+    for (hidden, dtype, rows), absent in itertools.product(
+            ((2880, torch.bfloat16, 1), (5376, torch.bfloat16, 3), (2880, torch.float32, 2), (5376, torch.float32, 1)),
+            (0, 2, 3)):
+        what = f"{algo} {dtype} {rows}x{hidden} rank {absent} absent"
+        xs, res, w = inputs(r, rows, hidden, dtype, gen)
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)  # planned and compiled before the fault
+        c.check()
+        testing.inject(c, absent=absent)
+        outs, routs = poisoned_like(xs), poisoned_like(res)
+        c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+        with pytest.raises(sollat.PeerTimeoutError) as ei:
+            c.check()
+        err = ei.value
+        if algo == "twoshot_sentinel":  # may name a row's owner instead (algorithms.py: why it is experimental)
+            assert err.peer != err.rank and err.rank != absent, f"{what}: {err}"
+        else:
+            assert err.peer == absent and err.rank != absent, f"{what}: {err}"
+        testing.clear(c)
+        c.reset()
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+        check(ys, rs, xs, res, w, 1e-6, algo, f"{what}, after reset")
     c.check()

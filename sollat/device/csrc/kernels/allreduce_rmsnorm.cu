@@ -24,11 +24,37 @@
 //     the row (blockDim.x is a multiple of 32): chunk c's sum, an aligned subtree (the slots'
 //     butterflies interleaved: warp_tree_sums);
 //   * each chunk's sum goes into slot [c] of every cluster block's chunk_sums: k == 1 a shared
-//     store, then the block's __syncthreads_or; k > 1 a st.async into every block, with the
-//     chunk's fault word, counted on that block's mbarrier of the row (row_bars), whose phase
-//     every thread waits for: no cluster barrier per row. Then every warp of every block sums the
-//     row's chunks by row_tree_sum (the tree over the chunks, zero-padded): the row's whole tree,
-//     computed redundantly with the same bits.
+//     store, then the block's __syncthreads_or; k > 1 a st.async into every receiving block (see
+//     "Row exchange" below), with the chunk's fault word, counted on that block's mbarrier of the
+//     row (row_bars), whose phase every thread of the block waits for: no cluster barrier per
+//     row. Then every warp of every receiving block sums the row's chunks by row_tree_sum (the
+//     tree over the chunks, zero-padded): the row's whole tree, computed redundantly with the
+//     same bits.
+//
+// Row exchange (k > 1). The cut can leave warps, and whole blocks, without a line of the row (the
+// threads round up to whole warps, so the last block of a cluster gets the remainder: 2880 bf16
+// on LL leaves warp 5 of block 3 empty, 5376 bf16 on LL all of block 7). Which warps take part is
+// the same in every row: warp w of block j holds a line iff its first one, line
+// j * kSlots * blockDim.x + 32 w (pass 0, slot 0), is in the row, and then it holds chunk
+// (j * kSlots * blockDim.x) / 32 + w of pass 0 and stores it in every row. With several passes
+// every warp takes part (pass 1 exists only if pass 0 is full). A warp without a line has nothing
+// to compute or write, so it leaves right after the cluster's arrive at entry (a block none of
+// whose warps takes part leaves whole); the blocks that take part are 0 .. receivers - 1, and warp
+// 0 of each takes part (its thread 0 declares the row's bytes). Invariant: every warp that waits
+// on a block's row phase or reads its chunk words stores into every receiving block, its own
+// included, in every row (rmsnorm.row_exchange and tests/cpu/test_rmsnorm_geometry.py check it for
+// every hidden size, dtype and protocol). What it buys, with st.async's completion (PTX ISA,
+// st.async: a weak store whose complete-tx on the mbarrier has release semantics at cluster
+// scope; mbarrier.try_wait.acquire.cluster pairs with it):
+//   * a phase never runs ahead of a waiter: row r + 2's phase of a block (the same mbarrier as row
+//     r's) needs the row r + 2 stores of every warp that takes part, each issued after that warp's
+//     wait for row r, so no warp's try_wait.parity (valid for the current or the previous phase
+//     only) meets a barrier two phases on;
+//   * no row's bytes count towards an earlier phase: a store of row r + 2 into block B follows its
+//     warp's wait for row r + 1 in its own block, which needs the row r + 1 stores of B's warps,
+//     issued after they saw B's phase of row r complete;
+//   * no slot is overwritten before every reader is done with it: the argument at the parity
+//     reuse below.
 // Every add and multiply is a single rounded PTX instruction (add.rn / mul.rn are never fused into
 // an FMA); the divisions and the square root are IEEE (div.rn, sqrt.rn), not rsqrt.approx.
 //
@@ -39,9 +65,9 @@
 // its warp reaches each chunk's butterfly). The block learns of it at the row's __syncthreads_or
 // (k == 1), the cluster from the chunks' fault words (k > 1): then every thread of the cluster
 // writes NaN into its lines of both outputs from that row on, and nobody commits epochs. A block
-// never leaves while a sibling may still store into its shared memory: every exit of a cluster
+// never leaves while a sibling may still store into its shared memory: every exit of a receiving
 // block is after its wait for the row's phase, which every store into it of that row precedes,
-// and nobody sends a later row.
+// and nobody sends a later row; a block that takes no part receives nothing.
 //
 // FP8 copy (module define SOLLAT_RMSNORM_FP8=1; vLLM's fused_add_rms_norm_static_fp8_quant): the
 // epilogue also writes, per element, the float8_e4m3fn byte
@@ -130,13 +156,12 @@ __device__ __forceinline__ u32 cluster_addr(const void* local, u32 rank) {
   return remote;
 }
 
-// The row exchange of a k-block cluster runs on one mbarrier per row parity in every block: its
-// phase completes when the block's thread 0 has arrived (declaring the row's bytes) and every
-// byte of the row's st.async stores into this block has landed. A st.async's complete-tx makes
-// its own bytes visible to the block that waits on the phase with acquire at cluster scope; it
-// orders nothing else, so the row's exchange waits for no earlier global store of the thread
-// (a release at cluster scope, as barrier.cluster.arrive's default, would wait for every one:
-// the peers' lines and res_out).
+// The row exchange of a k-block cluster runs on one mbarrier per row parity in every receiving
+// block: its phase completes when the block's thread 0 has arrived (declaring the row's bytes)
+// and every byte of the row's st.async stores into this block has landed. A st.async is a weak
+// store whose complete-tx has release semantics at cluster scope (PTX ISA, st.async); a thread
+// whose mbarrier.try_wait.acquire.cluster sees the phase complete reads the bytes it counted. No
+// cluster barrier per row: a block waits only for the stores meant for it.
 __device__ __forceinline__ void mbar_init(u64* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(shared_addr(bar)) : "memory");
 }
@@ -203,8 +228,8 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   constexpr int kChunks = RmsnormChunks<T, kBytes>::value;  // chunks of a row of rmsnorm.MAX_HIDDEN
   static_assert(kChunks <= kRmsnormMaxChunks && kChunks % 4 == 0, "row_tree_sum covers the row, rows 16-byte aligned");
   // By row parity: a fast block's next row never overwrites sums a slow one has not read yet (the
-  // argument is at the row's barrier below). [c]: chunk c's sum (float bits), stored by the block
-  // that holds it (into every block of the cluster).
+  // argument is at the parity reuse below). [c]: chunk c's sum (float bits), stored by the warp
+  // that holds it (into every receiving block of the cluster).
   __shared__ __align__(16) u32 chunk_sums[2][kChunks];  // 16-byte rows: row_tree_sum
   __shared__ u32 chunk_faults[2][kChunks];        // by row parity: [c] 1 when chunk c's warp met a fault (k > 1)
   __shared__ __align__(8) u64 row_bars[2];         // by row parity: the row exchange's mbarrier (k > 1)
@@ -225,6 +250,13 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   auto line_of = [&](int p, int i) { return p * pass_lines + i * threads + line0; };
   // The first line of this warp's chunk of slot i in pass p (a multiple of 32; the same in every lane).
   auto chunk_line = [&](int p, int i) { return p * pass_lines + (j * kSlots + i) * threads + warp * kWarpSize; };
+  // k > 1, "Row exchange" at the top: whether this warp holds a line of a row (then it stores its
+  // pass-0 slot-0 chunk into every receiving block in every row), and the receiving blocks 0 ..
+  // receivers - 1, those that hold a line (rmsnorm.row_exchange).
+  const bool takes_part = chunk_line(0, 0) < row_lines;
+  const int block_lines = kSlots * threads;  // lines of a row per block and pass
+  const int row_blocks_used = (row_lines + block_lines - 1) / block_lines;
+  const int receivers = row_blocks_used < k ? row_blocks_used : k;
   // Lines of pass p that this thread holds: a prefix of its slots (lines grow with the slot).
   auto active_in = [&](int p) {
     int n = 0;
@@ -290,7 +322,7 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
   // A row cluster's blocks store into each other's shared memory, so none of them may leave
   // before it has received every store meant for it: a block of a cluster that refuses the call
   // runs the first row as a faulted thread does (nothing sent), and the row's exchange, which
-  // every block joins, makes the whole cluster write NaN from there. Its mbarriers are
+  // every receiving block joins, makes the whole cluster write NaN from there. Its mbarriers are
   // initialised and announced now; the wait for every sibling's announcement comes right before
   // the first remote store, so it is off the exchange with the peers.
   bool refuses = false;
@@ -304,6 +336,11 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     }
     cluster_arrive_relaxed();
     refuses = refused(a);
+    // A warp without a line leaves (warp-uniform; its lanes arrived above, and barrier.cluster.wait
+    // waits only for threads that have not exited): nothing it would do is needed by anyone, and
+    // nothing is sent to a block none of whose warps takes part. Thread 0 of a receiving block
+    // stays (warp 0 of a block that holds a line holds one).
+    if (!takes_part) return;
   }
   const FaultSink fault = make_fault(a);
   Buf buf(make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src)), fault,
@@ -368,30 +405,37 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
     return true;
   };
 
-  // Chunk c's sum into slot [c] of every block of the row cluster. Ordering: a plain shared store
-  // (k == 1), made visible to the block's readers by the row's __syncthreads_or below; or (k > 1)
-  // one st.async per block of the sum and one of whether the chunk's warp met a fault (`bad`),
-  // counted on that block's row_bars[parity], whose phase its readers wait for (acquire, cluster
-  // scope) before they read.
+  // Chunk c's sum into slot [c] of every receiving block of the row cluster. Ordering: a plain
+  // shared store (k == 1), made visible to the block's readers by the row's __syncthreads_or
+  // below; or (k > 1) one st.async per receiving block of the sum and one of whether the chunk's
+  // warp met a fault (`bad`), counted on that block's row_bars[parity], whose phase its readers
+  // wait for (acquire, cluster scope) before they read.
   auto put_chunk = [&](int parity, int c, float v, bool bad) {
     if (k == 1) {
       if (lane == 0) chunk_sums[parity][c] = __float_as_uint(v);
-    } else if (lane < k) {
+    } else if (lane < receivers) {
       const u32 to = first_block + (u32)lane;
       const u32 bar = cluster_addr(&row_bars[parity], to);
       st_async(cluster_addr(&chunk_sums[parity][c], to), __float_as_uint(v), bar);
       st_async(cluster_addr(&chunk_faults[parity][c], to), bad ? 1u : 0u, bar);
     }
   };
-  // Bytes each block receives per row: every chunk's sum and fault word.
+  // Bytes each receiving block receives per row: every chunk's sum and fault word (each chunk is
+  // held by one warp, which stores both into every receiving block).
   const u32 row_bytes_in = (u32)n_chunks * 2u * (u32)sizeof(u32);
-  // The row's phase of row_bars[parity] (k > 1), bounded by the call's timeout: the siblings are
-  // resident together and send every row whatever happens, so only a broken sibling times out.
+  // The row's phase of row_bars[parity] (k > 1). The siblings are resident together and store
+  // their chunks of every row whatever happens, after that row's receives: one per pass, each
+  // bounded by the call's timeout and cut short by a fault recorded anywhere. So a late peer is
+  // named by the thread that waited for it, and this wait, which cannot tell which peer its
+  // sibling waits for, must not time out first: it allows passes + 1 timeouts (the sibling's row
+  // started no later than this wait, give or take the time to see a completed phase). Only a
+  // sibling that neither delivers nor gives up in that time is recorded here, as this rank's own.
+  const u64 row_timeout_ns = fault.timeout_ns * (u64)(passes + 1);
   auto wait_row = [&](int parity, u32 phase) -> bool {
     if (mbar_try_wait(&row_bars[parity], phase)) return true;
     const u64 start = globaltimer();
     while (!mbar_try_wait(&row_bars[parity], phase)) {
-      if ((long long)(globaltimer() - start) > (long long)fault.timeout_ns) {
+      if ((long long)(globaltimer() - start) > (long long)row_timeout_ns) {
         fault.raise(kTimeout, a.rank, a.rank, -1, 0u, 0u);
         return false;
       }
@@ -499,13 +543,17 @@ __device__ __forceinline__ void ar_rmsnorm(const CallArgs& a, u64 hidden, float 
       bad = __any_sync(0xFFFFFFFFu, seen);
     }
     if (bad) return poison_from(row);
-    // Parity reuse: chunk_sums[parity] and chunk_faults[parity] are written again two rows on. A
-    // sibling sends those only after its wait for the next row, which needs every warp of this
-    // block's stores of the next row, which lanes 0..k-1 of each warp issue after every lane's
-    // reads here. A st.async is a weak store, so where this cluster has a row two rows on, the
-    // warp's barrier orders every lane's reads before the sending lanes' cluster-scope fences,
-    // which order them before those stores. Both come before the row's own output stores, so the
-    // fence waits for few stores. (k == 1: the next row's __syncthreads_or orders them.)
+    // Parity reuse: chunk_sums[parity] and chunk_faults[parity] are written again two rows on.
+    // Every reader of them here is a warp that takes part (the others have left), and every such
+    // warp of this block stores its chunk of the next row into every receiving block: lanes
+    // 0 .. receivers - 1, after every lane's reads here. A sibling stores into these slots again
+    // only after its wait for the next row in its own block, which needs those stores. The order
+    // (where this cluster has a row two rows on): each lane's reads; __syncwarp (bar.warp.sync
+    // orders memory among the lanes it joins); the storing lanes' fence.acq_rel.cluster; their
+    // st.async of the next row, whose complete-tx (release, cluster scope) the sibling's
+    // try_wait.acquire.cluster observes; the sibling's later st.async into these slots. The fence
+    // comes before the row's own output stores, so it waits for few stores. (k == 1: the next
+    // row's __syncthreads_or orders them.)
     const float total = row_tree_sum(chunk_sums[parity], n_chunks);
     if (k > 1 && row + 2 * (u64)row_step < rows) {
       __syncwarp();
