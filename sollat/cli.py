@@ -22,6 +22,7 @@ from .cli_args import (
     positive_float,
     positive_int,
 )
+from .errors import EnvironmentValueError
 
 __all__ = ["BENCH_VERBS", "PROG", "VERBS", "Parser", "int_range", "main", "nonneg_int", "nvrtc_line",
            "positive_float", "positive_int", "usage"]
@@ -158,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: unknown verb {verb!r}; verbs: {', '.join(VERBS)} (see {PROG} --help)",
               file=sys.stderr)
         return 2
-    if verb in BENCH_VERBS:
-        return _bench(verb, rest)
     handlers: dict[str, Callable[[list[str]], int]] = {
         "model": _model, "tune": _tune, "precompile": _precompile, "info": _info}
-    return handlers[verb](rest)
+    try:
+        return _bench(verb, rest) if verb in BENCH_VERBS else handlers[verb](rest)
+    except EnvironmentValueError as exc:  # a SOLLAT_* variable not understood: one line, no traceback
+        print(f"{PROG} {verb}: error: {str(exc).removeprefix('sollat: ')}", file=sys.stderr)
+        return 2

@@ -60,7 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results", help="parent folder of the timestamped result folder (default: results)")
     p.add_argument("--into", default=None, help="write into exactly this folder instead of a new timestamped one")
     p.add_argument("--device", type=nonneg_int, default=0, help="GPU index in virtual mode (default 0)")
-    p.add_argument("--commit", default=None, help="commit to name in titles (default: git, else $SOLLAT_COMMIT)")
+    p.add_argument("--commit", default=None, help="commit to name in titles (default: $SOLLAT_COMMIT, else git)")
     p.add_argument("--quick", action="store_true", help="fewer sizes/repeats: about a minute")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=positive_float, default=5.0, help="seconds before any device spin gives up (default 5)")

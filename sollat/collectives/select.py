@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import Any
 
 import torch
 
+from .. import environment
 from ..device import build
 from ..errors import SollatError, TableMismatchError, UnsupportedError
 from . import algorithms, rmsnorm_rules
@@ -245,9 +245,9 @@ def write_table(table: Table, path: Path) -> Path:
 def detect_interconnect(device_index: int) -> str:
     """``$SOLLAT_INTERCONNECT`` if set; else ``"nvlink"`` when NVML reports an active NVLink on the
     device, ``"pcie"`` when it reports none, and ``"any"`` when NVML cannot tell."""
-    forced = os.environ.get("SOLLAT_INTERCONNECT")
-    if forced:
-        return forced
+    forced = environment.value("SOLLAT_INTERCONNECT")
+    if forced is not None:
+        return str(forced)
     try:
         import pynvml  # type: ignore[import-not-found]
 

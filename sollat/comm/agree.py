@@ -29,29 +29,13 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..errors import CallMismatchError, PeerTimeoutError, SollatError
+from ..errors import CallMismatchError, PeerTimeoutError, SetupFailedError, SollatError
 
 _seq: dict[str, itertools.count] = {}
 _GO = "go"
 _LATE = "late "
 _OK, _ERROR = "ok\t", "error\t"
 MAX_CAUSE_CHARS = 400
-
-
-class SetupFailedError(SollatError):
-    """A Communicator's construction failed on one or more ranks (or a rank never reached a step
-    within the setup timeout); raised on every rank of the group alike, with the same ``step``
-    and ``failures`` (rank -> cause, e.g. ``"OutOfMemoryError: CUDA out of memory ..."``)."""
-
-    def __init__(self, message: str, *, step: str, failures: Mapping[int, str]) -> None:
-        super().__init__(message)
-        self.step = step
-        self.failures = dict(failures)
-
-    @property
-    def summary(self) -> str:
-        """``rank r: cause`` for every failed rank (rank order): the same text on every rank."""
-        return "; ".join(f"rank {r}: {c}" for r, c in sorted(self.failures.items()))
 
 
 def cause(exc: BaseException) -> str:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
+from .. import environment
 from ..collectives.custom import Collective, checked_collectives
 from ..collectives.validate import (
     algorithm_names,
@@ -66,7 +66,7 @@ class VirtualCommunicator(_Communicator[Sequence[torch.Tensor], list[torch.Tenso
         base = scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
         if cluster_ranks is None:
-            cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
+            cluster_ranks = environment.flag("SOLLAT_CLUSTER_RANKS")
         ranks = VirtualRanks(world_size, scratch)
         super().__init__(ranks, world_size=world_size, device=dev, scratch_ptrs=ptrs, timeout_s=timeout_value,
                          debug=debug, algos=names, max_blocks=blocks, collectives=colls, gather_scatter=gs,

@@ -10,7 +10,6 @@ kernel of the communicator refuses to run and writes NaN outputs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -47,14 +46,9 @@ def validated_timeout(value: object, *, what: str, env: str, default: float) -> 
     a finite number > 0 and at most a week, or an UnsupportedError saying what was wrong."""
     source = what
     if value is None:
-        raw = os.environ.get(env)
-        if raw is None:
-            return default
-        source = f"${env}"
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {raw!r}") from None
+        from .. import environment  # imported here: environment reads this module's bounds
+
+        return default if environment.raw(env) is None else float(environment.value(env))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {value!r}")
     v = float(value)

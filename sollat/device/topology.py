@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import environment
 from ..errors import NotOneNVLinkDomainError, UnsupportedError
 
 ALLOW_PCIE_ENV = "SOLLAT_ALLOW_PCIE_PEERS"
@@ -78,7 +79,7 @@ def pci_id(domain: int, bus: int, device: int) -> str:
 
 
 def allow_pcie_from_env() -> bool:
-    return os.environ.get(ALLOW_PCIE_ENV, "").strip() == "1"
+    return environment.flag(ALLOW_PCIE_ENV)
 
 
 def allow_overlap_from_env() -> bool:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 import torch
 
+from .. import environment
 from ..collectives.rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
 from ..collectives.rmsnorm import MAX_HIDDEN
 from ..comm import agree
@@ -66,11 +67,11 @@ ALL_REDUCE_DTYPES: tuple[torch.dtype, ...] = tuple(DTYPES)
 MIN_WORLD_SIZE = 2
 
 
-def sollat_batch_invariant_env(value: str | None) -> bool:
+def sollat_batch_invariant_env() -> bool:
     """Whether ``$SOLLAT_BATCH_INVARIANT`` asks for sollat's batch-invariant mode on its own (the
-    engine's mode turns it on too); only ``1`` does (the plugin has checked the value at start-up,
+    engine's mode turns it on too; the plugin has checked the value at start-up,
     ``settings.check_environment``)."""
-    return value is not None and value.strip() == "1"
+    return environment.flag(BATCH_INVARIANT_ENV)
 
 
 # ---- the rule -----------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def batch_invariant_mode() -> bool:
     """vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT``) or ``SOLLAT_BATCH_INVARIANT=1``."""
     import vllm.envs as envs
 
-    return bool(envs.VLLM_BATCH_INVARIANT) or core.sollat_batch_invariant_env(os.environ.get(core.BATCH_INVARIANT_ENV))
+    return bool(envs.VLLM_BATCH_INVARIANT) or core.sollat_batch_invariant_env()
 
 
 def adapter(group: Any) -> core.GroupAdapter | None:
@@ -61,7 +61,7 @@ def adapter(group: Any) -> core.GroupAdapter | None:
         made = core.GroupAdapter(engine=ENGINE, name=group.unique_name, device_group=group.device_group,
                                  cpu_group=group.cpu_group, device=group.device, world_size=group.world_size,
                                  batch_invariant=batch_invariant_mode(),
-                                 max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)),
+                                 max_bytes=settings.engine_max_bytes(),
                                  log=logger())
     group.__dict__[_ATTR] = made
     return made or None
