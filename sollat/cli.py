@@ -114,10 +114,10 @@ def _info(argv: list[str]) -> int:
     Parser(prog=f"{PROG} info", description=VERBS["info"]).parse_args(argv)
     import torch
 
-    from . import __version__
+    from ._version import VERSION
     from .device import build
 
-    print(f"sollat {__version__}; torch {torch.__version__}; cache {build.cache_dir()}")
+    print(f"sollat {VERSION}; torch {torch.__version__}; cache {build.cache_dir()}")
     print(nvrtc_line())
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} x {torch.cuda.device_count()}; arch {build.device_arch()}")
@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0
     if argv == ["--version"]:
-        from . import __version__
+        from ._version import VERSION  # not sollat.__version__: see sollat/_version.py
 
-        print(f"sollat {__version__}")
+        print(f"sollat {VERSION}")
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:

@@ -1,7 +1,7 @@
 """Run-time compilation of sollat's CUDA C++ with NVRTC (through ``cuda.core``), cached on disk.
 
-Every production kernel source lives in ``csrc/kernels/*.cu``, the diagnostic and probe kernels (the
-bench's SoL and barrier probes, the one-shot latency breakdown) in ``csrc/probes/*.cu``; both include
+Every production kernel source lives in ``csrc/kernels/*.cu``, the probe kernels (the bench's SoL
+and barrier probes) in ``csrc/probes/*.cu``; both include
 headers from ``csrc/include`` and are found by file name (:func:`kernel_source`).
 Kernels are ``extern "C"`` with explicit names (see the ``SOLLAT_*_KERNEL`` macros), so a cached
 cubin needs no symbol mapping.
@@ -349,5 +349,5 @@ def kernel_files() -> Iterable[str]:
 
 
 def probe_files() -> Iterable[str]:
-    """The diagnostic and probe kernel files (``csrc/probes``)."""
+    """The probe kernel files (``csrc/probes``): the bench's ``sol`` and ``barrier``."""
     return sorted(p.name for p in PROBE_DIR.glob("*.cu"))

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from . import core, settings
+from .log_source import tag_sollat_source
 
 ENGINE = "vLLM"
 LOGGER = "vllm.plugins.sollat"
@@ -23,7 +24,7 @@ _ATTR = "_sollat_adapter"
 def logger() -> logging.Logger:
     from vllm.logger import init_logger
 
-    return init_logger(LOGGER)
+    return tag_sollat_source(init_logger(LOGGER))  # "[sollat/integrations/vllm.py:62]", not "[vllm.py:62]"
 
 
 def check_environment() -> None:

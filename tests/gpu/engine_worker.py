@@ -212,7 +212,7 @@ class Run:
             self.expect(out is None, "above SOLLAT_ENGINE_MAX_BYTES goes to the engine")
 
     def eager(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         ad = ADAPTERS[f"tp:{mode}"]
         for shape, dtype in ALL_REDUCE_CASES:
@@ -242,7 +242,7 @@ class Run:
                     self.same(got8[2], fp8_reference(want_y, scale), f"{what} fp8 q")
 
     def graph(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         ad, name, dev = ADAPTERS[f"tp:{mode}"], f"tp:{mode}", self.dev
         ar_shape, f_shape, dtype = (8, 4096), (2, 8192), torch.bfloat16
@@ -282,7 +282,7 @@ class Run:
         ad.comm.check()
 
     def compile(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         name, dev = f"tp:{mode}", self.dev
 

@@ -43,6 +43,7 @@ def test_the_plugin_logs_through_vllms_logger(tmp_path: Path) -> None:
     assert got["logger"] == {"name": "vllm.plugins.sollat", "vllm_methods": True}  # vllm.logger.init_logger's
     [line] = got["on"]["formatted"]  # as vLLM's own handler prints it: its prefix, then the line
     assert line.endswith(got["on"]["lines"][0]) and line != got["on"]["lines"][0] and "INFO" in line
+    assert "[sollat/integrations/vllm.py:" in line and "[vllm.py:" not in line, line  # sollat's, not vLLM's file
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "VLLM_BATCH_INVARIANT"])
