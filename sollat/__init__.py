@@ -21,7 +21,9 @@ from .comm.real import Communicator, VirtualCommunicator
 from .errors import (
     CallMismatchError,
     CommunicatorFaultedError,
+    EnvironmentValueError,
     PeerTimeoutError,
+    SetupFailedError,
     SollatError,
     UnsupportedError,
 )
@@ -31,7 +33,9 @@ __all__ = [
     "CallMismatchError",
     "Communicator",
     "CommunicatorFaultedError",
+    "EnvironmentValueError",
     "PeerTimeoutError",
+    "SetupFailedError",
     "SollatError",
     "UnsupportedError",
     "VirtualCommunicator",

@@ -94,11 +94,11 @@ def test_an_installed_copy_reports_its_metadata_version(tmp_path: Path) -> None:
 
     assert _version.package_version(site / "sollat", missing) == "0+unknown"
     (site / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "1.0"\n')  # not sollat's
-    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"
+    assert _version.package_version(site / "sollat", missing) == "0+unknown"
     (site / "pyproject.toml").write_text('[tool.x]\nversion = "5"\n[project]\nname = "sollat"  # the name\n'
                                          'version = "2.0.1"\n[project.urls]\nversion = "x"\n')
-    assert _version.package_version(site / "sollat", missing) == "2.0.1"  # a checkout wins over metadata
-    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "2.0.1"
+    assert _version.package_version(site / "sollat", missing) == "2.0.1"  # a checkout, not installed
+    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"  # the metadata first
 
 
 # ---- metadata: classifiers, the index's description --------------------------------------------
@@ -221,3 +221,8 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
     assert 'Requires-Dist: matplotlib; extra == "bench"' in meta
     assert "sollat/device/csrc/include/sollat/abi.h" in names and "sollat/device/csrc/kernels/allreduce_oneshot.cu" in names
     assert any(n.startswith("sollat/collectives/tuning/") and n.endswith(".json") for n in names)
+    # every probe kernel the wheel ships is one the package runs (no diagnostic copy of a kernel)
+    probes = {Path(n).name for n in names if "/csrc/probes/" in n}
+    code = "\n".join(p.read_text() for p in (ROOT / "sollat").rglob("*.py") if p.name != "build.py")
+    assert probes and all(f'"{name}"' in code for name in probes), probes
+    assert not [n for n in names if re.search(r"(^|/)diag_", n)], names
