@@ -72,7 +72,7 @@ class SetupFailedError(SollatError):
 
 class EnvironmentValueError(UnsupportedError):
     """A ``SOLLAT_*`` environment variable has a value sollat does not understand (one line: the
-    variable, its value, the values it takes; ``sollat.environment``)."""
+    variable, its value, the values it takes; ``sollat.device.environment``)."""
 
     def __init__(self, name: str, value: str, allowed: str, *, consequence: str = "") -> None:
         message = f"sollat: {name}={value!r} is not understood; it takes {allowed}"

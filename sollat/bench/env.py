@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import environment
+from ..device import environment
 
 # Set in this process and in every child: sollat never touches NVLink multicast, and neither
 # may the peers it measures (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS).

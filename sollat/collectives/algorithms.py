@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import environment
-from ..device import abi, layout
+from ..device import abi, environment, layout
 from ..device.dtypes import DTYPES, OPS, DType
 from ..errors import UnsupportedError
 

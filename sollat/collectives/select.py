@@ -45,8 +45,7 @@ from typing import Any
 
 import torch
 
-from .. import environment
-from ..device import build
+from ..device import build, environment
 from ..errors import SollatError, TableMismatchError, UnsupportedError
 from . import algorithms, rmsnorm_rules, table_schema
 from .table_schema import spec

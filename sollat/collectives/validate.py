@@ -8,8 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import environment
-from ..device import faults, layout
+from ..device import environment, faults, layout
 from ..errors import UnsupportedError
 from . import algorithms, select
 from .algorithms import ALGORITHMS, Algorithm
@@ -116,7 +115,7 @@ BATCH_INVARIANT_ENV = "SOLLAT_BATCH_INVARIANT"
 def checked_batch_invariant(value: object, who: str) -> bool:
     """``batch_invariant=`` as given (True or False), else ``$SOLLAT_BATCH_INVARIANT``: ``1`` on,
     ``0`` or unset off; any other value is an error (a typo must not silently turn the guarantee
-    off; ``sollat.environment``)."""
+    off; ``sollat.device.environment``)."""
     if value is None:
         return environment.flag(BATCH_INVARIANT_ENV)
     if not isinstance(value, bool):

@@ -7,7 +7,6 @@ from collections.abc import Sequence
 
 import torch
 
-from .. import environment
 from ..collectives.custom import Collective, checked_collectives
 from ..collectives.validate import (
     algorithm_names,
@@ -18,7 +17,7 @@ from ..collectives.validate import (
     cuda_device,
     timeout,
 )
-from ..device import layout
+from ..device import environment, layout
 from .api import _Communicator
 from .ranks import VirtualRanks
 from .state import scratch_bytes_per_rank

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import environment
+from . import environment
 
 CSRC = Path(__file__).parent / "csrc"
 INCLUDE_DIR = CSRC / "include"
@@ -51,7 +51,7 @@ _fallback_dirs: dict[Path, Path] = {}
 def cache_root() -> Path:
     """Root of sollat's caches: ``$SOLLAT_CACHE_DIR``, else ``~/.cache/sollat``.
     Cubins live in ``<root>/cubin``, user tuning tables in ``<root>/tuning``. A root the user
-    names is created only as one directory in an existing one (``sollat.environment``): a typo
+    names is created only as one directory in an existing one (``sollat.device.environment``): a typo
     never creates a tree of directories."""
     root = environment.value("SOLLAT_CACHE_DIR")  # a directory, or one to create in an existing one
     return Path(root) if root is not None else Path.home() / ".cache" / "sollat"

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import environment
 from ..errors import NotOneNVLinkDomainError, UnsupportedError
+from . import environment
 
 ALLOW_PCIE_ENV = "SOLLAT_ALLOW_PCIE_PEERS"
 # torch's symmetric memory refuses two ranks on one device unless this is "1" in every process

@@ -45,12 +45,11 @@ from typing import Any, Protocol
 
 import torch
 
-from .. import environment
 from ..collectives.rmsnorm import DTYPES_SUPPORTED as RMSNORM_DTYPES
 from ..collectives.rmsnorm import MAX_HIDDEN
 from ..comm import agree
 from ..comm.base import MAX_ELEMENTS
-from ..device import faults
+from ..device import environment, faults
 from ..device.dtypes import DTYPES
 from ..device.layout import MAX_RANKS
 from ..errors import UnsupportedError

@@ -3,8 +3,8 @@
 The environment is checked once, when the engine loads the plugin, before anything is patched:
 a value that is not understood stops the engine with one line that names the variable and the
 values it takes (``check_environment``; the engine shims add the engine's own variables). Every
-``SOLLAT_*`` variable is checked (``sollat.environment``, the library's one parser), so that no typo can turn a
-mode off silently, or turn sollat off at the first collective.
+``SOLLAT_*`` variable is checked (``sollat.device.environment``, the library's one parser), so
+that no typo can turn a mode off silently, or turn sollat off at the first collective.
 
 The communicator (``communicator_options``) is sized for what the engines send sollat: the
 one-shot AllReduce algorithms only (what ``auto`` picks for messages up to the engine limit on
@@ -20,12 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import environment
 from ..collectives.algorithms import ALGORITHMS, RMSNORM_MAX_BLOCKS
 from ..collectives.validate import BATCH_INVARIANT_ENV, algorithm_names
 from ..comm.state import scratch_bytes_per_rank
-from ..device import layout
-from ..environment import format_bytes
+from ..device import environment, layout
+from ..device.environment import format_bytes
 from ..errors import EnvironmentValueError
 
 __all__ = ["BATCH_INVARIANT_ENV", "DEFAULT_MAX_BYTES", "ENGINE_ALGORITHMS", "ENGINE_RMSNORM_MAX_BLOCKS",
@@ -58,7 +57,7 @@ def not_understood(name: str, value: str, allowed: str) -> str:
 
 def opted_in(value: str | None) -> bool:
     """``$SOLLAT_ENGINE_PLUGIN``'s text ``value`` (None: unset): off unless ``1`` (the boolean
-    grammar of ``sollat.environment``); anything else is an error."""
+    grammar of ``sollat.device.environment``); anything else is an error."""
     return bool(environment.value(OPT_IN_ENV, {} if value is None else {OPT_IN_ENV: value}, consequence=STOPS))
 
 

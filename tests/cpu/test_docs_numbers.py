@@ -3,7 +3,7 @@ counts of tests. Every page of docs/ is scanned for the phrases below; each numb
 captures must be the code's. A page need not state a fact; one that does states the code's.
 
 (README.md and docs/benchmarks.md are checked by their own tests; docs/settings.md's table is
-checked against sollat.environment by tests/cpu/test_settings.py.)"""
+checked against sollat.device.environment by tests/cpu/test_settings.py.)"""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from sollat.bench.sizes import DEFAULT_SIZES, QUICK_SIZES, parse_sizes
 from sollat.collectives.rmsnorm import MAX_HIDDEN
 from sollat.device import faults, layout
-from sollat.environment import format_bytes
+from sollat.device.environment import format_bytes
 from sollat.integrations.settings import DEFAULT_MAX_BYTES
 
 ROOT = Path(__file__).resolve().parents[2]

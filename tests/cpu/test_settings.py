@@ -1,5 +1,5 @@
 """Every SOLLAT_* environment variable the package reads goes through one parser
-(sollat/environment.py) with one set of rules, and docs/settings.md lists each one.
+(sollat/device/environment.py) with one set of rules, and docs/settings.md lists each one.
 
 The variables are found by scanning the package's source, so a variable added anywhere in the
 package without an entry in ``environment.VARIABLES`` (and so without a parser and a row in the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sollat import environment
+from sollat.device import environment
 from sollat.errors import EnvironmentValueError, UnsupportedError
 from sollat.integrations import settings
 
@@ -67,7 +67,7 @@ def test_the_scan_finds_the_variables() -> None:
 
 def test_every_variable_in_the_package_has_a_parser() -> None:
     assert set(FOUND) == set(environment.VARIABLES), (
-        "a SOLLAT_* name in the package is not in sollat.environment.VARIABLES (or the reverse); a "
+        "a SOLLAT_* name in the package is not in sollat.device.environment.VARIABLES (or the reverse); a "
         "variable needs its parser, its values and its default there, and a row in docs/settings.md")
 
 
@@ -87,7 +87,7 @@ def test_nothing_reads_a_sollat_variable_around_the_parser() -> None:
         direct = re.compile(r"(environ|getenv)\b.*(SOLLAT_|\b(" + "|".join(sorted(mine)) + r")\b)")
         found += [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1)
                   if direct.search(line) and not line.lstrip().startswith("#")]
-    assert not found, "read these through sollat.environment:\n" + "\n".join(found)
+    assert not found, "read these through sollat.device.environment:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("name", FOUND)

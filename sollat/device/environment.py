@@ -21,12 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .device import faults, layout
-from .errors import EnvironmentValueError
+from ..errors import EnvironmentValueError
+from . import layout
 
 __all__ = ["BOOLEAN", "DEFAULT_CACHE_ROOT", "MIN_ENGINE_MAX_BYTES", "VARIABLES", "EnvironmentValueError",
            "Variable", "check", "flag", "raw", "value"]
 
+DEFAULT_TIMEOUT_S = 30.0
+"""Bound of every device spin. Long enough for ordinary skew between ranks (a rank that is
+collecting garbage, writing a checkpoint or finishing a torch.compile warm-up while its peers
+already wait); first-use compiles never count against it (ranks agree on every new call shape on
+the host first). NCCL's own watchdog waits 10 minutes."""
+DEFAULT_SETUP_TIMEOUT_S = 600.0
+"""Bound of the host-side agreements (construction, first use of a call shape): a peer may be
+compiling kernels or still loading a model."""
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BOOLEAN = "0 or 1 (or unset)"
 DEFAULT_CACHE_ROOT = "~/.cache/sollat"
 #: The smallest engine limit taken: an engine's all-reduce is at least one row of its hidden size,
@@ -68,7 +77,7 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         raise _Bad(text) from None
-    if not math.isfinite(v) or v <= 0 or v > faults.MAX_TIMEOUT_S:
+    if not math.isfinite(v) or v <= 0 or v > MAX_TIMEOUT_S:
         raise _Bad(text)
     return v
 
@@ -125,7 +134,7 @@ def format_bytes(n: int) -> str:
 
 
 def _seconds_values() -> str:
-    return f"a number of seconds > 0 and at most {faults.MAX_TIMEOUT_S:g}"
+    return f"a number of seconds > 0 and at most {MAX_TIMEOUT_S:g}"
 
 
 _VARIABLE_LIST = (
@@ -164,12 +173,12 @@ _VARIABLE_LIST = (
     Variable("SOLLAT_MAX_BLOCKS", f"an integer 1..{layout.MAX_BLOCKS_LIMIT}",
              "the default of the communicator kind",
              "the default of max_blocks=: blocks per rank a communicator sizes its scratch for", _max_blocks),
-    Variable("SOLLAT_SETUP_TIMEOUT_S", _seconds_values(), f"{faults.DEFAULT_SETUP_TIMEOUT_S:g}",
+    Variable("SOLLAT_SETUP_TIMEOUT_S", _seconds_values(), f"{DEFAULT_SETUP_TIMEOUT_S:g}",
              "how long a Communicator's construction waits for every rank at each step", _seconds,
-             faults.DEFAULT_SETUP_TIMEOUT_S),
-    Variable("SOLLAT_TIMEOUT_S", _seconds_values(), f"{faults.DEFAULT_TIMEOUT_S:g}",
+             DEFAULT_SETUP_TIMEOUT_S),
+    Variable("SOLLAT_TIMEOUT_S", _seconds_values(), f"{DEFAULT_TIMEOUT_S:g}",
              "the default of timeout_s=: how long a kernel waits for a peer before it records a fault",
-             _seconds, faults.DEFAULT_TIMEOUT_S),
+             _seconds, DEFAULT_TIMEOUT_S),
 )
 VARIABLES: dict[str, Variable] = {v.name: v for v in _VARIABLE_LIST}
 
@@ -177,7 +186,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in _VARIABLE_LIST}
 def raw(name: str, env: Mapping[str, str] | None = None) -> str | None:
     """The variable's text, stripped; None when it is unset or empty."""
     if name not in VARIABLES:
-        raise KeyError(f"{name} is not a variable sollat reads (sollat.environment.VARIABLES)")
+        raise KeyError(f"{name} is not a variable sollat reads (sollat.device.environment.VARIABLES)")
     text = (os.environ if env is None else env).get(name)
     text = None if text is None else text.strip()
     return text or None
