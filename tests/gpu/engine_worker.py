@@ -65,7 +65,7 @@ FUSED_CASES = [((1, 8192), torch.bfloat16, True), ((2, 4096), torch.float16, Fal
                ((3, 5120), torch.float32, False), ((16, 4096), torch.bfloat16, True)]
 ABOVE_LIMIT = ((65, 8192), torch.bfloat16)  # 1 MiB + 16 KiB
 INJECTED = "injected on rank 1 by tests/gpu/engine_worker.py"
-CAUSES = {"env": "SOLLAT_BATCH_INVARIANT must be '0' or '1' (or unset), got 'yes'",
+CAUSES = {"env": "SOLLAT_BATCH_INVARIANT='yes' is not understood; it takes 0 or 1 (or unset)",
           "oom": f"OutOfMemoryError: CUDA out of memory ({INJECTED})",
           "rendezvous": f"RuntimeError: symmetric-memory rendezvous failed ({INJECTED})"}
 ADAPTERS: dict[str, Any] = {}  # group name -> adapter, what the custom ops below resolve
