@@ -24,8 +24,9 @@ from typing import Any
 from ..errors import EnvironmentValueError
 from . import layout
 
-__all__ = ["BOOLEAN", "DEFAULT_CACHE_ROOT", "MIN_ENGINE_MAX_BYTES", "VARIABLES", "EnvironmentValueError",
-           "Variable", "check", "flag", "raw", "value"]
+__all__ = ["BOOLEAN", "DEFAULT_CACHE_ROOT", "DEFAULT_ENGINE_MAX_BYTES", "DEFAULT_SETUP_TIMEOUT_S",
+           "DEFAULT_TIMEOUT_S", "INTERCONNECTS", "MAX_TIMEOUT_S", "MIN_ENGINE_MAX_BYTES", "VARIABLES",
+           "EnvironmentValueError", "Variable", "byte_count", "check", "flag", "format_bytes", "raw", "value"]
 
 DEFAULT_TIMEOUT_S = 30.0
 """Bound of every device spin. Long enough for ordinary skew between ranks (a rank that is
@@ -38,9 +39,10 @@ compiling kernels or still loading a model."""
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 BOOLEAN = "0 or 1 (or unset)"
 DEFAULT_CACHE_ROOT = "~/.cache/sollat"
-#: The smallest engine limit taken: an engine's all-reduce is at least one row of its hidden size,
-#: and no model served with tensor parallelism has a 16-bit row under 1 KiB (hidden 512), so a
-#: smaller limit would leave sollat nothing to serve.
+#: The smallest engine limit taken, one 16-bit row of hidden size 512: an engine's all-reduce is
+#: at least one row of the model's hidden size, and the LLMs served with tensor parallelism have
+#: hidden sizes in the thousands, so a smaller limit would leave sollat nothing to serve (a typo,
+#: such as a count of KiB without its unit).
 MIN_ENGINE_MAX_BYTES = 1 << 10
 DEFAULT_ENGINE_MAX_BYTES = 1 << 20
 INTERCONNECTS = ("nvlink", "pcie", "any")  # the ``interconnect`` keys of the tuning tables
