@@ -31,7 +31,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   tar czf "$OUT/bench.tgz" -C /tmp/sollat-bench .
 fi
 if [ "$what" = extras ] || [ "$what" = all ]; then
-  for s in latency_experiments latency_breakdown oneshot_latency eager_overhead; do
+  for s in latency_experiments oneshot_latency eager_overhead; do
     echo "== scripts/$s.py"; python3 "scripts/$s.py"
   done 2>&1 | tee "$OUT/extras.txt"
 fi
