@@ -161,7 +161,9 @@ def test_bench_help_says_the_variable_wins_over_git(capsys: pytest.CaptureFixtur
 
 
 # ---- the engine plugin's log tag ---------------------------------------------------------------
-VLLM_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"  # vllm/logger.py's
+# vLLM's format (vllm/logger.py); newer vLLM prints %(fileinfo)s, which its formatter sets from the
+# record's filename (or, at DEBUG, from the path under vLLM's own folder, else the filename).
+VLLM_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 
 
 def test_the_plugin_log_tag_is_sollats_path() -> None:
