@@ -11,7 +11,7 @@ from .conftest import need, run_worker
 UNPATCHED = [False, False, False]  # _all_reduce_out_place, graph_capture, PostGradPassManager.configure
 ALLOWED = {"SOLLAT_ENGINE_PLUGIN": "0 or 1 (or unset)", "SOLLAT_BATCH_INVARIANT": "0 or 1 (or unset)",
            "VLLM_BATCH_INVARIANT": "an integer, as vLLM reads it",
-           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1", "SOLLAT_SETUP_TIMEOUT_S": "a number of seconds"}
+           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1024 (1 KiB)", "SOLLAT_SETUP_TIMEOUT_S": "a number of seconds"}
 
 
 def test_loader_opt_in_and_whitelist(tmp_path: Path) -> None:
