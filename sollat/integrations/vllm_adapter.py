@@ -24,7 +24,7 @@ _ATTR = "_sollat_adapter"
 def logger() -> logging.Logger:
     from vllm.logger import init_logger
 
-    return tag_sollat_source(init_logger(LOGGER))  # "[sollat/integrations/vllm.py:62]", not "[vllm.py:62]"
+    return tag_sollat_source(init_logger(LOGGER))  # "[sollat/integrations/vllm.py:LINE]", not "[vllm.py:LINE]"
 
 
 def check_environment() -> None:
