@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One device call: precompile, the GPU test suite, then the benchmarks. Logs land in $OUT.
 # Usage on the device machine:  bash scripts/gpu_suite.sh [tests|bench|extras|all]
-#   extras: where the one-shot's time goes (scripts/latency_breakdown.py) and the eager host time per
-#           call (scripts/eager_overhead.py).
+#   extras: the eager host time per call (scripts/eager_overhead.py).
 #   SOLLAT_GPU_TESTS=path  restricts the tests; BENCH_ARGS adds options to `sollat bench`.
 set -u
 case "${1:-}" in -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;; esac
@@ -34,7 +33,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   tar czf "$OUT/bench.tgz" -C /tmp/sollat-bench .
 fi
 if [ "$what" = extras ] || [ "$what" = all ]; then
-  for s in latency_breakdown eager_overhead; do
+  for s in eager_overhead; do
     echo "== scripts/$s.py"; python3 "scripts/$s.py"
   done 2>&1 | tee "$OUT/extras.txt"
 fi

@@ -10,32 +10,32 @@
 """
 
 # No ``from __future__ import annotations`` here: it would leave ``annotations`` in the package's
-# namespace. The version has one source, pyproject.toml: read there in a source checkout, from the
-# installed metadata otherwise (sollat/_version.py).
-import sys as _sys
-from pathlib import Path as _Path
+# namespace. The version has one source, pyproject.toml, through the installed metadata
+# (sollat/_version.py).
 
 from . import testing
-from ._version import package_version as _package_version
+from ._version import VERSION as __version__
 from .collectives import custom, gather_scatter, rmsnorm
 from .collectives.algorithms import ALGORITHMS
 from .comm.real import Communicator, VirtualCommunicator
 from .errors import (
     CallMismatchError,
     CommunicatorFaultedError,
+    EnvironmentValueError,
     PeerTimeoutError,
+    SetupFailedError,
     SollatError,
     UnsupportedError,
 )
-
-__version__ = _package_version(_Path(__file__).resolve().parent)
 
 __all__ = [
     "ALGORITHMS",
     "CallMismatchError",
     "Communicator",
     "CommunicatorFaultedError",
+    "EnvironmentValueError",
     "PeerTimeoutError",
+    "SetupFailedError",
     "SollatError",
     "UnsupportedError",
     "VirtualCommunicator",
@@ -43,13 +43,12 @@ __all__ = [
     "custom",
     "testing",
 ]
-# Modules README names by path (sollat.rmsnorm.algo_reference, sollat.gather_scatter.*_reference,
-# sollat.custom.Collective): they live in sollat.collectives and are importable under these names
-# too (``import sollat.rmsnorm``, ``from sollat.custom import Collective``); dir() lists them
-# beside __all__. The package's other modules are its inside.
+# Three modules of sollat.collectives the docs name are attributes of the package too
+# (``sollat.rmsnorm.reference``, ``sollat.gather_scatter.rank_order_reduce``,
+# ``sollat.custom.Collective``); they are imported by their own paths
+# (``from sollat.collectives.custom import Collective``). dir() lists them beside __all__. The
+# package's other modules are its inside.
 _DOCUMENTED_MODULES = {"custom": custom, "gather_scatter": gather_scatter, "rmsnorm": rmsnorm}
-for _name, _module in _DOCUMENTED_MODULES.items():
-    _sys.modules[f"{__name__}.{_name}"] = _module
 
 
 def __dir__() -> list[str]:

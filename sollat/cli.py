@@ -22,6 +22,7 @@ from .cli_args import (
     positive_float,
     positive_int,
 )
+from .errors import EnvironmentValueError
 
 __all__ = ["BENCH_VERBS", "PROG", "VERBS", "Parser", "int_range", "main", "nonneg_int", "nvrtc_line",
            "positive_float", "positive_int", "usage"]
@@ -113,10 +114,10 @@ def _info(argv: list[str]) -> int:
     Parser(prog=f"{PROG} info", description=VERBS["info"]).parse_args(argv)
     import torch
 
-    from . import __version__
+    from ._version import VERSION
     from .device import build
 
-    print(f"sollat {__version__}; torch {torch.__version__}; cache {build.cache_dir()}")
+    print(f"sollat {VERSION}; torch {torch.__version__}; cache {build.cache_dir()}")
     print(nvrtc_line())
     if torch.cuda.is_available():
         print(f"GPU: {torch.cuda.get_device_name()} x {torch.cuda.device_count()}; arch {build.device_arch()}")
@@ -149,17 +150,19 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(), end="")
         return 0
     if argv == ["--version"]:
-        from . import __version__
+        from ._version import VERSION  # not sollat.__version__: see sollat/_version.py
 
-        print(f"sollat {__version__}")
+        print(f"sollat {VERSION}")
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:
         print(f"{PROG}: error: unknown verb {verb!r}; verbs: {', '.join(VERBS)} (see {PROG} --help)",
               file=sys.stderr)
         return 2
-    if verb in BENCH_VERBS:
-        return _bench(verb, rest)
     handlers: dict[str, Callable[[list[str]], int]] = {
         "model": _model, "tune": _tune, "precompile": _precompile, "info": _info}
-    return handlers[verb](rest)
+    try:
+        return _bench(verb, rest) if verb in BENCH_VERBS else handlers[verb](rest)
+    except EnvironmentValueError as exc:  # a SOLLAT_* variable not understood: one line, no traceback
+        print(f"{PROG} {verb}: error: {str(exc).removeprefix('sollat: ')}", file=sys.stderr)
+        return 2

@@ -5,6 +5,8 @@ Every error names the operation that failed and, where a peer is involved, the p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 
 class SollatError(RuntimeError):
     """Base class of every sollat error."""
@@ -50,3 +52,31 @@ class NotOneNVLinkDomainError(UnsupportedError):
         super().__init__(message)
         self.rank = rank
         self.pairs = pairs
+
+
+class SetupFailedError(SollatError):
+    """A Communicator's construction failed on one or more ranks (or a rank never reached a step
+    within the setup timeout); raised on every rank of the group alike, with the same ``step``
+    and ``failures`` (rank -> cause, e.g. ``"OutOfMemoryError: CUDA out of memory ..."``)."""
+
+    def __init__(self, message: str, *, step: str, failures: Mapping[int, str]) -> None:
+        super().__init__(message)
+        self.step = step
+        self.failures = dict(failures)
+
+    @property
+    def summary(self) -> str:
+        """``rank r: cause`` for every failed rank (rank order): the same text on every rank."""
+        return "; ".join(f"rank {r}: {c}" for r, c in sorted(self.failures.items()))
+
+
+class EnvironmentValueError(UnsupportedError):
+    """A ``SOLLAT_*`` environment variable has a value sollat does not understand (one line: the
+    variable, its value, the values it takes; ``sollat.device.environment``)."""
+
+    def __init__(self, name: str, value: str, allowed: str, *, consequence: str = "") -> None:
+        message = f"sollat: {name}={value!r} is not understood; it takes {allowed}"
+        super().__init__(f"{message}. {consequence}" if consequence else message)
+        self.name = name
+        self.value = value
+        self.allowed = allowed

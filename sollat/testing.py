@@ -65,16 +65,11 @@ def clear(comm: Any) -> None:
     _communicator(comm, "clear")._set_test_hooks(absent=None, mismatch=None, armed=False)
 
 
-# Diagnostic kernel (not a production instantiation): the one-shot cut into pieces, selected by
-# SOLLAT_BREAKDOWN 0..4; SOLLAT_PROTO=ProtoLLReset makes LL clear its lines like the sentinel.
-DIAG_ONESHOT_BREAKDOWN = "diag_oneshot_breakdown.cu"
-
-
 def set_defines(comm: Any, defines: dict[str, str], *, kernel_files: Mapping[str, str] | None = None) -> None:
     """Extra NVRTC defines for every kernel ``comm`` builds from now on (diagnostic builds, such
     as ``SOLLAT_FENCE_SYS=0`` to measure what the system-scope fences cost). ``kernel_files``
-    (algorithm -> file of csrc/kernels or csrc/probes, e.g. ``{"oneshot_ll": DIAG_ONESHOT_BREAKDOWN}``) builds
-    those algorithms from a diagnostic kernel with the same entry points instead. Results of such
+    (algorithm -> file of csrc/kernels or csrc/probes, e.g. ``{"oneshot_ll": "my_variant.cu"}``) builds
+    those algorithms from another kernel file with the same entry points instead. Results of such
     builds may be wrong on purpose; call it on every rank. ``set_defines(comm, {})`` undoes it."""
     comm._extra_defines = defines
     comm._set_kernel_files(dict(kernel_files or {}))

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .backends import CallRecord, make_backend, setup_device, teardown
@@ -67,14 +68,6 @@ class BackendResult:
     tokens: torch.Tensor | None = None  # free-running greedy tokens of the timed run
     check_logits: list[torch.Tensor] = field(default_factory=list)
     check_tokens: list[torch.Tensor] = field(default_factory=list)
-
-
-def _percentile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    k = (len(s) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def describe_calls(calls: Sequence[CallRecord], algorithms: Sequence[str]) -> str:
@@ -246,7 +239,7 @@ def _report(args: DecodeArgs, d: _Dist, results: list[BackendResult], base_label
 
     def row(name: str, itl: list[float], share: float | None, alone: float | None) -> tuple[float, float, float,
                                                                                             float | None]:
-        p50, p99 = statistics.median(itl), _percentile(itl, 99)
+        p50, p99 = statistics.median(itl), float(np.percentile(itl, 99))
         tps = args.batch * len(itl) / (sum(itl) / 1e3)
         cost = None if args.price is None else cost_per_million_tokens(args.price, n_gpus, tps)
         d.print(f"{name:<24}{p50:>11.3f}{p99:>11.3f}{tps:>10.1f}{'-' if share is None else f'{share:.1%}':>10}"

@@ -23,7 +23,7 @@ from ..cli_args import nonneg_int, positive_float, positive_int
 from ..device.layout import MAX_RANKS
 from .commands import _nothing_measured, cmd_barrier, cmd_bench, cmd_plot, cmd_sol
 from .plan import BenchPlan, known_algos, plan_bench
-from .sizes import DEFAULT_SIZES, QUICK_SIZES, parse_int_list
+from .sizes import DEFAULT_SIZES, QUICK_SIZES, parse_int_list, parse_sizes
 
 __all__ = ["DEFAULT_RANKS", "SUBCOMMANDS", "BenchPlan", "build_parser", "cmd_barrier", "cmd_bench", "cmd_plot",
            "cmd_sol", "known_algos", "main", "plan_bench", "relaunch_under_torchrun"]
@@ -46,6 +46,15 @@ def _ranks(lo: int, hi: int | None) -> Callable[[str], str]:
     return parse
 
 
+def _sizes(text: str) -> str:
+    """Argument type: a ``--sizes`` spec that parses, kept as text."""
+    try:
+        parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _folder(text: str) -> str:
     """Argument type: an existing folder, kept as text."""
     path = Path(text)
@@ -60,7 +69,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="results", help="parent folder of the timestamped result folder (default: results)")
     p.add_argument("--into", default=None, help="write into exactly this folder instead of a new timestamped one")
     p.add_argument("--device", type=nonneg_int, default=0, help="GPU index in virtual mode (default 0)")
-    p.add_argument("--commit", default=None, help="commit to name in titles (default: git, else $SOLLAT_COMMIT)")
+    p.add_argument("--commit", default=None, help="commit to name in titles (default: $SOLLAT_COMMIT, else git)")
     p.add_argument("--quick", action="store_true", help="fewer sizes/repeats: about a minute")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--timeout", type=positive_float, default=5.0, help="seconds before any device spin gives up (default 5)")
@@ -75,22 +84,22 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     parser = top.Parser(prog=top.PROG, description="sollat measurement verbs (all verbs: python -m sollat --help)")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("sol", help=top.VERBS["sol"])
+    p = sub.add_parser("sol", help=top.VERBS["sol"], description=top.VERBS["sol"])
     _common(p)
     p.add_argument("--repeats", type=positive_int, default=None, help="launches per figure (default 9, quick 5)")
     p.add_argument("--single-gpu", action="store_true", help="SM-to-SM ping-pong even when two GPUs are visible")
     p.add_argument("--peer", type=nonneg_int, default=None, help="GPU for the GPU-to-GPU ping-pong (default: next one)")
 
-    p = sub.add_parser("barrier", help=top.VERBS["barrier"])
+    p = sub.add_parser("barrier", help=top.VERBS["barrier"], description=top.VERBS["barrier"])
     _common(p)
     p.add_argument("--ranks", type=_ranks(2, None), default=None,
                    help="rank counts (default 2,4,8,16,32,64; quick 2..32; torchrun: 2,4..N)")
     p.add_argument("--iters", type=positive_int, default=None, help="barriers per launch (default 1000, quick 500)")
     p.add_argument("--repeats", type=positive_int, default=None, help="launches per figure (default 7, quick 5)")
 
-    p = sub.add_parser("bench", help=top.VERBS["bench"])
+    p = sub.add_parser("bench", help=top.VERBS["bench"], description=top.VERBS["bench"])
     _common(p)
-    p.add_argument("--sizes", default=None,
+    p.add_argument("--sizes", type=_sizes, default=None,
                    help=f"message sizes per rank: LO:HI[:FACTOR] and/or a comma list (default {DEFAULT_SIZES}, "
                         f"quick {QUICK_SIZES})")
     p.add_argument("--ranks", type=_ranks(2, MAX_RANKS), default=DEFAULT_RANKS,
@@ -109,7 +118,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     p.add_argument("--no-plots", action="store_true", help="write no figures")
     p.add_argument("--child-timeout", type=positive_float, default=None, help="seconds per peer child (default 600, quick 150)")
 
-    p = sub.add_parser("plot", help=top.VERBS["plot"])
+    p = sub.add_parser("plot", help=top.VERBS["plot"], description=top.VERBS["plot"])
     p.add_argument("dir", type=_folder, help="a result folder with bench.json and/or barrier.json")
     return parser, dict(sub.choices)
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..device import environment
+
 # Set in this process and in every child: sollat never touches NVLink multicast, and neither
 # may the peers it measures (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS).
 SAFETY_ENV: dict[str, str] = {
@@ -85,8 +87,9 @@ def git_commit(override: str | None = None) -> str:
     work tree (a device machine's) can carry git metadata older than its files."""
     if override:
         return override
-    if os.environ.get("SOLLAT_COMMIT"):
-        return os.environ["SOLLAT_COMMIT"]
+    forced = environment.value("SOLLAT_COMMIT")
+    if forced is not None:
+        return str(forced)
     try:
         head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10)

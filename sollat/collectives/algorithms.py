@@ -6,13 +6,12 @@ BulkBuffer API) + one entry here.
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 
 import torch
 
-from ..device import abi, layout
+from ..device import abi, environment, layout
 from ..device.dtypes import DTYPES, OPS, DType
 from ..errors import UnsupportedError
 
@@ -180,7 +179,7 @@ RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_sentinel"})
 
 
 def rmsnorm_twoshot_enabled() -> bool:
-    return os.environ.get(RMSNORM_TWOSHOT_ENV, "") == "1"
+    return environment.flag(RMSNORM_TWOSHOT_ENV)
 
 
 RMSNORM_ALGORITHMS: dict[str, Algorithm] = {

@@ -16,8 +16,11 @@ that the AllReduce table names for the call's bytes). Every algorithm computes t
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from . import table_schema
+from .table_schema import spec
 
 FUSED = "fused"
 UNFUSED = "unfused"
@@ -25,11 +28,12 @@ ALGORITHMS: tuple[str, ...] = (FUSED, UNFUSED, "oneshot_ll", "oneshot_sentinel")
 ANY_ROW_BYTES = 1 << 62  # a rule's max_row_bytes that every row meets
 
 
+# The file format is these dataclasses' fields (table_schema: types, bounds, values).
 @dataclass(frozen=True)
 class Rule:
-    max_rows: int  # calls of at most this many rows
-    max_row_bytes: int  # ... of at most this many bytes per row (x's dtype)
-    algorithm: str  # one of ALGORITHMS
+    max_rows: int = field(metadata=spec(minimum=1))  # calls of at most this many rows
+    max_row_bytes: int = field(metadata=spec(minimum=1))  # ... of at most this many bytes per row (x's dtype)
+    algorithm: str = field(metadata=spec(choices=ALGORITHMS))
 
 
 @dataclass(frozen=True)
@@ -54,24 +58,9 @@ DEFAULT = Rules((Rule(2, (16 << 10) - 1, UNFUSED), Rule(2, ANY_ROW_BYTES, FUSED)
 
 
 def parse(d: Any, bad: Callable[[str], Exception]) -> Rules:
-    """A table's ``"rmsnorm"`` object; ``bad(what)`` makes the error that names the table."""
-    if not isinstance(d, dict) or not isinstance(d.get("rules"), list):
-        raise bad("'rmsnorm' must be an object with a list 'rules'")
-    rules = []
-    for i, r in enumerate(d["rules"]):
-        if not isinstance(r, dict) or set(r) != {"max_rows", "max_row_bytes", "algorithm"}:
-            raise bad(f"rmsnorm rule {i} must be an object of max_rows, max_row_bytes and algorithm, got {r!r}")
-        for key in ("max_rows", "max_row_bytes"):
-            v = r[key]
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise bad(f"rmsnorm rule {i}: {key!r} must be an integer >= 1, got {v!r}")
-        if r["algorithm"] not in ALGORITHMS:
-            raise bad(f"rmsnorm rule {i}: algorithm must be one of {', '.join(ALGORITHMS)}, got {r['algorithm']!r}")
-        rules.append(Rule(r["max_rows"], r["max_row_bytes"], r["algorithm"]))
-    note = d.get("note", "")
-    if not isinstance(note, str):
-        raise bad(f"'rmsnorm' note must be a string, got {note!r}")
-    return Rules(tuple(rules), note)
+    """A table's ``"rmsnorm"`` object, checked against ``Rules``; ``bad(what)`` makes the error
+    that names the table."""
+    return table_schema.load(Rules, d, bad, "rmsnorm")
 
 
 def choose(rules: Rules | None, rows: int, row_bytes: int, fused: str) -> str:

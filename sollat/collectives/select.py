@@ -34,9 +34,9 @@ file; ``write_table`` replaces a table atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,9 +45,10 @@ from typing import Any
 
 import torch
 
-from ..device import build
+from ..device import build, environment
 from ..errors import SollatError, TableMismatchError, UnsupportedError
-from . import algorithms, rmsnorm_rules
+from . import algorithms, rmsnorm_rules, table_schema
+from .table_schema import spec
 
 NCCL = "nccl"
 TORCH_TWOSHOT = "torch_twoshot"
@@ -70,21 +71,24 @@ MODES = ("real", "virtual")
 TUNING_DIR = Path(__file__).parent / "tuning"
 
 
+# A table file is these dataclasses' fields (table_schema: types, bounds, values, the keys a file
+# may leave out); from_dict adds what the fields cannot say (every algorithm exists).
 @dataclass(frozen=True)
 class Rule:
-    max_bytes: int  # the rule applies to messages of at most this many bytes
-    algorithm: str  # a sollat algorithm name, or one of HANDOVERS
+    max_bytes: int = field(metadata=spec(minimum=0))  # the rule applies to messages of at most this many bytes
+    algorithm: str = field(metadata=spec(nonempty=True))  # a sollat algorithm name, or one of HANDOVERS
 
 
 @dataclass(frozen=True)
 class Table:
-    gpu: str  # e.g. "NVIDIA H200", or "generic"
-    world_size: int  # 0 = any
-    rules: tuple[Rule, ...]
+    gpu: str = field(metadata=spec(nonempty=True))  # e.g. "NVIDIA H200", or "generic"
+    world_size: int = field(metadata=spec(minimum=0))  # 0 = any
+    rules: tuple[Rule, ...] = field(metadata=spec(sorted_by="max_bytes"))
     note: str = ""
-    source: str = field(default="builtin", compare=False)
-    mode: str = ANY  # "real", "virtual" or "any"
-    interconnect: str = ANY  # "nvlink", "pcie", ... or "any"
+    source: str = field(default="builtin", compare=False, metadata=spec(in_file=False))
+    # "real", "virtual" or "any"; a file without one was written before tables had modes: virtual
+    mode: str = field(default=ANY, metadata=spec(choices=(*MODES, ANY), absent="virtual"))
+    interconnect: str = field(default=ANY, metadata=spec(nonempty=True))  # "nvlink", "pcie", ... or "any"
     # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.DEFAULT)
     rmsnorm: rmsnorm_rules.Rules | None = None
 
@@ -113,43 +117,14 @@ class Table:
         def bad(what: str) -> UnsupportedError:
             return UnsupportedError(f"sollat: tuning table {source}: {what}")
 
-        if not isinstance(d, dict):
-            raise bad(f"expected a JSON object, got {type(d).__name__}")
-        gpu, ws = d.get("gpu"), d.get("world_size")
-        if not isinstance(gpu, str) or not gpu:
-            raise bad(f"'gpu' must be a non-empty string, got {gpu!r}")
-        if not isinstance(ws, int) or isinstance(ws, bool) or ws < 0:
-            raise bad(f"'world_size' must be an integer >= 0, got {ws!r}")
-        mode, ic = d.get("mode", "virtual"), d.get("interconnect", ANY)
-        if mode not in (*MODES, ANY):
-            raise bad(f"'mode' must be one of {', '.join((*MODES, ANY))}, got {mode!r}")
-        if not isinstance(ic, str) or not ic:
-            raise bad(f"'interconnect' must be a non-empty string, got {ic!r}")
-        if not isinstance(d.get("rules"), list):
-            raise bad("'rules' must be a list")
-        rules = tuple(_rule(r, i, bad) for i, r in enumerate(d["rules"]))
-        for r in rules:
+        table = dataclasses.replace(table_schema.load(Table, d, bad), source=source)
+        for i, r in enumerate(table.rules):
             if r.algorithm not in HANDOVERS:
                 try:
                     algorithms.get(r.algorithm)
                 except UnsupportedError as exc:
-                    raise bad(str(exc)) from None
-        if list(rules) != sorted(rules, key=lambda r: r.max_bytes):
-            raise bad("rules must be sorted by max_bytes")
-        rms = d.get("rmsnorm")
-        return Table(gpu, ws, rules, str(d.get("note", "")), source, mode, ic,
-                     None if rms is None else rmsnorm_rules.parse(rms, bad))
-
-
-def _rule(r: Any, i: int, bad: Any) -> Rule:
-    if not isinstance(r, dict):
-        raise bad(f"rule {i} must be an object with 'max_bytes' and 'algorithm'")
-    nb, alg = r.get("max_bytes"), r.get("algorithm")
-    if not isinstance(nb, int) or isinstance(nb, bool) or nb < 0:
-        raise bad(f"rule {i}: 'max_bytes' must be an integer >= 0, got {nb!r}")
-    if not isinstance(alg, str):
-        raise bad(f"rule {i}: 'algorithm' must be a string, got {alg!r}")
-    return Rule(nb, alg)
+                    raise bad(f"'rules[{i}].algorithm': {exc}") from None
+        return table
 
 
 def user_table_dir() -> Path:
@@ -245,9 +220,9 @@ def write_table(table: Table, path: Path) -> Path:
 def detect_interconnect(device_index: int) -> str:
     """``$SOLLAT_INTERCONNECT`` if set; else ``"nvlink"`` when NVML reports an active NVLink on the
     device, ``"pcie"`` when it reports none, and ``"any"`` when NVML cannot tell."""
-    forced = os.environ.get("SOLLAT_INTERCONNECT")
-    if forced:
-        return forced
+    forced = environment.value("SOLLAT_INTERCONNECT")
+    if forced is not None:
+        return str(forced)
     try:
         import pynvml  # type: ignore[import-not-found]
 

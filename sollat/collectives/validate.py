@@ -4,12 +4,11 @@ on any machine)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
-from ..device import faults, layout
+from ..device import environment, faults, layout
 from ..errors import UnsupportedError
 from . import algorithms, select
 from .algorithms import ALGORITHMS, Algorithm
@@ -95,15 +94,10 @@ def checked_group(group: object, who: str) -> None:
 def checked_max_blocks(value: object, who: str, *, default: int) -> int:
     """``max_blocks=`` as given, else ``$SOLLAT_MAX_BLOCKS``, else ``default``: the blocks per rank
     a communicator sizes its scratch for (larger messages then run in fewer in-kernel passes)."""
-    src = "max_blocks"
-    if value is None and os.environ.get("SOLLAT_MAX_BLOCKS"):
-        value, src = os.environ["SOLLAT_MAX_BLOCKS"], "$SOLLAT_MAX_BLOCKS"
-        try:
-            value = int(str(value))
-        except ValueError:
-            raise UnsupportedError(f"{who}: {src} must be an integer 1..{layout.MAX_BLOCKS_LIMIT}, got {value!r}") from None
     if value is None:
-        return default
+        from_env = environment.value("SOLLAT_MAX_BLOCKS")
+        return default if from_env is None else int(from_env)
+    src = "max_blocks"
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= layout.MAX_BLOCKS_LIMIT:
         raise UnsupportedError(f"{who}: {src} must be an integer 1..{layout.MAX_BLOCKS_LIMIT}, got {value!r}")
     return value
@@ -119,14 +113,11 @@ BATCH_INVARIANT_ENV = "SOLLAT_BATCH_INVARIANT"
 
 
 def checked_batch_invariant(value: object, who: str) -> bool:
-    """``batch_invariant=`` as given (True or False), else ``$SOLLAT_BATCH_INVARIANT``: ``"1"`` on,
-    ``"0"`` or unset (or empty) off; any other value is an error (a typo must not silently turn
-    the guarantee off)."""
+    """``batch_invariant=`` as given (True or False), else ``$SOLLAT_BATCH_INVARIANT``: ``1`` on,
+    ``0`` or unset off; any other value is an error (a typo must not silently turn the guarantee
+    off; ``sollat.device.environment``)."""
     if value is None:
-        env = os.environ.get(BATCH_INVARIANT_ENV, "")
-        if env not in ("", "0", "1"):
-            raise UnsupportedError(f"{who}: ${BATCH_INVARIANT_ENV} must be '0' or '1' (or unset), got {env!r}")
-        return env == "1"
+        return environment.flag(BATCH_INVARIANT_ENV)
     if not isinstance(value, bool):
         raise UnsupportedError(f"{who}: batch_invariant must be True, False or None (None: ${BATCH_INVARIANT_ENV}), "
                                f"got {value!r}")

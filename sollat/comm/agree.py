@@ -36,7 +36,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from ..errors import CallMismatchError, PeerTimeoutError, SollatError
+from ..errors import CallMismatchError, PeerTimeoutError, SetupFailedError, SollatError
 
 _seq: dict[str, itertools.count] = {}
 _GO = "go"
@@ -53,22 +53,6 @@ def reset_wait_s(timeout_s: float) -> float:
     kernels returned at once (or saw the fault early) can arrive up to one ``timeout_s`` before a
     peer whose kernel spun until it timed out; then this rank's own wait, and RESET_SLACK_S."""
     return 2 * timeout_s + RESET_SLACK_S
-
-
-class SetupFailedError(SollatError):
-    """A Communicator's construction failed on one or more ranks (or a rank never reached a step
-    within the setup timeout); raised on every rank of the group alike, with the same ``step``
-    and ``failures`` (rank -> cause, e.g. ``"OutOfMemoryError: CUDA out of memory ..."``)."""
-
-    def __init__(self, message: str, *, step: str, failures: Mapping[int, str]) -> None:
-        super().__init__(message)
-        self.step = step
-        self.failures = dict(failures)
-
-    @property
-    def summary(self) -> str:
-        """``rank r: cause`` for every failed rank (rank order): the same text on every rank."""
-        return "; ".join(f"rank {r}: {c}" for r, c in sorted(self.failures.items()))
 
 
 def cause(exc: BaseException) -> str:

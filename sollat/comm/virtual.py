@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -18,7 +17,7 @@ from ..collectives.validate import (
     cuda_device,
     timeout,
 )
-from ..device import layout
+from ..device import environment, layout
 from .api import _Communicator
 from .ranks import VirtualRanks
 from .state import scratch_bytes_per_rank
@@ -66,7 +65,7 @@ class VirtualCommunicator(_Communicator[Sequence[torch.Tensor], list[torch.Tenso
         base = scratch.data_ptr()
         ptrs = [base + r * per_rank for r in range(world_size)]
         if cluster_ranks is None:
-            cluster_ranks = os.environ.get("SOLLAT_CLUSTER_RANKS", "1") != "0"
+            cluster_ranks = environment.flag("SOLLAT_CLUSTER_RANKS")
         ranks = VirtualRanks(world_size, scratch)
         super().__init__(ranks, world_size=world_size, device=dev, scratch_ptrs=ptrs, timeout_s=timeout_value,
                          debug=debug, algos=names, max_blocks=blocks, collectives=colls, gather_scatter=gs,

@@ -1,7 +1,7 @@
 """Run-time compilation of sollat's CUDA C++ with NVRTC (through ``cuda.core``), cached on disk.
 
-Every production kernel source lives in ``csrc/kernels/*.cu``, the diagnostic and probe kernels (the
-bench's SoL and barrier probes, the one-shot latency breakdown) in ``csrc/probes/*.cu``; both include
+Every production kernel source lives in ``csrc/kernels/*.cu``, the probe kernels (the bench's SoL
+and barrier probes) in ``csrc/probes/*.cu``; both include
 headers from ``csrc/include`` and are found by file name (:func:`kernel_source`).
 Kernels are ``extern "C"`` with explicit names (see the ``SOLLAT_*_KERNEL`` macros), so a cached
 cubin needs no symbol mapping.
@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from . import environment
+
 CSRC = Path(__file__).parent / "csrc"
 INCLUDE_DIR = CSRC / "include"
 KERNEL_DIR = CSRC / "kernels"
@@ -48,21 +50,30 @@ _fallback_dirs: dict[Path, Path] = {}
 
 def cache_root() -> Path:
     """Root of sollat's caches: ``$SOLLAT_CACHE_DIR``, else ``~/.cache/sollat``.
-    Cubins live in ``<root>/cubin``, user tuning tables in ``<root>/tuning``."""
-    root = os.environ.get("SOLLAT_CACHE_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "sollat"
+    Cubins live in ``<root>/cubin``, user tuning tables in ``<root>/tuning``. A root the user
+    names is created only as one directory in an existing one (``sollat.device.environment``): a typo
+    never creates a tree of directories."""
+    root = environment.value("SOLLAT_CACHE_DIR")  # a directory, or one to create in an existing one
+    return Path(root) if root is not None else Path.home() / ".cache" / "sollat"
 
 
 def cache_dir() -> Path:
     """Private directory of compiled cubins, ``cache_root()/cubin`` (see the module docstring)."""
+    given = environment.raw("SOLLAT_CACHE_DIR") is not None
     path = cache_root() / "cubin"
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=not given, exist_ok=True)
         path.mkdir(mode=0o700, exist_ok=True)
         problem = untrusted_reason(path)
     except OSError as exc:
         problem = f"it cannot be created ({exc})"
     return path if problem is None else _fallback_dir(path, problem)
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning about the cache, attributed to sollat rather than to a source line: it
+    prints as one line, ``sollat:0: RuntimeWarning: <message>``, with no line of code under it."""
+    warnings.warn_explicit(message, RuntimeWarning, filename="sollat", lineno=0, module="sollat")
 
 
 def untrusted_reason(path: Path) -> str | None:
@@ -85,9 +96,9 @@ def _fallback_dir(path: Path, problem: str) -> Path:
             tmp = Path(tempfile.mkdtemp(prefix="sollat-cubin-"))  # mode 0700
             atexit.register(shutil.rmtree, tmp, ignore_errors=True)
             _fallback_dirs[path] = tmp
-            warnings.warn(f"sollat: not using the cubin cache {path}: {problem}. Compiling into the private "
-                          f"temporary directory {tmp} instead (removed at exit); make {path} private to this "
-                          "user (chmod 700) or set SOLLAT_CACHE_DIR", RuntimeWarning, stacklevel=3)
+            _warn(f"not using the cubin cache {path}: {problem}. Compiling into the private temporary "
+                  f"directory {tmp} instead (removed at exit); make {path} private to this user (chmod 700) "
+                  "or set SOLLAT_CACHE_DIR")
     return tmp
 
 
@@ -230,12 +241,12 @@ def _read_cached(path: Path) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        warnings.warn(f"sollat: cannot read cached cubin {path} ({exc}); recompiling", RuntimeWarning, stacklevel=3)
+        _warn(f"cannot read cached cubin {path} ({exc}); recompiling")
         return None
     cubin = _unpack(blob)
     if cubin is None:
-        warnings.warn(f"sollat: cached cubin {path} failed its content check (truncated or modified); "
-                      "recompiling and replacing it", RuntimeWarning, stacklevel=3)
+        _warn(f"cached cubin {path} failed its content check (truncated or modified); recompiling and "
+              "replacing it")
     return cubin
 
 
@@ -243,7 +254,7 @@ def _write_cached(path: Path, cubin: bytes) -> None:
     try:
         atomic_write(path, _pack(cubin))
     except OSError as exc:  # a full or read-only disk costs a recompile next time, not this call
-        warnings.warn(f"sollat: cannot write cubin cache {path} ({exc})", RuntimeWarning, stacklevel=3)
+        _warn(f"cannot write cubin cache {path} ({exc})")
 
 
 def compile_cubin(source: str, *, name: str, arch: str = DEFAULT_ARCH,
@@ -338,5 +349,5 @@ def kernel_files() -> Iterable[str]:
 
 
 def probe_files() -> Iterable[str]:
-    """The diagnostic and probe kernel files (``csrc/probes``)."""
+    """The probe kernel files (``csrc/probes``): the bench's ``sol`` and ``barrier``."""
     return sorted(p.name for p in PROBE_DIR.glob("*.cu"))

@@ -10,24 +10,19 @@ kernel of the communicator refuses to run and writes NaN outputs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..errors import CallMismatchError, PeerTimeoutError, SollatError, UnsupportedError
-from . import abi
+from . import abi, environment
 
-DEFAULT_TIMEOUT_S = 30.0
-"""Bound of every device spin. Long enough for ordinary skew between ranks (a rank that is
-collecting garbage, writing a checkpoint or finishing a torch.compile warm-up while its peers
-already wait); first-use compiles never count against it (ranks agree on every new call shape on
-the host first). NCCL's own watchdog waits 10 minutes."""
-DEFAULT_SETUP_TIMEOUT_S = 600.0
-"""Bound of the host-side agreements (construction, first use of a call shape): a peer may be
-compiling kernels or still loading a model."""
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# The timeouts' defaults and bound are their variables' (environment.py: SOLLAT_TIMEOUT_S,
+# SOLLAT_SETUP_TIMEOUT_S), declared there once.
+DEFAULT_TIMEOUT_S = environment.DEFAULT_TIMEOUT_S
+DEFAULT_SETUP_TIMEOUT_S = environment.DEFAULT_SETUP_TIMEOUT_S
+MAX_TIMEOUT_S = environment.MAX_TIMEOUT_S
 OK, TIMEOUT, MISMATCH, CLAIMED = (abi.FAULT_CODES[k] for k in ("ok", "timeout", "mismatch", "claimed"))
 _WORD = {name: i for i, name in enumerate(abi.FAULT_RECORD_WORDS)}
 _COLLECTIVE = {code: name for name, code in abi.COLLECTIVES.items()}
@@ -47,14 +42,7 @@ def validated_timeout(value: object, *, what: str, env: str, default: float) -> 
     a finite number > 0 and at most a week, or an UnsupportedError saying what was wrong."""
     source = what
     if value is None:
-        raw = os.environ.get(env)
-        if raw is None:
-            return default
-        source = f"${env}"
-        try:
-            value = float(raw)
-        except ValueError:
-            raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {raw!r}") from None
+        return default if environment.raw(env) is None else float(environment.value(env))
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise UnsupportedError(f"sollat: {source} must be a number of seconds, got {value!r}")
     v = float(value)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import NotOneNVLinkDomainError, UnsupportedError
+from . import environment
 
 ALLOW_PCIE_ENV = "SOLLAT_ALLOW_PCIE_PEERS"
 # torch's symmetric memory refuses two ranks on one device unless this is "1" in every process
@@ -78,7 +79,7 @@ def pci_id(domain: int, bus: int, device: int) -> str:
 
 
 def allow_pcie_from_env() -> bool:
-    return os.environ.get(ALLOW_PCIE_ENV, "").strip() == "1"
+    return environment.flag(ALLOW_PCIE_ENV)
 
 
 def allow_overlap_from_env() -> bool:

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 import torch
 
 from ..comm import agree
-from ..device import faults
+from ..device import environment, faults
 from ..device.layout import MAX_RANKS
 from ..errors import UnsupportedError
 from . import settings
@@ -64,11 +64,11 @@ __all__ = ["ALL_REDUCE_DTYPES", "BATCH_INVARIANT_ENV", "MAX_BYTES_ENV", "OPT_IN_
 
 logger = logging.getLogger("sollat.integrations")
 
-def sollat_batch_invariant_env(value: str | None) -> bool:
+def sollat_batch_invariant_env() -> bool:
     """Whether ``$SOLLAT_BATCH_INVARIANT`` asks for sollat's batch-invariant mode on its own (the
-    engine's mode turns it on too); only ``1`` does (the plugin has checked the value at start-up,
+    engine's mode turns it on too; the plugin has checked the value at start-up,
     ``settings.check_environment``)."""
-    return value is not None and value.strip() == "1"
+    return environment.flag(BATCH_INVARIANT_ENV)
 
 
 # ---- the communicator and how it is made ----------------------------------------------------------

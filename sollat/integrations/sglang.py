@@ -55,8 +55,7 @@ def batch_invariant_mode() -> bool:
     ``SGLANG_ENABLE_DETERMINISTIC_INFERENCE``) or ``SOLLAT_BATCH_INVARIANT=1``."""
     from sglang.srt.environ import envs
 
-    return bool(envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get()) or core.sollat_batch_invariant_env(
-        os.environ.get(core.BATCH_INVARIANT_ENV))
+    return bool(envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get()) or core.sollat_batch_invariant_env()
 
 
 def check_environment() -> None:
@@ -86,7 +85,7 @@ def register() -> None:
     register the hook once per process and say so in one log line."""
     global _registered
     try:
-        if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _registered:
+        if not settings.plugin_opted_in() or _registered:
             return
         found = settings.check_environment(engine_checks=check_environment)
     except settings.EnvironmentValueError as exc:
@@ -135,7 +134,7 @@ def custom_allreduce(group: Any, device: Any, *, engine_cls: Any, coordinator: A
                                 device_group=coordinator.device_group, cpu_group=group,
                                 device=torch.device(device), world_size=int(coordinator.world_size),
                                 batch_invariant=batch_invariant_mode(),
-                                max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)),
+                                max_bytes=settings.engine_max_bytes(),
                                 log=logger)
     engine_ca: Any = None
     if engine_cls is not None:

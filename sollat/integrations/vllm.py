@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,7 +46,7 @@ def register() -> None:
     """The entry point: nothing unless ``SOLLAT_ENGINE_PLUGIN=1``; then patch once per process and
     say so in one log line."""
     global _installed
-    if not core.opted_in(os.environ.get(core.OPT_IN_ENV)) or _installed:
+    if not settings.plugin_opted_in() or _installed:
         return
     found = settings.check_environment(engine_checks=check_environment)  # before anything is patched
     from vllm.compilation.passes.pass_manager import PostGradPassManager

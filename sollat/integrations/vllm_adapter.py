@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from . import core, settings
+from .log_source import tag_sollat_source
 
 ENGINE = "vLLM"
 LOGGER = "vllm.plugins.sollat"
@@ -23,7 +24,7 @@ _ATTR = "_sollat_adapter"
 def logger() -> logging.Logger:
     from vllm.logger import init_logger
 
-    return init_logger(LOGGER)
+    return tag_sollat_source(init_logger(LOGGER))  # "[sollat/integrations/vllm.py:LINE]", not "[vllm.py:LINE]"
 
 
 def check_environment() -> None:
@@ -43,7 +44,7 @@ def batch_invariant_mode() -> bool:
     """vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT``) or ``SOLLAT_BATCH_INVARIANT=1``."""
     import vllm.envs as envs
 
-    return bool(envs.VLLM_BATCH_INVARIANT) or core.sollat_batch_invariant_env(os.environ.get(core.BATCH_INVARIANT_ENV))
+    return bool(envs.VLLM_BATCH_INVARIANT) or core.sollat_batch_invariant_env()
 
 
 def adapter(group: Any) -> core.GroupAdapter | None:
@@ -61,7 +62,7 @@ def adapter(group: Any) -> core.GroupAdapter | None:
         made = core.GroupAdapter(engine=ENGINE, name=group.unique_name, device_group=group.device_group,
                                  cpu_group=group.cpu_group, device=group.device, world_size=group.world_size,
                                  batch_invariant=batch_invariant_mode(),
-                                 max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)),
+                                 max_bytes=settings.engine_max_bytes(),
                                  log=logger())
     group.__dict__[_ATTR] = made
     return made or None

@@ -135,8 +135,10 @@ def test_bench_checks_algorithm_names_without_a_gpu(monkeypatch: pytest.MonkeyPa
 
 
 def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["bench", "--sizes", "3x"]) == 2
-    assert "unknown unit" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse's exit, as for every option's bad value
+        cli.main(["bench", "--sizes", "3x"])
+    assert e.value.code == 2
+    assert "argument --sizes: unknown unit" in capsys.readouterr().err
 
 
 def test_sollat_dispatch_reaches_bench_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import numpy as np
 import pytest
 
 from sollat.bench.results import (
@@ -19,7 +20,7 @@ from sollat.bench.results import (
     write_bench_csv,
     write_json,
 )
-from sollat.bench.stats import Stats, percentile
+from sollat.bench.stats import Stats
 from sollat.bench.table import format_barrier, format_bench, format_sol
 
 from . import _synthetic as synthetic
@@ -28,11 +29,14 @@ from . import _synthetic as synthetic
 def test_stats() -> None:
     s = Stats.of([3.0, 1.0, 2.0, 10.0, 2.0])
     assert s.median == 2.0 and s.min == 1.0 and s.max == 10.0 and s.n == 5
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert Stats.of([1.0, 2.0, 3.0, 4.0]).median == 2.5
+    xs = [float(v) for v in np.random.default_rng(3).random(17)]
+    got = Stats.of(xs)
+    assert (got.median, got.p10, got.p90) == tuple(float(np.percentile(xs, q)) for q in (50, 10, 90))
     assert s.spread_pct == pytest.approx(100 * (s.p90 - s.p10) / 2.0)
     assert Stats.from_dict(s.to_dict()) == s
     with pytest.raises(ValueError):
-        percentile([], 50)
+        Stats.of([])
 
 
 def test_labels() -> None:

@@ -80,31 +80,16 @@ def test_no_multicast_anywhere() -> None:
 
 
 def test_production_oneshot_has_no_diagnostic_branches() -> None:
-    src = build.kernel_source("allreduce_oneshot.cu")
-    assert "SOLLAT_BREAKDOWN" not in src
     assert "SOLLAT_LL_DIAG_RESET" not in (build.INCLUDE_DIR / "sollat" / "protocol_ll.h").read_text()
 
 
-def test_diagnostic_kernel_is_not_a_production_instantiation() -> None:
-    from sollat import testing
-
-    assert testing.DIAG_ONESHOT_BREAKDOWN in set(build.probe_files())
-    assert {"probe_barrier.cu", "probe_sol.cu"} <= set(build.probe_files())
+def test_probes_are_not_production_instantiations() -> None:
+    assert set(build.probe_files()) == {"probe_barrier.cu", "probe_sol.cu"}  # the bench's sol and barrier
     assert not set(build.probe_files()) & set(build.kernel_files())  # no probe among the production kernels
-    assert all(f != testing.DIAG_ONESHOT_BREAKDOWN for f, _ in instantiations.all_instantiations())
+    assert not {f for f, _ in instantiations.all_instantiations()} & set(build.probe_files())
 
 
-@pytest.mark.parametrize("proto,mode", [("ProtoLL", m) for m in range(5)] + [("ProtoSentinel", 4), ("ProtoLLReset", 0)])
-def test_diagnostic_breakdown_kernel_compiles(tmp_path, monkeypatch, proto: str, mode: int) -> None:
-    from sollat import testing
-
-    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path))
-    build.compile_cubin(build.kernel_source(testing.DIAG_ONESHOT_BREAKDOWN), name="diag", arch="sm_90", defines={
-        "SOLLAT_T": "float", "SOLLAT_OP": "OpSum", "SOLLAT_PROTO": proto, "SOLLAT_MAX_RANKS": "4",
-        "SOLLAT_SLOTS": "2", "SOLLAT_BREAKDOWN": str(mode)})
-
-
-def test_set_defines_selects_the_diagnostic_kernel_file() -> None:
+def test_set_defines_selects_another_kernel_file() -> None:
     from sollat import testing
 
     class Stub:
@@ -115,7 +100,7 @@ def test_set_defines_selects_the_diagnostic_kernel_file() -> None:
             self.files = files
 
     c = Stub()
-    testing.set_defines(c, {"SOLLAT_BREAKDOWN": "2"}, kernel_files={"oneshot_ll": testing.DIAG_ONESHOT_BREAKDOWN})
-    assert c._extra_defines == {"SOLLAT_BREAKDOWN": "2"} and c.files == {"oneshot_ll": testing.DIAG_ONESHOT_BREAKDOWN}
+    testing.set_defines(c, {"SOLLAT_FENCE_SYS": "0"}, kernel_files={"oneshot_ll": "my_variant.cu"})
+    assert c._extra_defines == {"SOLLAT_FENCE_SYS": "0"} and c.files == {"oneshot_ll": "my_variant.cu"}
     testing.set_defines(c, {})
     assert c._extra_defines == {} and c.files == {}

@@ -38,18 +38,24 @@ def test_opt_in_value_not_understood(value: str) -> None:
         core.opted_in(value)
 
 
-def test_batch_invariant_env() -> None:
-    assert core.sollat_batch_invariant_env("1") and not core.sollat_batch_invariant_env(None)
-    assert not core.sollat_batch_invariant_env("0")
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_batch_invariant_env(monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool) -> None:
+    if value is None:
+        monkeypatch.delenv("SOLLAT_BATCH_INVARIANT", raising=False)
+    else:
+        monkeypatch.setenv("SOLLAT_BATCH_INVARIANT", value)
+    assert core.sollat_batch_invariant_env() is on
 
 
 # ---- the environment, checked at start-up ---------------------------------------------------------
 BAD = [("SOLLAT_ENGINE_PLUGIN", "yes", "0 or 1 (or unset)"),
        ("SOLLAT_BATCH_INVARIANT", "yes", "0 or 1 (or unset)"),
-       ("SOLLAT_BATCH_INVARIANT", " 1", "0 or 1 (or unset)"),
-       ("SOLLAT_ENGINE_MAX_BYTES", "lots", "a whole number of bytes >= 1"),
-       ("SOLLAT_ENGINE_MAX_BYTES", "0", "a whole number of bytes >= 1"),
-       ("SOLLAT_ENGINE_MAX_BYTES", "1.5MiB", "a whole number of bytes >= 1"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "lots", "a whole number of bytes >= 1024"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "0", "a whole number of bytes >= 1024"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "1023", "a whole number of bytes >= 1024 (1 KiB)"),
+       ("SOLLAT_INTERCONNECT", "nvlnk", "nvlink, pcie, any"),
+       ("SOLLAT_CLUSTER_RANKS", "false", "0 or 1 (or unset)"),
+       ("SOLLAT_ENGINE_MAX_BYTES", "1.5MiB", "a whole number of bytes >= 1024"),
        ("SOLLAT_TIMEOUT_S", "soon", "a number of seconds > 0"),
        ("SOLLAT_TIMEOUT_S", "-1", "a number of seconds > 0"),
        ("SOLLAT_SETUP_TIMEOUT_S", "inf", "a number of seconds > 0"),
@@ -105,7 +111,7 @@ def test_the_plugin_accepts_batch_invariant_values_exactly_as_the_communicator(m
 
 
 @pytest.mark.parametrize(("value", "n"), [(None, 1 << 20), ("", 1 << 20), ("4096", 4096), (" 2MiB ", 2 << 20),
-                                          ("64kib", 64 << 10), ("1GiB", 1 << 30), ("1", 1)])
+                                          ("64kib", 64 << 10), ("1GiB", 1 << 30), ("1024", 1024)])
 def test_max_message_bytes(value: str | None, n: int) -> None:
     assert settings.max_message_bytes(value) == n
 

@@ -3,6 +3,7 @@ namespace, and the wheel that pip builds from this checkout."""
 
 from __future__ import annotations
 
+import email
 import os
 import re
 import shutil
@@ -25,13 +26,14 @@ def pyproject() -> dict[str, Any]:
 # ---- license -----------------------------------------------------------------------------------
 def test_license_file_is_the_apache_2_text_pyproject_names() -> None:
     project = pyproject()["project"]
-    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert project["license"] == {"text": "Apache-2.0"}
+    assert "License :: OSI Approved :: Apache Software License" in project["classifiers"]
     text = (ROOT / "LICENSE").read_text()
     assert text.split("\n")[1].strip() == "Apache License" and "Version 2.0, January 2004" in text
     for section in range(1, 10):  # the nine sections of the terms, in order
         assert re.search(rf"^   {section}\. [A-Z]", text, re.M), section
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) >= 200
-    # the SPDX form of `license` needs setuptools 77 or newer to build
+    # metadata 2.4 (the license file in .dist-info/licenses/) needs setuptools 77 or newer
     build = pyproject()["build-system"]["requires"]
     assert any(re.fullmatch(r"setuptools>=(\d+)", r) and int(r.split(">=")[1]) >= 77 for r in build), build
 
@@ -92,19 +94,28 @@ def test_an_installed_copy_reports_its_metadata_version(tmp_path: Path) -> None:
 
     assert _version.package_version(site / "sollat", missing) == "0+unknown"
     (site / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "1.0"\n')  # not sollat's
-    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"
+    assert _version.package_version(site / "sollat", missing) == "0+unknown"
     (site / "pyproject.toml").write_text('[tool.x]\nversion = "5"\n[project]\nname = "sollat"  # the name\n'
                                          'version = "2.0.1"\n[project.urls]\nversion = "x"\n')
-    assert _version.package_version(site / "sollat", missing) == "2.0.1"  # a checkout wins over metadata
-    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "2.0.1"
+    assert _version.package_version(site / "sollat", missing) == "2.0.1"  # a checkout, not installed
+    assert _version.package_version(site / "sollat", lambda name: "9.8.7") == "9.8.7"  # the metadata first
 
 
 # ---- metadata: classifiers, the index's description --------------------------------------------
-def test_classifiers_describe_the_package_and_name_no_license() -> None:
+def test_the_metadata_names_an_author_and_urls() -> None:
+    project = pyproject()["project"]
+    assert [a["name"] for a in project["authors"]] and all(a["name"].strip() for a in project["authors"])
+    urls = project["urls"]
+    assert {"Homepage", "Documentation"} <= set(urls), urls
+    for name, url in urls.items():  # a public address, or a path of this repository
+        assert url.startswith("https://") or (ROOT / url).exists(), (name, url)
+
+
+def test_classifiers_describe_the_package() -> None:
     project = pyproject()["project"]
     classifiers = project["classifiers"]
     assert classifiers == sorted(set(classifiers)) and len(classifiers) >= 10
-    assert not [c for c in classifiers if c.startswith("License ::")]  # PEP 639: the expression alone
+    assert [c for c in classifiers if c.startswith("License ::")] == ["License :: OSI Approved :: Apache Software License"]
     assert "Environment :: GPU :: NVIDIA CUDA" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
     oldest = re.fullmatch(r">=3\.(\d+)", project["requires-python"])
     assert oldest
@@ -129,7 +140,7 @@ def test_the_index_description_has_no_links_into_the_checkout_and_no_history() -
     targets = re.findall(r"\]\(([^)]*)\)", text) + re.findall(r"^\[[^\]]+\]:\s*(\S+)", text, re.M)
     assert all(re.match(r"https://", t) for t in targets), targets  # no relative link (dead on an index page)
     assert not history_references(text), history_references(text)
-    assert "License: Apache-2.0" in text and pyproject()["project"]["license"] == "Apache-2.0"
+    assert "License: Apache-2.0" in text and pyproject()["project"]["license"] == {"text": "Apache-2.0"}
 
 
 def test_the_index_description_names_what_exists() -> None:
@@ -197,7 +208,11 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         licence = z.read(next(n for n in names if n.endswith(".dist-info/licenses/LICENSE"))).decode()
     assert licence == (ROOT / "LICENSE").read_text()
-    assert "License-Expression: Apache-2.0" in meta and f"Version: {pyproject()['project']['version']}" in meta
+    assert f"Version: {pyproject()['project']['version']}" in meta
+    fields = email.message_from_string(meta)  # as pip 23's `pip show` reads it: the License field
+    assert fields["License"] == "Apache-2.0" and fields["Author"] == "The sollat maintainers", meta
+    assert "Classifier: License :: OSI Approved :: Apache Software License" in meta
+    assert sorted(fields.get_all("Project-URL")) == sorted(f"{k}, {v}" for k, v in pyproject()["project"]["urls"].items())
     head, body = meta.split("\n\n", 1)
     assert [line.split(": ", 1)[1] for line in head.splitlines() if line.startswith("Classifier: ")] == \
         pyproject()["project"]["classifiers"]
@@ -206,3 +221,8 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
     assert 'Requires-Dist: matplotlib; extra == "bench"' in meta
     assert "sollat/device/csrc/include/sollat/abi.h" in names and "sollat/device/csrc/kernels/allreduce_oneshot.cu" in names
     assert any(n.startswith("sollat/collectives/tuning/") and n.endswith(".json") for n in names)
+    # every probe kernel the wheel ships is one the package runs (no diagnostic copy of a kernel)
+    probes = {Path(n).name for n in names if "/csrc/probes/" in n}
+    code = "\n".join(p.read_text() for p in (ROOT / "sollat").rglob("*.py") if p.name != "build.py")
+    assert probes and all(f'"{name}"' in code for name in probes), probes
+    assert not [n for n in names if re.search(r"(^|/)diag_", n)], names

@@ -69,12 +69,18 @@ def test_tables_carry_the_rule_and_its_digest() -> None:
 
 
 @pytest.mark.parametrize(("rms", "match"), [
-    ([], "an object with a list 'rules'"),
-    ({"rules": [{"max_rows": 0, "max_row_bytes": 8, "algorithm": "unfused"}]}, "max_rows"),
-    ({"rules": [{"max_rows": 2, "max_row_bytes": True, "algorithm": "unfused"}]}, "max_row_bytes"),
-    ({"rules": [{"max_rows": 2, "max_row_bytes": 8, "algorithm": "twoshot_sentinel"}]}, "algorithm must be one of"),
-    ({"rules": [{"max_rows": 2, "max_row_bytes": 8}]}, "must be an object of"),
-    ({"rules": [], "note": 3}, "note must be a string"),
+    ([], "'rmsnorm' must be a JSON object of rules, note, got \\[\\]"),
+    ({"rules": [{"max_rows": 0, "max_row_bytes": 8, "algorithm": "unfused"}]},
+     "'rmsnorm.rules\\[0\\].max_rows' must be an integer >= 1, got 0"),
+    ({"rules": [{"max_rows": 2, "max_row_bytes": True, "algorithm": "unfused"}]},
+     "'rmsnorm.rules\\[0\\].max_row_bytes' must be an integer >= 1, got True"),
+    ({"rules": [{"max_rows": 2, "max_row_bytes": 8, "algorithm": "twoshot_sentinel"}]},
+     "'rmsnorm.rules\\[0\\].algorithm' must be one of fused, unfused, oneshot_ll, oneshot_sentinel, got 'twoshot_sentinel'"),
+    ({"rules": [{"max_rows": 2, "max_row_bytes": 8}]}, "'rmsnorm.rules\\[0\\]' has no 'algorithm'"),
+    ({"rules": [{"max_rows": 2, "max_row_bytes": 8, "algorithm": "unfused", "rows": 3}]},
+     "'rmsnorm.rules\\[0\\]' has keys it does not take: 'rows'"),
+    ({"rules": [], "note": 3}, "'rmsnorm.note' must be a string, got 3"),
+    ({"rules": {"max_rows": 2}}, "'rmsnorm.rules' must be a list"),
 ])
 def test_a_wrong_rule_names_the_table(rms: Any, match: str) -> None:
     with pytest.raises(UnsupportedError, match=rf"tuning table bad\.json: .*{match}"):

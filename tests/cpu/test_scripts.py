@@ -26,7 +26,6 @@ SAMPLES: dict[str, list[str]] = {
     "engine_adapter_real.py": ["--batch-invariant", "--into", "results"],
     "engine_default_bench.py": ["--ranks", "2", "--calls", "5"],
     "gather_scatter_bench.py": ["--ranks", "2", "--replays", "3"],
-    "latency_breakdown.py": ["--ranks", "2", "8"],
     "rank_sweep.py": ["--ranks", "2,9", "--sizes", "128", "--algos", "oneshot_ll"],
     "rmsnorm_bench.py": ["--quick", "--ranks", "2"],
 }

@@ -163,7 +163,12 @@ def test_truncated_or_wrong_user_table_is_a_clear_error(tmp_path, monkeypatch) -
         ({"gpu": "g", "world_size": 2, "mode": "fake", "rules": []}, "mode"),
         ({"gpu": "g", "world_size": 2, "mode": "real", "rules": [{"algorithm": "oneshot_ll"}]}, "max_bytes"),
         ({"gpu": "g", "world_size": 2, "mode": "real", "rules": {"max_bytes": 1}}, "rules"),
-        ([1, 2], "JSON object"),
+        ([1, 2], "the table must be a JSON object of gpu, world_size, rules, note, mode, interconnect, rmsnorm"),
+        ({"gpu": "g", "world_size": 2, "mode": "real", "rules": [], "world": 3}, "keys it does not take: 'world'"),
+        ({"gpu": "", "world_size": 2, "rules": []}, "'gpu' must be a non-empty string"),
+        ({"gpu": "g", "world_size": True, "rules": []}, "'world_size' must be an integer >= 0, got True"),
+        ({"gpu": "g", "world_size": 2, "rules": [{"max_bytes": -1, "algorithm": "oneshot_ll"}]},
+         r"'rules\[0\]\.max_bytes' must be an integer >= 0, got -1"),
     ]
     for doc, what in bad_fields:
         path.write_text(json.dumps(doc))
@@ -219,9 +224,9 @@ def test_agree_names_the_ranks_and_sources() -> None:
 
 
 def test_bad_tables_are_rejected(tmp_path) -> None:
-    with pytest.raises(UnsupportedError, match="unknown algorithm"):
+    with pytest.raises(UnsupportedError, match=r"'rules\[0\]\.algorithm': .*unknown algorithm"):
         Table.from_dict({"gpu": "g", "world_size": 2, "rules": [{"max_bytes": 1, "algorithm": "ring"}]}, "x")
-    with pytest.raises(ValueError, match="sorted"):
+    with pytest.raises(UnsupportedError, match="'rules' must be sorted by max_bytes"):
         Table.from_dict({"gpu": "g", "world_size": 2, "rules": [{"max_bytes": 9, "algorithm": "oneshot_ll"},
                                                                 {"max_bytes": 1, "algorithm": "oneshot_ll"}]}, "x")
 

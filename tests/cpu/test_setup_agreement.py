@@ -197,8 +197,8 @@ def test_construction_failing_on_one_rank_is_one_decision(tmp_path: Path, scenar
     ranks = [0] if scenario == "absent" else [0, 1]
     step = {"env": "the argument and environment checks", "oom": "the scratch allocation",
             "rendezvous": "the symmetric-memory rendezvous", "absent": "the argument and environment checks"}[scenario]
-    cause = {"env": "UnsupportedError: Communicator: $SOLLAT_BATCH_INVARIANT must be '0' or '1' (or unset), "
-                    "got 'yes'",
+    cause = {"env": "EnvironmentValueError: sollat: SOLLAT_BATCH_INVARIANT='yes' is not understood; it takes 0 or 1 "
+                    "(or unset)",
              "oom": "OutOfMemoryError: CUDA out of memory (injected on rank 1)",
              "rendezvous": "RuntimeError: rendezvous failed (injected on rank 1)",
              "absent": f"did not reach the argument and environment checks within {SETUP_TIMEOUT_S:g} s "
@@ -212,4 +212,4 @@ def test_construction_failing_on_one_rank_is_one_decision(tmp_path: Path, scenar
         assert set(got[0]["failures"]) == {"0", "1"} and got[0]["failures"] == got[1]["failures"]
     elif scenario != "absent":
         assert set(got[0]["failures"]) == {"1"} and got[0]["cause"] is None
-        assert got[1]["cause"] in ("UnsupportedError", "OutOfMemoryError")
+        assert got[1]["cause"] in ("EnvironmentValueError", "OutOfMemoryError")

@@ -72,7 +72,7 @@ FUSED_CASES = [((1, 8192), torch.bfloat16, True), ((2, 4096), torch.float16, Fal
                ((3, 5120), torch.float32, False), ((16, 4096), torch.bfloat16, True)]
 ABOVE_LIMIT = ((65, 8192), torch.bfloat16)  # 1 MiB + 16 KiB
 INJECTED = "injected on rank 1 by tests/gpu/engine_worker.py"
-CAUSES = {"env": "SOLLAT_BATCH_INVARIANT must be '0' or '1' (or unset), got 'yes'",
+CAUSES = {"env": "SOLLAT_BATCH_INVARIANT='yes' is not understood; it takes 0 or 1 (or unset)",
           "oom": f"OutOfMemoryError: CUDA out of memory ({INJECTED})",
           "rendezvous": f"RuntimeError: symmetric-memory rendezvous failed ({INJECTED})"}
 ADAPTERS: dict[str, Any] = {}  # group name -> adapter, what the custom ops below resolve
@@ -219,7 +219,7 @@ class Run:
             self.expect(out is None, "above SOLLAT_ENGINE_MAX_BYTES goes to the engine")
 
     def eager(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         ad = ADAPTERS[f"tp:{mode}"]
         for shape, dtype in ALL_REDUCE_CASES:
@@ -249,7 +249,7 @@ class Run:
                     self.same(got8[2], fp8_reference(want_y, scale), f"{what} fp8 q")
 
     def graph(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         ad, name, dev = ADAPTERS[f"tp:{mode}"], f"tp:{mode}", self.dev
         ar_shape, f_shape, dtype = (8, 4096), (2, 8192), torch.bfloat16
@@ -289,7 +289,7 @@ class Run:
         ad.comm.check()
 
     def compile(self, mode: str) -> None:
-        from sollat.rmsnorm import fp8_reference, reference
+        from sollat.collectives.rmsnorm import fp8_reference, reference
 
         name, dev = f"tp:{mode}", self.dev
 

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from sollat.gather_scatter import rank_order_reduce
-from sollat.rmsnorm import fp8_reference, reference
+
+from sollat.collectives.gather_scatter import rank_order_reduce
+from sollat.collectives.rmsnorm import fp8_reference, reference
 
 DOUBLES: list[RankOrderDouble] = []
 

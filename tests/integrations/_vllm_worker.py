@@ -105,8 +105,8 @@ def tp(rank: int, port: int, out: Path) -> None:
     import torch
     import torch._inductor.pattern_matcher as pm
     from _worker import rank_input, rank_order_sum, same_bits
-    from sollat.rmsnorm import fp8_reference, reference
 
+    from sollat.collectives.rmsnorm import fp8_reference, reference
     from sollat.integrations import core, vllm_adapter, vllm_pass
     from sollat.integrations import vllm as shim
 

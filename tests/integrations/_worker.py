@@ -51,7 +51,7 @@ def rank_order_sum(xs: list[torch.Tensor]) -> torch.Tensor:
     """sollat's sum of every rank's input (``sollat.gather_scatter.rank_order_reduce``: rank order,
     fp32 accumulation for 16-bit types, one rounding to the dtype). With two ranks every order of
     summation gives these bits, so the engines' own paths (gloo) give them too."""
-    from sollat.gather_scatter import rank_order_reduce
+    from sollat.collectives.gather_scatter import rank_order_reduce
 
     return rank_order_reduce(xs, "sum")
 

@@ -11,7 +11,7 @@ from .conftest import need, run_worker
 NOTHING = {"hooked": False, "registered": [], "lines": [], "errors": [], "exit": None}
 ALLOWED = {"SOLLAT_ENGINE_PLUGIN": "0 or 1 (or unset)", "SOLLAT_BATCH_INVARIANT": "0 or 1 (or unset)",
            "SGLANG_ENABLE_DETERMINISTIC_INFERENCE": "true, 1, yes, y or false, 0, no, n (any case), as SGLang reads it",
-           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1", "SOLLAT_TIMEOUT_S": "a number of seconds"}
+           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1024 (1 KiB)", "SOLLAT_TIMEOUT_S": "a number of seconds"}
 
 
 def test_loader_opt_in_and_whitelist(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from .conftest import need, run_worker
 UNPATCHED = [False, False, False]  # _all_reduce_out_place, graph_capture, PostGradPassManager.configure
 ALLOWED = {"SOLLAT_ENGINE_PLUGIN": "0 or 1 (or unset)", "SOLLAT_BATCH_INVARIANT": "0 or 1 (or unset)",
            "VLLM_BATCH_INVARIANT": "an integer, as vLLM reads it",
-           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1", "SOLLAT_SETUP_TIMEOUT_S": "a number of seconds"}
+           "SOLLAT_ENGINE_MAX_BYTES": "a whole number of bytes >= 1024 (1 KiB)", "SOLLAT_SETUP_TIMEOUT_S": "a number of seconds"}
 
 
 def test_loader_opt_in_and_whitelist(tmp_path: Path) -> None:
@@ -43,6 +43,7 @@ def test_the_plugin_logs_through_vllms_logger(tmp_path: Path) -> None:
     assert got["logger"] == {"name": "vllm.plugins.sollat", "vllm_methods": True}  # vllm.logger.init_logger's
     [line] = got["on"]["formatted"]  # as vLLM's own handler prints it: its prefix, then the line
     assert line.endswith(got["on"]["lines"][0]) and line != got["on"]["lines"][0] and "INFO" in line
+    assert "[sollat/integrations/vllm.py:" in line and "[vllm.py:" not in line, line  # sollat's, not vLLM's file
 
 
 @pytest.mark.parametrize("batch_invariant", [False, True], ids=["default", "VLLM_BATCH_INVARIANT"])

@@ -97,7 +97,7 @@ struct ProtoLL {
   __device__ __forceinline__ static void store(Line* p, const Line& l) { st<Order::Volatile, Scope::Sys>(p, l); }
   __device__ __forceinline__ static Line load(const Line* p) { return ld<Order::Volatile, Scope::Sys>(p); }
 
-  // Nothing to clear (see above); csrc/kernels/diag_oneshot_breakdown.cu's ProtoLLReset clears.
+  // Nothing to clear (see above).
   __device__ __forceinline__ static void reset(Line*) {}
 };
 
