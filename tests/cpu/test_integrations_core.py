@@ -352,7 +352,7 @@ def test_adapter_without_a_group_of_two() -> None:
 
 # ---- three gloo processes ----------------------------------------------------------------------
 WORLD = 3  # odd: the ranks' order of summation shows in the bits (at 2 ranks a + b == b + a)
-SMALL = 256  # a limit in bytes one rank may have: 64 float32 elements fit, 128 do not
+SMALL = 1024  # a limit in bytes one rank may have (the smallest accepted): 256 float32 elements fit, 512 do not
 
 
 class _RankOrderDouble:
@@ -405,7 +405,7 @@ def _rank_input(rank: int, call: int, n: int) -> torch.Tensor:
 
 
 def _rank_order(call: int, n: int) -> torch.Tensor:
-    from sollat.gather_scatter import rank_order_reduce
+    from sollat.collectives.gather_scatter import rank_order_reduce
 
     return rank_order_reduce([_rank_input(r, call, n) for r in range(WORLD)], "sum")
 
@@ -452,9 +452,9 @@ def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
             got["built_after_int32"] = ad.comm is not None or ad.unavailable is not None
             # The first float call is above rank 1's own limit in rank1_limit: it builds the
             # communicator on every rank all the same (the limits are agreed there).
-            big = ad.all_reduce(_rank_input(rank, 2, 128))  # 512 bytes: above SMALL
+            big = ad.all_reduce(_rank_input(rank, 2, 512))  # 2048 bytes: above SMALL
             got["big"] = None if big is None else big.view(torch.int32).tolist()
-            y = ad.all_reduce(_rank_input(rank, 1, 64))  # 256 bytes: within every limit
+            y = ad.all_reduce(_rank_input(rank, 1, 256))  # 1024 bytes: within every limit
             got["seconds"] = time.monotonic() - t0
             got["y"] = None if y is None else y.view(torch.int32).tolist()
             x, r, w = _rank_input(rank, 3, 8).reshape(2, 4), torch.ones(2, 4), torch.ones(4)
@@ -482,7 +482,7 @@ def _int_bits(t: torch.Tensor) -> list[int]:
 def test_the_inputs_show_the_rank_order() -> None:
     """The three ranks' inputs of the processes below sum to other bits in another order, so a
     result in the wrong order cannot pass."""
-    for call, n in ((1, 64), (2, 128), (3, 8)):
+    for call, n in ((1, 256), (2, 512), (3, 8)):
         xs = [_rank_input(r, call, n) for r in range(WORLD)]
         assert _int_bits(_rank_order(call, n)) != _int_bits((xs[2] + xs[1]) + xs[0])
 
@@ -492,7 +492,7 @@ def test_adapter_agrees_on_every_rank(tmp_path: Path, scenario: str) -> None:
     got = processes(_three_ranks, (scenario,), tmp_path, WORLD)
     errors = {r: g["error"] for r, g in got.items() if "error" in g}
     assert not errors, f"a rank routed differently from its peers: {errors}"
-    small, big = _int_bits(_rank_order(1, 64)), _int_bits(_rank_order(2, 128))
+    small, big = _int_bits(_rank_order(1, 256)), _int_bits(_rank_order(2, 512))
     fused = _int_bits(_rank_order(3, 8).reshape(2, 4) + 1.0)
     if scenario == "rank1_absent":
         assert got[1] == {"absent": True, "log": []}
