@@ -58,6 +58,33 @@ __device__ __forceinline__ bool sync_working_any(int threads, bool pred) {
   return any != 0;
 }
 
+// Line j of every rank, got[q * lb + j] for q = 0..R-1, reduced in rank order. The chain of R - 1
+// dependent adds is the reduction's floor; the shared-memory loads stay off it: the next
+// kReduceBatch lines are loaded while the current batch is added (each add is guarded, never a
+// padding add: x + 0 would turn -0.0 into +0.0).
+constexpr int kReduceBatch = 8;
+template <typename T, class Op, class P, class A>
+__device__ __forceinline__ A reduce_rank_order(const P* got, int R, int lb, int j) {
+  A acc;
+  pack_to_acc(got[j], acc);
+  P next[kReduceBatch];
+#pragma unroll
+  for (int k = 0; k < kReduceBatch; ++k)
+    if (1 + k < R) next[k] = got[(1 + k) * lb + j];
+  for (int q0 = 1; q0 < R; q0 += kReduceBatch) {
+    P cur[kReduceBatch];
+#pragma unroll
+    for (int k = 0; k < kReduceBatch; ++k) cur[k] = next[k];
+#pragma unroll
+    for (int k = 0; k < kReduceBatch; ++k)
+      if (q0 + kReduceBatch + k < R) next[k] = got[(q0 + kReduceBatch + k) * lb + j];
+#pragma unroll
+    for (int k = 0; k < kReduceBatch; ++k)
+      if (q0 + k < R) acc_reduce<Op>(acc, cur[k]);
+  }
+  return acc;
+}
+
 template <typename T, class Op, int kMaxRanks>
 __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* out) {
   typedef LLBuffer<ProtoLL, kMaxRanks, 1> Buf;
@@ -123,12 +150,8 @@ __device__ __forceinline__ void oneshot_wide(const CallArgs& a, const T* in, T* 
     // thread of the block met a fault (recorded: every rank learns of it); then no commit.
     if (sync_working_any(working, !ok)) return poison_from(base);
     if (active && g == 0) {
-      A acc;
-      pack_to_acc(got[j], acc);
-#pragma unroll 8
-      for (int q = 1; q < R; ++q) acc_reduce<Op>(acc, got[q * lb + j]);  // rank order 0..R-1
       P res;
-      acc_to_pack(acc, res);
+      acc_to_pack(reduce_rank_order<T, Op, P, A>(got, R, lb, j), res);
       store_pack<T, sizeof(P)>(out, line_of(base) * kElems, a.n, out_aligned, res);
     }
     buf.advanceEpoch();
