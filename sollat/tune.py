@@ -10,6 +10,7 @@ replaces the file atomically (``os.replace``), so a reader never sees part of on
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -228,8 +229,6 @@ def main(argv: list[str] | None = None) -> int:
     how = (f"{ranks} GPUs under torchrun, NCCL included" if distributed else
            f"{ranks} virtual ranks on one GPU (they share its SMs and L2: this does not predict NVLink)")
     from .bench.env import git_commit
-
-    import datetime
 
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     command = " ".join(["python -m sollat tune", *(sys.argv[2:] if argv is None else argv)])
