@@ -54,7 +54,7 @@ DEFAULT = Rules((Rule(2, (16 << 10) - 1, UNFUSED), Rule(2, ANY_ROW_BYTES, FUSED)
 
 # Virtual ranks on a card without its own rule (``builtin``): what every rank receives, R x rows x
 # row bytes, decides. Derived from the virtual-rank sweeps of one H100 and one H200 (R = 2, 4, 8;
-# hidden 4096, 5120, 8192; bf16; docs/design.md, "The fused op's auto rule"): every cell up to
+# hidden 4096, 5120, 8192; bf16; docs/design.md, the fused op's ``auto``): every cell up to
 # 256 KiB received has a fused one-shot at least 3 % faster than unfused on both cards; above it only
 # rows of at most 8 KiB (up to 512 KiB, 16 rows) do. LL is the faster one-shot up to 128 KiB (160 KiB
 # for at most 4 rows), the sentinel one above.
