@@ -21,7 +21,10 @@ Steps, each a child process of the existing tools with its own time limit (what 
    before and after): ``rank-sweep.txt`` and the fastest algorithm per R in ``r-sweep.json``;
    ``python -m sollat sol`` beside it (``sol/``).
 7. With ``--ab-base``: ``scripts/ab_trees.py``, the base tree's kernels against this tree's,
-   interleaved (``ab.json``, ``ab.txt``).
+   interleaved (``ab-narrow.*`` up to 8 ranks, ``ab-wide.*`` above): the one-shots at 128 B and
+   8 KiB fp32, ``--ab-ranks``;
+   ``--ab-batch8`` adds this tree with the wide one-shot's sum in batches of 8. On a machine without
+   the repository's history pass a folder: ``git archive 54e7fdb sollat | tar -x -C .ab/base``.
 8. The goal checks (``checks.json``, printed): ``auto`` against its candidates and against
    ar+compiled at every shape of every rmsnorm-bench.json, and each AllReduce table against the
    times it was measured from; the R sweep's ratios to R = 2.
@@ -77,9 +80,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ab-base", default=None, metavar="DIR_OR_COMMIT",
                    help="also A/B this tree's kernels against a base: a folder holding a checkout's sollat package, "
                         "or a commit (exported with git archive into a temporary folder)")
+    p.add_argument("--ab-ranks", default="2,16,64,72", type=_ranks,
+                   help="world sizes of the A/B, 2..72 (default 2,16,64,72)")
+    p.add_argument("--ab-batch8", action="store_true",
+                   help="also A/B this tree built with the wide one-shot's rank-order sum in batches of 8 "
+                        "(SOLLAT_REDUCE_BATCH_WIDE=8, SOLLAT_REDUCE_BATCH_HELD=8)")
     p.add_argument("--skip", default="", help="comma list of steps to leave out: precompile, tune-wide, sol, full")
     p.add_argument("--tuning-dir", default=str(select.TUNING_DIR), help=argparse.SUPPRESS)
     return p
+
+
+def _ranks(text: str) -> str:
+    try:
+        rs = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma list of world sizes, got {text!r}") from None
+    if not rs or any(not 2 <= r <= 72 for r in rs):
+        raise argparse.ArgumentTypeError(f"world sizes in 2..72, got {text!r}")
+    return ",".join(map(str, rs))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -279,11 +297,19 @@ def measure(a: argparse.Namespace) -> int:
                     cap_s=60, reserve_s=5)
     if a.ab_base:
         base = base_tree(a.ab_base)
-        run.run("ab", [py, "scripts/ab_trees.py", "--tree", f"base={base}", "--tree", "new=.", "--ranks", "2,8,16,64,72",
-                       "--algos", SWEEP_ALGOS, "--sizes", "128,8192", "--dtypes", "float32", "--reps", "2",
-                       "--json", str(out / "ab.json")], cap_s=600)
-        if (out / "logs" / "ab.txt").exists():
-            shutil.copyfile(out / "logs" / "ab.txt", out / "ab.txt")
+        trees = ["--tree", f"base={base}"]
+        if a.ab_batch8:
+            trees += ["--tree", "batch8=.:SOLLAT_REDUCE_BATCH_WIDE=8,SOLLAT_REDUCE_BATCH_HELD=8"]
+        ranks = [int(r) for r in a.ab_ranks.split(",") if r.strip()]
+        for part, rs, algos in (("narrow", [r for r in ranks if r <= 8], "oneshot_ll,oneshot_sentinel"),
+                                ("wide", [r for r in ranks if r > 8], SWEEP_ALGOS)):  # the wide one-shot: R >= 9
+            if rs:
+                run.run(f"ab-{part}", [py, "scripts/ab_trees.py", *trees, "--tree", "new=.",
+                                       "--ranks", ",".join(map(str, rs)), "--algos", algos, "--sizes", "128,8192",
+                                       "--dtypes", "float32", "--reps", "2", "--json", str(out / f"ab-{part}.json")],
+                        cap_s=600)
+                if (out / "logs" / f"ab-{part}.txt").exists():
+                    shutil.copyfile(out / "logs" / f"ab-{part}.txt", out / f"ab-{part}.txt")
     (out / "steps.json").write_text(json.dumps({"commit": commit, "budget_s": a.budget_s, "steps": run.steps},
                                                indent=1) + "\n")
     checks(out)

@@ -159,7 +159,9 @@ def test_card_report_arguments() -> None:
     a = cr.parse_args(["--out", "/tmp/x", "--skip", "sol,tune-wide", "--ab-base", "54e7fdb"])
     assert a.out == "/tmp/x" and a.skip == {"sol", "tune-wide"} and a.ab_base == "54e7fdb" and a.budget_s == 470
     assert cr.parse_args(["--check", "/tmp/x"]).check == "/tmp/x"
-    for bad in ([], ["--out", "a", "--check", "b"], ["--out", "a", "--budget-s", "0"], ["--out", "a", "--skip", "x"]):
+    assert cr.parse_args(["--out", "d", "--ab-ranks", "2, 72"]).ab_ranks == "2,72"
+    for bad in ([], ["--out", "a", "--check", "b"], ["--out", "a", "--budget-s", "0"], ["--out", "a", "--skip", "x"],
+                ["--out", "a", "--ab-ranks", "1,8"], ["--out", "a", "--ab-ranks", "x"]):
         with pytest.raises(SystemExit):
             cr.parse_args(bad)
     assert "--install-tables" in cr.build_parser().format_help()
