@@ -63,6 +63,7 @@ SWEEP_ALGOS = "oneshot_ll,oneshot_sentinel,oneshot_ll_wide"
 SWEEP_BYTES = 128
 # The R sweep's goals: R = 64 and R = 72 against R = 2 at 128 B, the fastest algorithm at each.
 R_GOALS = {64: 2.5, 72: 2.6}
+DEFAULT_BUDGET_S = 470.0  # seconds for every step: the whole run in about eight minutes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--install-tables", metavar="DIR",
                       help="no GPU: copy DIR's tables into the package's tuning folder, replacing the shipped "
                            "table of the same key (gpu, world size, mode, interconnect)")
-    p.add_argument("--budget-s", type=float, default=470.0, help="seconds for all steps (default 470)")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                   help=f"seconds for all steps (default {DEFAULT_BUDGET_S:.0f})")
     p.add_argument("--commit", default=None, help="the commit to record (default: git's, else $SOLLAT_COMMIT)")
     p.add_argument("--ab-base", default=None, metavar="DIR_OR_COMMIT",
                    help="also A/B this tree's kernels against a base: a folder holding a checkout's sollat package, "
@@ -123,7 +125,10 @@ class Runner:
         return self.budget_s - (time.monotonic() - self.t0)
 
     def run(self, name: str, cmd: list[str], cap_s: float, reserve_s: float = 0.0) -> bool:
-        limit = min(cap_s, self.left() - reserve_s)
+        """Run ``cmd`` for at most ``cap_s`` seconds, leaving ``reserve_s`` (of the default budget,
+        scaled to this one) for the steps after it; True when it exits 0."""
+        scale = min(1.0, self.budget_s / DEFAULT_BUDGET_S)
+        limit = min(cap_s, self.left() - reserve_s * scale)
         if limit < 5:
             self.steps.append({"step": name, "skipped": "no time left", "command": " ".join(cmd)})
             print(f"[{name}] skipped: no time left", flush=True)
