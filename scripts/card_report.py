@@ -63,6 +63,9 @@ SWEEP_ALGOS = "oneshot_ll,oneshot_sentinel,oneshot_ll_wide"
 SWEEP_BYTES = 128
 # The R sweep's goals: R = 64 and R = 72 against R = 2 at 128 B, the fastest algorithm at each.
 R_GOALS = {64: 2.5, 72: 2.6}
+# Steps --skip can leave out: the kernel cache, the tables of 2, 4, 8 ranks, the full fused-op sweep
+# (their rules), the headline sweep and its FP8 shapes, the R sweep, the SoL probe, the wide tables.
+STEPS = ("precompile", "tune", "full", "rmsnorm", "sweep", "sol", "tune-wide")
 DEFAULT_BUDGET_S = 470.0  # seconds for every step: the whole run in about eight minutes
 
 
@@ -87,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ab-batch8", action="store_true",
                    help="also A/B this tree built with the wide one-shot's rank-order sum in batches of 8 "
                         "(SOLLAT_REDUCE_BATCH_WIDE=8, SOLLAT_REDUCE_BATCH_HELD=8)")
-    p.add_argument("--skip", default="", help="comma list of steps to leave out: precompile, tune-wide, sol, full")
+    p.add_argument("--skip", default="", help=f"comma list of steps to leave out: {', '.join(STEPS)} (an A/B alone: "
+                                              "every one of them with --ab-base)")
     p.add_argument("--tuning-dir", default=str(select.TUNING_DIR), help=argparse.SUPPRESS)
     return p
 
@@ -108,9 +112,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if a.budget_s <= 0:
         p.error(f"--budget-s must be > 0, got {a.budget_s}")
     a.skip = {s.strip() for s in a.skip.split(",") if s.strip()}
-    unknown = a.skip - {"precompile", "tune-wide", "sol", "full"}
+    unknown = a.skip - set(STEPS)
     if unknown:
-        p.error(f"--skip: unknown step {sorted(unknown)[0]!r} (precompile, tune-wide, sol, full)")
+        p.error(f"--skip: unknown step {sorted(unknown)[0]!r} ({', '.join(STEPS)})")
     return a
 
 
@@ -275,7 +279,7 @@ def measure(a: argparse.Namespace) -> int:
     if "precompile" not in a.skip:
         run.run("precompile", [py, "-m", "sollat", "precompile", "-j", str(max(1, (os.cpu_count() or 2))),
                                "--no-progress"], cap_s=130, reserve_s=330)
-    for r in NARROW_RANKS:
+    for r in NARROW_RANKS if "tune" not in a.skip else ():
         run.run(f"tune-ws{r}", [py, "-m", "sollat", "tune", "--ranks", str(r), "--sizes", NARROW_SIZES,
                                 "--out", str(tuning), "--json", str(tune_json / f"tune-ws{r}.json")],
                 cap_s=60, reserve_s=280)
@@ -287,9 +291,10 @@ def measure(a: argparse.Namespace) -> int:
     user.mkdir(parents=True, exist_ok=True)
     for f in tuning.glob("*.json"):
         shutil.copyfile(f, user / f.name)
-    run.run("rmsnorm", [*bench, "--into", str(out / "rmsnorm"), *HEADLINE], cap_s=60, reserve_s=140)
-    run.run("rmsnorm-fp8", [*bench, "--into", str(out / "rmsnorm-fp8"), *FP8_SHAPES], cap_s=40, reserve_s=100)
-    if run.run("rank-sweep", [py, "scripts/rank_sweep.py", "--ranks", SWEEP_RANKS, "--sizes", str(SWEEP_BYTES),
+    if "rmsnorm" not in a.skip:
+        run.run("rmsnorm", [*bench, "--into", str(out / "rmsnorm"), *HEADLINE], cap_s=60, reserve_s=140)
+        run.run("rmsnorm-fp8", [*bench, "--into", str(out / "rmsnorm-fp8"), *FP8_SHAPES], cap_s=40, reserve_s=100)
+    if "sweep" not in a.skip and run.run("rank-sweep", [py, "scripts/rank_sweep.py", "--ranks", SWEEP_RANKS, "--sizes", str(SWEEP_BYTES),
                               "--dtype", "float32", "--algos", SWEEP_ALGOS], cap_s=90, reserve_s=10):
         shutil.copyfile(out / "logs" / "rank-sweep.txt", out / "rank-sweep.txt")
     if "sol" not in a.skip:
