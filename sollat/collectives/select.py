@@ -88,7 +88,7 @@ class Table:
     source: str = field(default="builtin", compare=False)
     mode: str = ANY  # "real", "virtual" or "any"
     interconnect: str = ANY  # "nvlink", "pcie", ... or "any"
-    # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.DEFAULT)
+    # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.rules_for's)
     rmsnorm: rmsnorm_rules.Rules | None = None
 
     def identity(self) -> dict[str, Any]:
