@@ -77,8 +77,8 @@ def write_measurements(path: Path, doc: dict[str, object]) -> Path:
 
 def allreduce_goal(doc: dict[str, object], table: Table, *, within: float = 1.03) -> dict[str, object]:
     """For ``--json``'s measurements, at how many sizes ``auto`` under ``table`` (its choice among the
-    measured sollat algorithms, as a communicator without library paths makes it) takes at most
-    ``within`` times the fastest measured time, and the sizes where it does not."""
+    measured algorithms, library paths included where they were measured) takes at most ``within``
+    times the fastest measured time, and the sizes where it does not."""
     sizes = doc["sizes"]
     assert isinstance(sizes, list)
     dtype = getattr(torch, str(doc["dtype"]))
@@ -88,8 +88,8 @@ def allreduce_goal(doc: dict[str, object], table: Table, *, within: float = 1.03
         if not us:
             continue
         mine = tuple(a for a in us if a not in select.LIBRARY_PATHS)
-        pick = select.choose(table, s["bytes"], dtype, "sum", deterministic=False, handovers=frozenset(),
-                             available=mine)
+        pick = select.choose(table, s["bytes"], dtype, "sum", deterministic=False,
+                             handovers=frozenset(a for a in us if a in select.HANDOVERS), available=mine)
         fastest = min(us.values())
         ratio = us[pick] / fastest if pick in us else math.inf
         if ratio <= within:

@@ -121,6 +121,11 @@ def test_allreduce_goal_checks_a_table_against_measured_times() -> None:
     got = tune.allreduce_goal(doc, stale)
     assert got["met"] == 2 and [m["bytes"] for m in got["misses"]] == [8192]
     assert got["misses"][0]["ratio"] == pytest.approx(1.1)
+    real = {"dtype": "bfloat16", "sizes": [{"bytes": 1 << 24, "best": "nccl", "us": {"oneshot_ll": 90.0, "nccl": 60.0}}]}
+    handing = select.Table("Test GPU", 2, (select.Rule(1 << 20, "oneshot_ll"), select.Rule(1 << 26, "nccl")), mode="real")
+    assert tune.allreduce_goal(real, handing)["met"] == 1  # a measured library path is auto's pick where the table says
+    keeping = select.Table("Test GPU", 2, (select.Rule(1 << 26, "oneshot_ll"),), mode="real")
+    assert tune.allreduce_goal(real, keeping)["misses"][0]["ratio"] == pytest.approx(1.5)
 
 
 def test_one_log_line_when_no_table_was_measured_on_the_card(monkeypatch, caplog) -> None:
