@@ -18,8 +18,8 @@ Steps, each a child process of the existing tools with its own time limit (what 
    then the headline sweep (``rmsnorm/``: R = 2, 8; 4096 and 8192; rows 1 .. 64; bf16) and its FP8
    copy at a few shapes (``rmsnorm-fp8/``).
 6. ``scripts/rank_sweep.py`` at 128 B fp32 (R = 2 .. 72, every one-shot, the empty-kernel floor
-   before and after): ``rank-sweep.txt`` and the fastest algorithm per R in ``r-sweep.json``;
-   ``python -m sollat sol`` beside it (``sol/``).
+   before and after): ``rank-sweep.txt`` (the fastest algorithm per R and the ratios to R = 2 go
+   to ``checks.json``); ``python -m sollat sol`` beside it (``sol/``).
 7. With ``--ab-base``: ``scripts/ab_trees.py``, the base tree's kernels against this tree's,
    interleaved (``ab-narrow.*`` up to 8 ranks, ``ab-wide.*`` above): the one-shots at 128 B and
    8 KiB fp32, ``--ab-ranks``;
@@ -294,8 +294,9 @@ def measure(a: argparse.Namespace) -> int:
     if "rmsnorm" not in a.skip:
         run.run("rmsnorm", [*bench, "--into", str(out / "rmsnorm"), *HEADLINE], cap_s=60, reserve_s=140)
         run.run("rmsnorm-fp8", [*bench, "--into", str(out / "rmsnorm-fp8"), *FP8_SHAPES], cap_s=40, reserve_s=100)
-    if "sweep" not in a.skip and run.run("rank-sweep", [py, "scripts/rank_sweep.py", "--ranks", SWEEP_RANKS, "--sizes", str(SWEEP_BYTES),
-                              "--dtype", "float32", "--algos", SWEEP_ALGOS], cap_s=90, reserve_s=10):
+    sweep = [py, "scripts/rank_sweep.py", "--ranks", SWEEP_RANKS, "--sizes", str(SWEEP_BYTES), "--dtype", "float32",
+             "--algos", SWEEP_ALGOS]
+    if "sweep" not in a.skip and run.run("rank-sweep", sweep, cap_s=90, reserve_s=10):
         shutil.copyfile(out / "logs" / "rank-sweep.txt", out / "rank-sweep.txt")
     if "sol" not in a.skip:
         run.run("sol", [py, "-m", "sollat", "sol", "--quick", "--no-progress", "--into", str(out / "sol"),
@@ -305,8 +306,15 @@ def measure(a: argparse.Namespace) -> int:
             run.run(f"tune-ws{r}", [py, "-m", "sollat", "tune", "--ranks", str(r), "--sizes", WIDE_SIZES, "--dtype",
                                     "float32", "--out", str(tuning), "--json", str(tune_json / f"tune-ws{r}.json")],
                     cap_s=60, reserve_s=5)
+    base = None
     if a.ab_base:
-        base = base_tree(a.ab_base)
+        try:
+            base = base_tree(a.ab_base)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            run.steps.append({"step": "ab", "skipped": f"no base tree from {a.ab_base!r}: {exc}"})
+            print(f"[ab] skipped: {a.ab_base!r} is no folder with a sollat package and git cannot export it ({exc}); "
+                  "pass a folder (git archive COMMIT sollat | tar -x -C DIR)", flush=True)
+    if base is not None:
         trees = ["--tree", f"base={base}"]
         if a.ab_batch8:
             trees += ["--tree", "batch8=.:SOLLAT_REDUCE_BATCH_WIDE=8,SOLLAT_REDUCE_BATCH_HELD=8"]
