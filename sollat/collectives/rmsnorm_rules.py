@@ -54,10 +54,10 @@ DEFAULT = Rules((Rule(2, (16 << 10) - 1, UNFUSED), Rule(2, ANY_ROW_BYTES, FUSED)
 
 # Virtual ranks on a card without its own rule (``builtin``): what every rank receives, R x rows x
 # row bytes, decides. Derived from the virtual-rank sweeps of one H100 and one H200 (R = 2, 4, 8;
-# hidden 4096, 5120, 8192; bf16; docs/design.md, the fused op's ``auto``): every cell up to
-# 256 KiB received has a fused one-shot at least 3 % faster than unfused on both cards; above it only
-# rows of at most 8 KiB (up to 512 KiB, 16 rows) do. LL is the faster one-shot up to 128 KiB (160 KiB
-# for at most 4 rows), the sentinel one above.
+# hidden 4096, 5120, 8192; bf16; docs/design.md, the fused op's ``auto``): up to 256 KiB received
+# a fused one-shot beats unfused on both cards (0.77-0.96x; two cells tie on the H200); above it
+# rows of at most 8 KiB still do up to 512 KiB and 16 rows, wider ones mostly lose. LL is the faster
+# one-shot up to 128 KiB (160 KiB for at most 4 rows), the sentinel one above.
 BUILTIN_LL_BYTES = 128 << 10
 BUILTIN_LL_FEW_ROWS_BYTES, BUILTIN_FEW_ROWS = 160 << 10, 4
 BUILTIN_SENTINEL_BYTES = 256 << 10
