@@ -225,3 +225,28 @@ def test_card_report_checks_a_finished_folder(tmp_path, capsys) -> None:
     assert json.loads((tmp_path / "checks.json").read_text())["r_sweep"]["goals"]["64"]["goal"] == 2.5
     out = capsys.readouterr().out
     assert "within 1.03x of the fastest candidate at 1 of 1 shapes" in out and "R=64 / R=2: 2.40" in out
+
+
+
+@pytest.mark.parametrize("sweep_json, card, builtin_ok, old_ok", [
+    ("docs/results/2026-12-06-gpu-s19b/rmsnorm/rmsnorm-bench.json", "NVIDIA H100 80GB HBM3", 301, 212),
+    ("docs/results/2026-12-03-h200-s17c/rmsnorm/rmsnorm-bench.json", "NVIDIA H200", 294, 214),
+])
+def test_builtin_rule_on_the_sweeps_it_was_derived_from(sweep_json: str, card: str, builtin_ok: int, old_ok: int) -> None:
+    """What docs/design.md states: over each card's full virtual-rank sweep the built-in rule's pick
+    is within 1.03x of the fastest candidate at this many shapes, the rule before it (DEFAULT) at
+    that many."""
+    doc = json.loads((ROOT / sweep_json).read_text())
+    assert doc["meta"]["card"] == card and len(doc["rows"]) == 324
+    bench = {v: k for k, v in rmsnorm_rules.BENCH_NAMES.items()}
+
+    def within(rules_of: Any) -> int:
+        n = 0
+        for r in doc["rows"]:
+            us = r["us"]
+            pick = rmsnorm_rules.choose(rules_of(r["ranks"]), r["tokens"], r["row_bytes"], "oneshot_ll")
+            n += us[bench[pick]] <= sweep.AUTO_OF_FASTEST * min(us[k] for k in sweep.AUTO_CANDIDATES)
+        return n
+
+    assert within(lambda r: None) == old_ok
+    assert within(rmsnorm_rules.builtin) == builtin_ok
