@@ -10,6 +10,7 @@ replaces the file atomically (``os.replace``), so a reader never sees part of on
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -67,6 +68,37 @@ def write_result(gpu: str, ranks: int, rules: tuple[Rule, ...], *, distributed: 
     return select.write_table(table, table_path(gpu, ranks, mode, interconnect, out))
 
 
+def write_measurements(path: Path, doc: dict[str, object]) -> Path:
+    """``--json``: the measured times (NaN/Inf as null), what ``allreduce_goal`` checks a table against."""
+    from .bench import results
+
+    return results.write_json(path, doc)
+
+
+def allreduce_goal(doc: dict[str, object], table: Table, *, within: float = 1.03) -> dict[str, object]:
+    """For ``--json``'s measurements, at how many sizes ``auto`` under ``table`` (its choice among the
+    measured algorithms, library paths included where they were measured) takes at most ``within``
+    times the fastest measured time, and the sizes where it does not."""
+    sizes = doc["sizes"]
+    assert isinstance(sizes, list)
+    dtype = getattr(torch, str(doc["dtype"]))
+    misses, met = [], 0
+    for s in sizes:
+        us = {k: v for k, v in s["us"].items() if v is not None and math.isfinite(v)}
+        if not us:
+            continue
+        mine = tuple(a for a in us if a not in select.LIBRARY_PATHS)
+        pick = select.choose(table, s["bytes"], dtype, "sum", deterministic=False,
+                             handovers=frozenset(a for a in us if a in select.HANDOVERS), available=mine)
+        fastest = min(us.values())
+        ratio = us[pick] / fastest if pick in us else math.inf
+        if ratio <= within:
+            met += 1
+        else:
+            misses.append({"bytes": s["bytes"], "auto": pick, "fastest": min(us, key=lambda k: us[k]), "ratio": ratio})
+    return {"sizes": len(sizes), "within": within, "met": met, "misses": misses}
+
+
 def driver_version() -> str:
     try:
         import pynvml  # type: ignore[import-not-found]
@@ -92,6 +124,7 @@ def measure(run: Callable[[str, int, torch.dtype], float], algos: list[str], siz
 
 def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str, int]:
     from . import VirtualCommunicator
+    from .bench.timing import calls_for
     from .bench.virtual import rotating_sets, time_rotating
 
     comm = VirtualCommunicator(ranks)
@@ -99,11 +132,13 @@ def _virtual_runner(ranks: int) -> tuple[Callable[[str, int, torch.dtype], float
 
     def run(algo: str, nbytes: int, dtype: torch.dtype) -> float:
         n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
-        t = time_rotating(comm, algo, rotating_sets(ranks, n, dtype, dev, 4), calls=50, replays=15, device=dev)
+        calls = calls_for(nbytes * ranks, 50)  # fewer calls per graph where every rank's message is large
+        t = time_rotating(comm, algo, rotating_sets(ranks, n, dtype, dev, 4), calls=calls, replays=15, device=dev)
         comm.check()
         return t.stats.median
 
-    return run, list(comm.algorithms), comm.gpu_name, comm.max_blocks
+    # as on real ranks: never an algorithm whose correctness rests on an unproven hardware property
+    return run, [a for a in comm.algorithms if not ALGORITHMS[a].rests_on], comm.gpu_name, comm.max_blocks
 
 
 def _distributed_runner(max_bytes: int) -> tuple[Callable[[str, int, torch.dtype], float], list[str], str, int]:
@@ -163,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="byte sizes: a comma list and/or LO:HI[:FACTOR], units K/M (default 128 B .. 64 MiB under "
                         "torchrun, .. 16 MiB on virtual ranks, x2)")
     p.add_argument("--out", default=None, help="directory to write the table to (default: user cache)")
+    p.add_argument("--json", default=None, metavar="PATH",
+                   help="also write every measured time (per size and algorithm) to this JSON file")
     return p
 
 
@@ -194,14 +231,21 @@ def main(argv: list[str] | None = None) -> int:
            f"{ranks} virtual ranks on one GPU (they share its SMs and L2: this does not predict NVLink)")
     from .bench.env import git_commit
 
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    command = " ".join(["python -m sollat tune", *(sys.argv[2:] if argv is None else argv)])
     note = (f"measured by `sollat tune` on {gpu} (driver {driver}), {how}, dtype {a.dtype}, max_blocks {max_blocks}, "
-            f"commit {git_commit()}")
+            f"commit {git_commit()}, date {date}, command `{command}`")
     if distributed and int(os.environ["RANK"]) != 0:
         return 0
+    if a.json:
+        write_measurements(Path(a.json), {"card": gpu, "ranks": ranks, "mode": "real" if distributed else "virtual",
+                                          "dtype": a.dtype, "date": date, "commit": git_commit(), "command": command,
+                                          "sizes": [{"bytes": nb, "best": best, "us": times}
+                                                    for nb, best, times in results]})
     path = write_result(gpu, ranks, rules, distributed=distributed, note=note, out=Path(a.out) if a.out else None)
     print(f"sollat tune: wrote {path}")
     print(json.dumps([{"max_bytes": r.max_bytes, "algorithm": r.algorithm} for r in rules]))
     return 0
 
 
-__all__ = ["NCCL", "main", "rules_from_winners", "table_path", "write_result"]
+__all__ = ["NCCL", "allreduce_goal", "main", "rules_from_winners", "table_path", "write_measurements", "write_result"]

@@ -143,13 +143,79 @@ def judge(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# The goals of ``auto`` at each shape (``auto_goals``): at most AUTO_OF_FASTEST times the fastest of
+# the algorithms it chooses among, and at most AUTO_OF_COMPILED times ar+compiled.
+AUTO_CANDIDATES = ("fused_ll", "fused_sentinel", "unfused")
+AUTO_OF_FASTEST = 1.03
+AUTO_OF_COMPILED = 1.02
+
+
+def _passed(row: Mapping[str, Any], name: str) -> bool:
+    check = row.get("checks", {}).get(rmsnorm_rules.BENCH_NAMES[name], "bitwise ok")
+    return str(check).startswith(("bitwise ok", "ok"))
+
+
+def auto_goals(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One measured row against ``auto``'s goals: the fastest candidate that passed its bitwise
+    check, auto / that (``meets_fastest``: at most AUTO_OF_FASTEST) and auto / ar+compiled
+    (``meets_compiled``: at most AUTO_OF_COMPILED). An unmeasured side is None."""
+    us = row["us"]
+    auto = us.get("auto")
+    timed = {n: us[n] for n in AUTO_CANDIDATES if us.get(n) is not None and _passed(row, n)}
+    out: dict[str, Any] = {"fastest": None, "auto_of_fastest": None, "meets_fastest": None,
+                           "auto_of_compiled": None, "meets_compiled": None}
+    if auto is None:
+        return out
+    if timed:
+        best = min(timed, key=lambda n: timed[n])
+        ratio = auto / timed[best]
+        out.update(fastest=best, auto_of_fastest=ratio, meets_fastest=ratio <= AUTO_OF_FASTEST)
+    if us.get("ar+compiled"):
+        ratio = auto / us["ar+compiled"]
+        out.update(auto_of_compiled=ratio, meets_compiled=ratio <= AUTO_OF_COMPILED)
+    return out
+
+
+def check_goals(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """At how many shapes of a measured rmsnorm-bench.json ``auto`` meets each goal (``auto_goals``),
+    and every shape that misses one (with its pick, the fastest candidate and the ratios)."""
+    rows = doc["rows"]
+    judged = [(r, auto_goals(r)) for r in rows]
+    misses = []
+    for r, g in judged:
+        if g["meets_fastest"] is False or g["meets_compiled"] is False:
+            misses.append({"shape": shape_key(r), "auto_pick": r.get("auto_pick"), **g})
+    return {"card": doc.get("meta", {}).get("card"), "commit": doc.get("meta", {}).get("commit"),
+            "shapes": len(rows), "of_fastest": AUTO_OF_FASTEST, "of_compiled": AUTO_OF_COMPILED,
+            "meets_fastest": sum(g["meets_fastest"] is True for _, g in judged),
+            "meets_compiled": sum(g["meets_compiled"] is True for _, g in judged),
+            "meets_both": sum(g["meets_fastest"] is True and g["meets_compiled"] is True for _, g in judged),
+            "misses": misses}
+
+
+def format_goals(result: Mapping[str, Any]) -> str:
+    """``check_goals``'s result as lines for a log."""
+    n = result["shapes"]
+    lines = [f"auto on {result['card']} at {result['commit']}: within {result['of_fastest']:.2f}x of the fastest "
+             f"candidate at {result['meets_fastest']} of {n} shapes, within {result['of_compiled']:.2f}x of "
+             f"ar+compiled at {result['meets_compiled']} of {n}, both at {result['meets_both']} of {n}"]
+    for m in result["misses"]:
+        f = "-" if m["auto_of_fastest"] is None else f"{m['auto_of_fastest']:.3f}"
+        c = "-" if m["auto_of_compiled"] is None else f"{m['auto_of_compiled']:.3f}"
+        lines.append(f"  miss {m['shape']}: auto picks {m['auto_pick']}, fastest {m['fastest']}; "
+                     f"auto/fastest {f}, auto/ar+compiled {c}")
+    return "\n".join(lines)
+
+
+def shape_key(r: Mapping[str, Any]) -> str:
+    return f"R={r['ranks']} {r['dtype']}{'+fp8' if r['fp8'] else ''} {r['tokens']}x{r['hidden']}"
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Counts over the measured rows, and every row that misses a target (what docs/benchmarks.md
     must name)."""
     judged = [(r, judge(r)) for r in rows]
-
-    def key(r: Mapping[str, Any]) -> str:
-        return f"R={r['ranks']} {r['dtype']}{'+fp8' if r['fp8'] else ''} {r['tokens']}x{r['hidden']}"
+    key = shape_key
 
     bad_checks = [key(r) for r in rows if any(not str(c).startswith(("bitwise ok", "ok")) for c in r["checks"].values())]
     return {

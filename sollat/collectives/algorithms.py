@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -141,7 +142,8 @@ ALGORITHMS: dict[str, Algorithm] = {
         # Last: the other algorithms' regions keep their offsets. Scratch: one LL region
         # (layout.region_bytes) like oneshot_ll's.
         Algorithm("oneshot_ll_wide", "allreduce_oneshot_wide.cu", "oneshot_wide", "ll", 16, True, False,
-                  slot_choices=((abi.MAX_RANKS, 1),), min_world=abi.PEER_WINDOW + 1, peer_groups=True,
+                  slot_choices=((abi.HELD_BASE_RANKS, 1), (abi.MAX_RANKS, 1)), min_world=abi.PEER_WINDOW + 1,
+                  peer_groups=True,
                   doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the block's "
                       "threads (one per peer group of 8), rank-order sum from shared memory"),
     )
@@ -297,6 +299,14 @@ def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, .
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
 
+def rank_cap(alg: Any, nranks: int) -> int:
+    """The rank cap (SOLLAT_MAX_RANKS) ``alg``'s kernel runs at for ``nranks`` ranks: the smallest of
+    its instantiations that holds them (the wide one-shot's abi.HELD_BASE_RANKS cap below the widest
+    one), else the communicator's (``max_ranks_template``)."""
+    caps = [r for r, _ in getattr(alg, "slot_choices", ()) if r >= nranks]
+    return min(caps) if caps else max_ranks_template(nranks)
+
+
 def max_ranks_template(nranks: int) -> int:
     """The rank cap (SOLLAT_MAX_RANKS) a world of ``nranks`` runs: the smallest of abi.RANK_CAPS that holds it."""
     for r in abi.RANK_CAPS:
@@ -329,7 +339,9 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
         # Launch ranks in the rank table (collective.h RankTable): this rank, or every virtual rank.
-        "SOLLAT_TABLE_RANKS": "1" if real_ranks else str(max_ranks),
+        # A cap that is no communicator's (abi.HELD_BASE_RANKS) keeps the communicator's table: the
+        # smallest of abi.RANK_CAPS that holds it (VirtualRanks.table_ranks).
+        "SOLLAT_TABLE_RANKS": "1" if real_ranks else str(max_ranks_template(max_ranks)),
         # Fences that order a store to the own scratch before a peer may write it again: the peer
         # is another GPU on real ranks (system scope), this GPU on virtual ranks (memory.h).
         "SOLLAT_FENCE_SYS": "1" if real_ranks else "0",

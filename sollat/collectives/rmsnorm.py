@@ -63,8 +63,9 @@ UNFUSED = "unfused"
 PUBLIC_ALGOS: tuple[str, ...] = (*ALGOS, UNFUSED)
 # What ``algo="auto"`` chooses: the tuning table's rule (``rmsnorm_rules``: by rows and row bytes, a
 # fused one-shot, the AllReduce table's LL / sentinel choice, or the unfused hand-over); a table that
-# has not measured one gets rmsnorm_rules.DEFAULT: a fused one-shot for at most AUTO_FUSED_MAX_ROWS
-# rows of at least AUTO_FUSED_MIN_ROW_BYTES each. Measured on 2 H200s (docs/benchmarks.md, the fused
+# has not measured one gets rmsnorm_rules.rules_for's: on virtual ranks rmsnorm_rules.builtin (by the
+# bytes every rank receives), on real ranks rmsnorm_rules.DEFAULT: a fused one-shot for at most
+# AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES each. The latter measured on 2 H200s (docs/benchmarks.md, the fused
 # RMSNorm on two GPUs; bf16, µs, best fused one-shot / unfused): 1 x 8192 5.08 / 5.21, 2 x 8192 5.27 / 5.34, 4 x 8192
 # 5.48 / 5.44, 8 x 8192 5.73 / 5.63, 1 x 4096 4.81 / 4.49, 8 x 4096 5.41 / 4.90, 16 x 8192 10.1 /
 # 6.14, 128 x 8192 47.2 / 12.4: the fused kernel's row clusters take the rows eight at a time, one

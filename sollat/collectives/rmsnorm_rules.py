@@ -3,7 +3,7 @@ of ``row_bytes`` bytes each. It lives in the tuning tables beside the AllReduce'
 ``"rmsnorm"`` of a table file, ``select.Table.rmsnorm``), so a table measured on some machine, world
 size and mode carries both; ``derive`` regenerates it from scripts/rmsnorm_bench.py's JSON
 (``python3 scripts/rmsnorm_bench.py --rules-from rmsnorm-bench.json --write-tables DIR``). A table
-without it (the real-rank and generic tables until someone measures them) gets ``DEFAULT``.
+without it gets ``rules_for``'s: ``DEFAULT`` on real ranks, ``builtin(world_size)`` on virtual ones.
 
 A table's ``"rmsnorm"``: ``{"rules": [{"max_rows": R, "max_row_bytes": B, "algorithm": A}, ...],
 "note": "..."}``. The first rule with ``rows <= R`` and ``row_bytes <= B`` names the algorithm;
@@ -50,11 +50,51 @@ class Rules:
         return {"rules": self.identity(), "note": self.note}
 
 
-# A fused one-shot for one or two rows of 16 KiB or more, unfused otherwise: measured on 2 H200s
-# with an epilogue launched once per virtual rank (docs/benchmarks.md, the fused RMSNorm on two
-# GPUs). The rule of every table that has not measured its own.
+# Real ranks: a fused one-shot for one or two rows of 16 KiB or more, unfused otherwise: measured on
+# 2 H200s with an epilogue launched once per virtual rank (docs/benchmarks.md, the fused RMSNorm on
+# two GPUs). The rule of every real-rank table that has not measured its own.
 DEFAULT = Rules((Rule(2, (16 << 10) - 1, UNFUSED), Rule(2, ANY_ROW_BYTES, FUSED)),
                 note="built-in default: a fused one-shot for 1-2 rows of >= 16 KiB (measured on 2 H200s)")
+
+# Virtual ranks on a card without its own rule (``builtin``): what every rank receives, R x rows x
+# row bytes, decides. Derived from the virtual-rank sweeps of one H100 and one H200 (R = 2, 4, 8;
+# hidden 4096, 5120, 8192; bf16; docs/design.md, the fused op's ``auto``): up to 256 KiB received
+# a fused one-shot beats unfused on both cards (0.77-0.96x; two cells tie on the H200); above it
+# rows of at most 8 KiB still do up to 512 KiB and 16 rows, wider ones mostly lose. LL is the faster
+# one-shot up to 128 KiB (160 KiB for at most 4 rows), the sentinel one above.
+BUILTIN_LL_BYTES = 128 << 10
+BUILTIN_LL_FEW_ROWS_BYTES, BUILTIN_FEW_ROWS = 160 << 10, 4
+BUILTIN_SENTINEL_BYTES = 256 << 10
+BUILTIN_NARROW_ROW_BYTES, BUILTIN_NARROW_BYTES = 8 << 10, 512 << 10
+BUILTIN_MAX_ROWS = 16
+
+
+def builtin(world_size: int) -> Rules:
+    """The virtual-rank rule of ``world_size`` ranks on a card without its own: per row count up to
+    BUILTIN_MAX_ROWS, ``oneshot_ll`` while R x rows x row bytes is at most BUILTIN_LL_BYTES
+    (BUILTIN_LL_FEW_ROWS_BYTES up to BUILTIN_FEW_ROWS rows), ``oneshot_sentinel`` up to
+    BUILTIN_SENTINEL_BYTES (BUILTIN_NARROW_BYTES for rows of at most BUILTIN_NARROW_ROW_BYTES),
+    ``unfused`` past them."""
+    if world_size < 1:
+        raise ValueError(f"builtin: world_size must be >= 1, got {world_size}")
+    rules: list[Rule] = []
+    for rows in range(1, BUILTIN_MAX_ROWS + 1):
+        per = world_size * rows  # row bytes -> bytes received
+        ll = (BUILTIN_LL_FEW_ROWS_BYTES if rows <= BUILTIN_FEW_ROWS else BUILTIN_LL_BYTES) // per
+        sentinel = max(BUILTIN_SENTINEL_BYTES // per, min(BUILTIN_NARROW_ROW_BYTES, BUILTIN_NARROW_BYTES // per))
+        if ll >= 1:
+            rules.append(Rule(rows, ll, "oneshot_ll"))
+        if sentinel > ll:
+            rules.append(Rule(rows, sentinel, "oneshot_sentinel"))
+    return Rules(tuple(rules), note=f"built-in virtual-rank rule for {world_size} ranks (H100 and H200 sweeps)")
+
+
+def rules_for(rules: Rules | None, world_size: int, real: bool) -> Rules:
+    """The rule ``auto`` follows: a table's own, else DEFAULT on real ranks and ``builtin`` on
+    virtual ones."""
+    if rules is not None:
+        return rules
+    return DEFAULT if real else builtin(world_size)
 
 
 def parse(d: Any, bad: Callable[[str], Exception]) -> Rules:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ ANY = "any"
 GENERIC = "generic"
 MODES = ("real", "virtual")
 TUNING_DIR = Path(__file__).parent / "tuning"
+logger = logging.getLogger("sollat")
+_untuned_logged = False  # log_if_untuned has spoken in this process
 
 
 # A table file is these dataclasses' fields (table_schema: types, bounds, values, the keys a file
@@ -89,7 +92,7 @@ class Table:
     # "real", "virtual" or "any"; a file without one was written before tables had modes: virtual
     mode: str = field(default=ANY, metadata=spec(choices=(*MODES, ANY), absent="virtual"))
     interconnect: str = field(default=ANY, metadata=spec(nonempty=True))  # "nvlink", "pcie", ... or "any"
-    # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.DEFAULT)
+    # all_reduce_rmsnorm's auto rule (rmsnorm_rules; None: not measured, rmsnorm_rules.rules_for's)
     rmsnorm: rmsnorm_rules.Rules | None = None
 
     def identity(self) -> dict[str, Any]:
@@ -178,6 +181,21 @@ def find_table(gpu: str, world_size: int, *, mode: str = "real", interconnect: s
         return (t.gpu == gpu, t.mode == mode, t.world_size == world_size, mine, t.interconnect == interconnect)
 
     return max(fits, key=score)[0]  # max keeps the first of equals: file order breaks ties
+
+
+def log_if_untuned(table: Table, gpu: str, world_size: int, mode: str) -> bool:
+    """The first time in this process that a communicator finds no table measured on its card
+    (``table`` is the generic one), one INFO line on the ``sollat`` logger says so and how to make
+    one. Returns whether it logged."""
+    global _untuned_logged
+    if _untuned_logged or table.gpu == gpu:
+        return False
+    _untuned_logged = True
+    how = f"python -m sollat tune --ranks {world_size}" if mode == "virtual" else \
+        f"torchrun --nproc-per-node {world_size} -m sollat tune"
+    logger.info("sollat: no tuning table was measured on %s (%d ranks, %s); algo='auto' follows the built-in rules "
+                "(%s). `%s` measures one for this card.", gpu, world_size, mode, table.source, how)
+    return True
 
 
 def table_digest(table: Table) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..collectives import algorithms, handover, registry, rmsnorm, select
+from ..collectives import algorithms, handover, registry, rmsnorm, rmsnorm_rules, select
 from ..collectives.custom import Collective
 from ..device import faults, launch, layout
 from ..device.dtypes import OPS, DType, lookup
@@ -176,6 +176,7 @@ class _CommCore:
             self._table = select.find_table(self.gpu_name, self.world_size, mode="real" if real else "virtual",
                                             interconnect=select.detect_interconnect(self._dev_index) if real
                                             else select.ANY)
+            select.log_if_untuned(self._table, self.gpu_name, self.world_size, "real" if real else "virtual")
         return self._table
 
     def _resolve(self, algo: str, nbytes: int, dtype: torch.dtype, op: str, deterministic: bool) -> str:
@@ -229,7 +230,8 @@ class _CommCore:
                 choice = select.choose(self._selection_table(), nbytes, dtype, "sum", deterministic=True,
                                        handovers=frozenset(), available=rmsnorm.AUTO_ALGOS)
                 self._choices[key] = choice
-            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice, self._selection_table().rmsnorm))
+            rules = rmsnorm_rules.rules_for(self._selection_table().rmsnorm, self.world_size, self._ranks.real)
+            return rmsnorm.internal_name(rmsnorm.auto_choice(rows, nbytes, choice, rules))
         name = rmsnorm.internal_name(algo)
         if name in algorithms.RMSNORM_EXPERIMENTAL and not self._rmsnorm_twoshot:  # not enabled at construction
             raise UnsupportedError(f"{rmsnorm.OPNAME}: algo={algo!r} is experimental (slower than the one-shot on "

@@ -47,7 +47,6 @@ class Kernels:
         self.memory = memory
         self.fitting = fitting
         self.customs = customs
-        self.rank_cap = algorithms.max_ranks_template(world_size)  # the kernels' rank template
         self.test_hooks = False
         self.defines: dict[str, str] = {}
         self.kernel_files: dict[str, str] = {}
@@ -67,7 +66,7 @@ class Kernels:
         what = getattr(alg, "opname", "all_reduce")
         alg.check(dt.torch_dtype, op)
         alg.check_world(self.world_size, what)
-        rmax = self.rank_cap
+        rmax = algorithms.rank_cap(alg, self.world_size)
         lines = alg.lines_per_rank(n, dt, self.world_size)
         kernel_file = self.kernel_files.get(name, alg.kernel_file)
 
@@ -137,8 +136,8 @@ class Kernels:
         """The compiled entry point of one instantiation (the extra defines included); a
         user-written collective (sollat.custom) is built from its own source. ``fp8``: the fused
         RMSNorm's FP8 variant."""
-        defines = algorithms.kernel_defines(alg, dt, op, self.rank_cap, slots, self.test_hooks,
-                                            real_ranks=self.ranks.real, fp8=fp8)
+        cap = algorithms.rank_cap(alg, self.world_size)  # the kernel's rank template
+        defines = algorithms.kernel_defines(alg, dt, op, cap, slots, self.test_hooks, real_ranks=self.ranks.real, fp8=fp8)
         defines.update(self.defines)
         entry = abi.rmsnorm_entry(alg.kernel, fp8)  # rmsnorm_entry(k, False) is k
         source = getattr(alg, "source", "")

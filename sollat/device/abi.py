@@ -30,6 +30,11 @@ PEER_WINDOW = 8
 # The rank counts kernels are built for (SOLLAT_MAX_RANKS): a world of R ranks runs the smallest
 # that holds it (algorithms.max_ranks_template).
 RANK_CAPS: tuple[int, ...] = (2, 4, PEER_WINDOW, MAX_RANKS)
+# The widest rank cap whose kernels hold every peer's scratch base in registers (C++
+# kHeldBaseRanks, ll_buffer__types.h BufferDesc); wider ones read the bases from CommState. The wide
+# one-shot is also built for this cap (algorithms.rank_cap: groups of PEER_WINDOW + 1 .. 16 ranks
+# run it; the communicator's other kernels keep their RANK_CAPS cap).
+HELD_BASE_RANKS = 2 * PEER_WINDOW
 MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
 # The wide one-shot (kernels/allreduce_oneshot_wide.cu) keeps one pass's (line, rank) packs of a
 # block in shared memory, 8 bytes each (C++ kPeerGroupPacks: 32 KiB). Its blocks hold

@@ -31,6 +31,7 @@ from .abi import (
     FAULT_WORDS,
     FP8_E4M3_MAX,
     FP8_E4M3_NAN,
+    HELD_BASE_RANKS,
     KERNELS,
     LINE_BYTES,
     LL128_DATA_LANES,
@@ -91,8 +92,9 @@ def _per_kernel_lines() -> list[str]:
         "// Buffers per kernel (sollat/device/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.",
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
-        "// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass.",
-        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS)]),
+        "// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass;"
+        " the widest rank cap that holds every peer's base in registers (BufferDesc).",
+        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS), ("kHeldBaseRanks", HELD_BASE_RANKS)]),
         "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block;"
         " the longest row (both RMSNorm kernels).",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),

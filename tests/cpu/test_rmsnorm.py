@@ -514,9 +514,9 @@ def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
-    """algo="auto" follows the table's all_reduce_rmsnorm rule (rmsnorm_rules; DEFAULT where the
-    table has none: a fused one-shot for at most AUTO_FUSED_MAX_ROWS rows of at least
-    AUTO_FUSED_MIN_ROW_BYTES); a "fused" rule takes the AllReduce table's LL or sentinel choice
+    """algo="auto" follows the table's all_reduce_rmsnorm rule (rmsnorm_rules; where the table has
+    none, rules_for's: on virtual ranks the built-in rule of its world size, on real ones DEFAULT, a
+    fused one-shot for at most AUTO_FUSED_MAX_ROWS rows of at least AUTO_FUSED_MIN_ROW_BYTES); a "fused" rule takes the AllReduce table's LL or sentinel choice
     (never a library path, never the two-shot); a table's own rule replaces the default."""
     c = fake_virtual(2)
     most, wide = rmsnorm.AUTO_FUSED_MAX_ROWS, rmsnorm.AUTO_FUSED_MIN_ROW_BYTES
@@ -528,7 +528,8 @@ def test_auto_resolves_through_the_tuning_table() -> None:
                 for row_bytes in (2, wide // 2, wide - 2, wide, 2 * wide, 1 << 20):
                     nbytes = rows * row_bytes
                     name = c._rmsnorm_resolve("auto", nbytes, dtype, rows)
-                    want = rmsnorm_rules.choose(rules, rows, row_bytes, rmsnorm_rules.FUSED)
+                    want = rmsnorm_rules.choose(rmsnorm_rules.rules_for(rules, 2, False), rows, row_bytes,
+                                                rmsnorm_rules.FUSED)
                     if want == rmsnorm_rules.FUSED:
                         assert name in ("rmsnorm_oneshot_ll", "rmsnorm_oneshot_sentinel")
                     else:

@@ -66,7 +66,62 @@ def test_registry_rules() -> None:
     assert alg.scratch_bytes(64, 4) == algorithms.ALGORITHMS["oneshot_ll"].scratch_bytes(64, 4) == \
         2 * 64 * (4 * 4 * 512) * 16
     files = [f for f, _ in instantiations.all_instantiations()]
-    assert files.count("allreduce_oneshot_wide.cu") == 4 * 3 * 2  # dtypes x ops x (real, virtual), rank cap 72
+    # dtypes x ops x (real, virtual) x rank caps (16: bases held, sum unrolled; 72)
+    assert files.count("allreduce_oneshot_wide.cu") == 4 * 3 * 2 * 2
+
+
+def test_groups_of_up_to_16_ranks_run_the_16_rank_cap() -> None:
+    """The wide one-shot's kernel for 9..16 ranks is its 16-rank instantiation (every peer's base held,
+    the rank-order sum unrolled), wider groups the widest one; every other kernel keeps the
+    communicator's cap, and the virtual ranks' pointer table keeps the communicator's size, so the
+    host's table (VirtualRanks.table_ranks) and the kernel's (SOLLAT_TABLE_RANKS) agree."""
+    wide, ll = algorithms.ALGORITHMS["oneshot_ll_wide"], algorithms.ALGORITHMS["oneshot_ll"]
+    assert abi.HELD_BASE_RANKS == 2 * abi.PEER_WINDOW == 16
+    assert [algorithms.rank_cap(wide, r) for r in (9, 12, 16, 17, 64, 72)] == [16, 16, 16, 72, 72, 72]
+    for r in (2, 3, 4, 5, 8, 9, 16, 17, 72):
+        for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
+            if alg is not wide and alg.runs_on(r):
+                assert algorithms.rank_cap(alg, r) == algorithms.max_ranks_template(r), (alg.name, r)
+    dt = sollat.device.dtypes.DTYPES[torch.float32]
+    for real in (True, False):
+        d16 = algorithms.kernel_defines(wide, dt, "sum", 16, 1, test_hooks=False, real_ranks=real)
+        d72 = algorithms.kernel_defines(wide, dt, "sum", 72, 1, test_hooks=False, real_ranks=real)
+        assert d16["SOLLAT_MAX_RANKS"] == "16" and d72["SOLLAT_MAX_RANKS"] == "72"
+        assert d16["SOLLAT_TABLE_RANKS"] == d72["SOLLAT_TABLE_RANKS"] == ("1" if real else "72")
+    assert algorithms.kernel_defines(ll, dt, "sum", 4, 1, test_hooks=False, real_ranks=False)["SOLLAT_TABLE_RANKS"] == "4"
+    from sollat.comm.ranks import VirtualRanks
+
+    assert VirtualRanks(12, torch.empty(0)).table_ranks == 72
+
+
+# Measured (ptxas -v, sm_90, NVRTC 13.0): the only wide entry that spills, and how much.
+WIDE_SPILLS = {(16, torch.float64, True): 20}
+
+
+@pytest.mark.slow  # ptxas -v of both rank caps, every dtype, real and virtual (about a minute on 2 cores)
+@pytest.mark.parametrize("cap", [16, 72])
+def test_wide_instantiations_compile_without_spills(cap: int) -> None:
+    """The rank-order sum's batches are sized so that nothing spills at 128 registers per thread
+    (512 threads per block), the 16-rank cap's 16 held bases included, but for WIDE_SPILLS."""
+    import io
+    import re
+
+    from cuda.core import Program, ProgramOptions
+
+    from sollat.device import build
+
+    wide = algorithms.ALGORITHMS["oneshot_ll_wide"]
+    for dtype in sorted(wide.dtypes, key=str):
+        for real in (True, False):
+            d = algorithms.kernel_defines(wide, sollat.device.dtypes.DTYPES[dtype], "sum", cap, 1, test_hooks=False,
+                                          real_ranks=real)
+            opts = build._options("sm_90", d)
+            o = ProgramOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__}, "ptxas_options": "-v"})
+            log = io.StringIO()
+            Program(build.kernel_source("allreduce_oneshot_wide.cu"), code_type="c++", options=o).compile("cubin", logs=log)
+            spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
+            assert len(spills) == 1 and spills[0] <= WIDE_SPILLS.get((cap, dtype, real), 0), \
+                (cap, dtype, real, log.getvalue()[-800:])
 
 
 def test_generic_table_picks_it_above_the_peer_window_only() -> None:

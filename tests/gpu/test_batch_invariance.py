@@ -202,7 +202,8 @@ def sweep(c: sollat.VirtualCommunicator, tag: str, dtype: torch.dtype, hidden: i
     row_bytes = hidden * size
     rules = {rule.max_bytes for rule in table.rules}
     ar_b = crossing(rules, row_bytes) | {1, 2, 3}
-    rms_b = ({1, 2, 3} | rmsnorm_rules.switch_rows(table.rmsnorm, row_bytes, RULE_MAX_ROWS)
+    rms_b = ({1, 2, 3} | rmsnorm_rules.switch_rows(rmsnorm_rules.rules_for(table.rmsnorm, r, c._ranks.real), row_bytes,
+                                                       RULE_MAX_ROWS)
              | geometry_switches(dtype, hidden, r) | crossing(rules, row_bytes))
     gs_b = {b for b in crossing({gather_scatter.LL_MAX_BYTES}, row_bytes) | {1, 2, 3} | crossing(rules, row_bytes)
             if b * row_bytes <= GATHER_MAX_BYTES}
@@ -310,7 +311,7 @@ def test_rmsnorm_auto_row_is_batch_invariant_in_every_mode(r: int) -> None:
     row 0 of y and of residual_out must have the same bits in batches of 1..5, 64 and on both sides
     of every switch of the table's all_reduce_rmsnorm rule up to 64 rows, on a default communicator."""
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=10.0)
-    switches = rmsnorm_rules.switch_rows(c._selection_table().rmsnorm, 8192 * 2, 64)
+    switches = rmsnorm_rules.switch_rows(rmsnorm_rules.rules_for(c._selection_table().rmsnorm, r, False), 8192 * 2, 64)
     gen = torch.Generator(device=DEV).manual_seed(7 + r)
     xs = [torch.randn(64, 8192, device=DEV, generator=gen).to(torch.bfloat16) for _ in range(r)]
     res = torch.randn(64, 8192, device=DEV, generator=gen).to(torch.bfloat16)

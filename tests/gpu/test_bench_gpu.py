@@ -63,3 +63,26 @@ def test_tiny_bench_writes_every_file(tmp_path) -> None:
     nccl_status = "ok" if torch.cuda.device_count() >= 2 else "skipped"
     assert any(r["impl"] == "nccl" and r["status"] == nccl_status for r in doc["rows"]), nccl_status
     assert doc["floor"]["median_us"] > 0 and doc["sol"]["sol_ns"] > 0
+
+
+def test_tune_writes_a_card_table_with_its_provenance_and_times(tmp_path, monkeypatch) -> None:
+    """``python -m sollat tune`` on virtual ranks: the table is keyed by this card, its note names
+    the card, the commit, the date and the command, the times go to --json, and auto under the
+    written table takes the fastest measured algorithm at every size (tune.allreduce_goal)."""
+    from sollat import tune
+    from sollat.collectives import select
+
+    monkeypatch.setenv("SOLLAT_CACHE_DIR", str(tmp_path / "cache"))
+    argv = ["--ranks", "2", "--sizes", "128,8K,64K", "--out", str(tmp_path / "t"), "--json", str(tmp_path / "t.json")]
+    assert tune.main(argv) == 0
+    (path,) = (tmp_path / "t").glob("*.json")
+    table = select.load_table(path)
+    gpu = torch.cuda.get_device_name(0)
+    assert (table.gpu, table.world_size, table.mode) == (gpu, 2, "virtual")
+    assert gpu in table.note and "commit " in table.note and "date 20" in table.note
+    assert "command `python -m sollat tune --ranks 2 --sizes 128,8K,64K" in table.note
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [s["bytes"] for s in doc["sizes"]] == [128, 8192, 65536] and doc["card"] == gpu
+    assert all(s["best"] in s["us"] and "ll128" not in s["us"] for s in doc["sizes"])  # rests_on: never measured
+    got = tune.allreduce_goal(doc, table)
+    assert got["met"] == 3, got

@@ -25,7 +25,7 @@ from ._reference import assert_bitwise, random_inputs, rank_order_reduce
 pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda", 0) if torch.cuda.is_available() else None
-WIDE = [9, 16, 17, 32, 33, 64, 72]
+WIDE = [9, 16, 17, 32, 33, 64, 72]  # 9 and 16: the wide one-shot's 16-rank cap
 ODD = [3, 5]
 ALLREDUCE = ["oneshot_ll", "oneshot_sentinel", "twoshot_ll", "twoshot_sentinel", "oneshot_ll_wide"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
@@ -256,8 +256,11 @@ def test_cuda_graph_of_mixed_sizes_and_algorithms(r: int, focus: str) -> None:
     c.check()
 
 
-@pytest.mark.parametrize("r", [17, 72])
-@pytest.mark.parametrize("algo", ALLREDUCE)
+# Faults in a wide group's last window, and in the wide one-shot's 16-rank cap (12, 16 ranks).
+FAULT_CASES = [(r, a) for r in (17, 72) for a in ALLREDUCE] + [(12, "oneshot_ll_wide"), (16, "oneshot_ll_wide")]
+
+
+@pytest.mark.parametrize("r, algo", FAULT_CASES)
 def test_absent_rank_is_named_on_every_rank(r: int, algo: str) -> None:
     _held.clear()
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.3, algorithms=ALLREDUCE)
@@ -276,8 +279,7 @@ def test_absent_rank_is_named_on_every_rank(r: int, algo: str) -> None:
     c.check()
 
 
-@pytest.mark.parametrize("r", [17, 72])
-@pytest.mark.parametrize("algo", ALLREDUCE)
+@pytest.mark.parametrize("r, algo", FAULT_CASES)
 def test_call_mismatch_is_detected_on_the_device(r: int, algo: str) -> None:
     """Rank r-3 flips its call signature (a window other than the first): LL flags and the sentinel
     signature words see it, every rank raises, and no rank keeps a finite element of that call."""

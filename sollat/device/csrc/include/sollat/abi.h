@@ -27,8 +27,8 @@ constexpr int kFaultWords = 9;
 // Buffers per kernel (sollat/device/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
 enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2, kOneshotWideBuffers = 1 };
 enum Parity : int { kParities = 2 };
-// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass.
-enum PeerGroups : int { kPeerGroupPacks = 4096 };
+// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass; the widest rank cap that holds every peer's base in registers (BufferDesc).
+enum PeerGroups : int { kPeerGroupPacks = 4096, kHeldBaseRanks = 16 };
 // Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block; the longest row (both RMSNorm kernels).
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256, kRmsnormMaxHidden = 65536 };
 // Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row), the 16-byte lines of a row per thread and pass.

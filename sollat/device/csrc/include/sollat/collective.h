@@ -82,8 +82,10 @@ __device__ __forceinline__ Pack<T, Bytes> nan_pack() {
 
 // Descriptor of buffer number `which` (regions are laid back to back, each `region_bytes` long,
 // starting at region_off; epochs likewise, lines_per_src counters per buffer).
-// Up to kPeerWindow ranks the bases are loaded here, into registers; a wide group keeps CommState's
-// table and the offset instead (BufferDesc, ll_buffer__types.h).
+// Up to kHeldBaseRanks ranks the bases are loaded here, into registers; a wide group keeps
+// CommState's table and the offset too, and above kHeldBaseRanks only those (BufferDesc,
+// ll_buffer__types.h). CommState holds kMaxWorld entries (zero past the world), written by the host
+// before any kernel, so every held base is a plain load.
 template <int kMaxRanks>
 __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, int which, u64 region_bytes) {
   BufferDesc<kMaxRanks> d;
@@ -91,7 +93,8 @@ __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, in
   if constexpr (BufferDesc<kMaxRanks>::kWide) {
     d.scratch = a.st->scratch;
     d.off = off;
-  } else {
+  }
+  if constexpr (BufferDesc<kMaxRanks>::kHeld) {
 #pragma unroll
     for (int q = 0; q < kMaxRanks; ++q) d.base[q] = (Line*)(a.st->scratch[q] + off);
   }

@@ -64,8 +64,9 @@
 // stores of them to one peer, and its polls of them from one peer, are one coalesced access each.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
-// base and polled lines in registers, so the buffer keeps CommState's table of scratch bases
-// (a peer's base is one cached load) and a receive from every peer (recvReduce, recvEach) walks
+// polled lines in registers, nor above kHeldBaseRanks every peer's base: there the buffer keeps
+// CommState's table of scratch bases (a peer's base is one cached load), up to it the bases as a
+// narrow group does (BufferDesc). A receive from every peer (recvReduce, recvEach) walks
 // the peers in windows of kPeerWindow (recvReduce: a kernel may take several windows per poll
 // set), in rank order: each window's loads are in flight together and complete before the next
 // window is polled; recvReduce folds each window into the running rank-order result, so the bits

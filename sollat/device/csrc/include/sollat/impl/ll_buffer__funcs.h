@@ -5,10 +5,10 @@
 namespace sollat {
 
 // Rank k's region for a run-time k: a select over the held bases (an indexed access would put
-// them in local memory), or in a wide group the table's entry (wide_base).
+// them in local memory), or above kHeldBaseRanks the table's entry (wide_base).
 template <int kMaxRanks>
 __device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int k) {
-  if constexpr (BufferDesc<kMaxRanks>::kWide) return wide_base(d, k);
+  if constexpr (!BufferDesc<kMaxRanks>::kHeld) return wide_base(d, k);
   Line* b = d.base[0];
 #pragma unroll
   for (int q = 1; q < kMaxRanks; ++q)
@@ -159,7 +159,7 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
   Line* b[kWide ? kPeerWindow : 1];
   if constexpr (kWide) {
 #pragma unroll
-    for (int q = 0; q < kPeerWindow; ++q) b[q] = wide_base(this->d, q < this->d.nranks ? q : this->d.nranks - 1);
+    for (int q = 0; q < kPeerWindow; ++q) b[q] = select_base(this->d, q < this->d.nranks ? q : this->d.nranks - 1);
   }
   beforeSend();
   // Encoded and addressed once; then all peers' stores are issued back to back (fire and
@@ -183,7 +183,7 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
       w0 += kPeerWindow;
       if (w0 >= this->d.nranks) break;
 #pragma unroll
-      for (int q = 0; q < kPeerWindow; ++q) b[q] = wide_base(this->d, w0 + q < this->d.nranks ? w0 + q : this->d.nranks - 1);
+      for (int q = 0; q < kPeerWindow; ++q) b[q] = select_base(this->d, w0 + q < this->d.nranks ? w0 + q : this->d.nranks - 1);
     }
   } else {
 #pragma unroll
