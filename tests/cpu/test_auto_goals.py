@@ -229,8 +229,8 @@ def test_card_report_checks_a_finished_folder(tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("sweep_json, card, builtin_ok, old_ok", [
-    ("docs/results/2026-12-06-gpu-s19b/rmsnorm/rmsnorm-bench.json", "NVIDIA H100 80GB HBM3", 301, 212),
-    ("docs/results/2026-12-03-h200-s17c/rmsnorm/rmsnorm-bench.json", "NVIDIA H200", 294, 214),
+    ("docs/results/2026-12-06-h100-0a3bb82/rmsnorm-bench.json", "NVIDIA H100 80GB HBM3", 301, 212),
+    ("docs/results/2026-12-03-h200-a120d1f/rmsnorm-bench.json", "NVIDIA H200", 294, 214),
 ])
 def test_builtin_rule_on_the_sweeps_it_was_derived_from(sweep_json: str, card: str, builtin_ok: int, old_ok: int) -> None:
     """What docs/design.md states: over each card's full virtual-rank sweep the built-in rule's pick

@@ -21,6 +21,7 @@ SCRIPTS = ROOT / "scripts"
 SAMPLES: dict[str, list[str]] = {
     "ab_latency.py": ["--virtual", "2", "--algos", "oneshot_ll", "--sizes", "128", "--dtype", "float32"],
     "ab_trees.py": ["--tree", f"new={ROOT}", "--ranks", "2", "--reps", "1"],
+    "card_report.py": ["--check", "results"],
     "eager_overhead.py": ["--ranks", "2", "4"],
     "eager_real.py": ["--sizes", "128,8192", "--into", "results"],
     "engine_adapter_real.py": ["--batch-invariant", "--into", "results"],
