@@ -1,0 +1,84 @@
+"""The ``sollat`` torch.distributed backend on CPU: registration, the route this torch takes, what
+is served and what is handed to the inner backend, the functional collectives, subgroups and a
+call that differs between ranks (three spawned ranks, ``_dist_worker.py``, with a stand-in for the
+kernels that computes sollat's rank-order arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sollat.integrations import dist_backend
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+
+def _run(mode: str, tmp_path: Path) -> dict[int, dict]:
+    out = tmp_path / mode
+    out.mkdir()
+    proc = subprocess.run([sys.executable, str(HERE / "_dist_worker.py"), mode, str(out)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    got = {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
+    assert proc.returncode == 0 and len(got) == 3, proc.stderr[-4000:]
+    errors = {r: g["error"] for r, g in got.items() if "error" in g}
+    assert not errors, "\n".join(f"rank {r}:\n{e}" for r, e in errors.items())
+    return got
+
+
+def _torch_minor() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_routing_handover_funcol_subgroups_and_mismatch(tmp_path: Path) -> None:
+    got = _run("checks", tmp_path)
+    want_route = "backend" if _torch_minor() >= (2, 14) else "process_group"
+    assert {g["route"] for g in got.values()} == {want_route}
+    assert all(g["funcol_served"] == 3 for g in got.values())
+    # ranks 0 and 2 built one more communicator for their subgroup; rank 1 did not
+    assert [got[r]["doubles"] for r in range(3)] == [2, 1, 2]
+    assert {g["mismatch"] for g in got.values()} == {"CallMismatchError"}
+
+
+def test_the_one_line_setup_comes_up_without_cuda(tmp_path: Path) -> None:
+    got = _run("setup", tmp_path)
+    assert {g["backend"] for g in got.values()} == {"cpu:gloo,cuda:sollat"}
+
+
+def test_registration_is_idempotent_and_names_the_backend() -> None:
+    import torch.distributed as dist
+
+    dist_backend.register()
+    dist_backend.register()
+    assert "SOLLAT" in dist.Backend._plugins
+    assert dist.Backend._plugins["SOLLAT"].extended_api
+
+
+def test_the_entry_point_names_register() -> None:
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split('[project.entry-points."torch.distributed.backends"]\n', 1)[1].split("\n[", 1)[0]
+    assert 'sollat = "sollat.integrations.dist_backend:register"' in section.splitlines()
+    from importlib import import_module
+
+    assert import_module("sollat.integrations.dist_backend").register is dist_backend.register
+
+
+def test_the_route_matches_what_this_torch_offers() -> None:
+    base = dist_backend.python_backend_base()
+    assert (base is not None) == (_torch_minor() >= (2, 14))
+    assert dist_backend.route() == ("backend" if base is not None else "process_group")
+
+
+def test_a_bad_inner_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sollat.errors import UnsupportedError
+
+    monkeypatch.setenv(dist_backend.INNER_ENV, "mpi")
+    with pytest.raises(UnsupportedError, match="nccl or gloo"):
+        dist_backend._inner_kind(None, 0, 2)
