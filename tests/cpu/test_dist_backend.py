@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _run(mode: str, tmp_path: Path) -> dict[int, dict]:
+def _run(mode: str, tmp_path: Path, env: dict[str, str] | None = None) -> dict[int, dict]:
     out = tmp_path / mode
     out.mkdir()
     proc = subprocess.run([sys.executable, str(HERE / "_dist_worker.py"), mode, str(out)], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     got = {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
     assert proc.returncode == 0 and len(got) == 3, proc.stderr[-4000:]
     errors = {r: g["error"] for r, g in got.items() if "error" in g}
@@ -49,6 +49,18 @@ def test_routing_handover_funcol_subgroups_and_mismatch(tmp_path: Path) -> None:
 
 def test_the_one_line_setup_comes_up_without_cuda(tmp_path: Path) -> None:
     got = _run("setup", tmp_path)
+    assert {g["backend"] for g in got.values()} == {"cpu:gloo,cuda:sollat"}
+
+
+def test_torch_loads_the_backend_through_its_entry_point(tmp_path: Path) -> None:
+    """torch >= 2.14 finds the backend by its entry point: the ranks never call register()."""
+    from importlib.metadata import entry_points
+
+    if _torch_minor() < (2, 14):
+        pytest.skip(f"torch {torch.__version__} loads no torch.distributed.backends entry points (2.14 and later do)")
+    if not any(e.name == "sollat" for e in entry_points(group="torch.distributed.backends")):
+        pytest.skip("sollat is not installed here (pip install -e . declares its entry points)")
+    got = _run("setup", tmp_path, {"SOLLAT_TEST_ENTRY_POINT": "1"})
     assert {g["backend"] for g in got.values()} == {"cpu:gloo,cuda:sollat"}
 
 
