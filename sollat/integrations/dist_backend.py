@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedError
-from .dist_router import Router, inner_all_reduce
+from .dist_router import ROUTERS, Router, inner_all_reduce
 
 BACKEND_NAME = "sollat"
 INNER_ENV = "SOLLAT_DIST_INNER"
@@ -126,6 +126,7 @@ def _create(backend_opts: Any, pg_options: Any = None) -> Any:
     if base is not None:
         router = Router(group=lambda: _resolve(group_name), rank=rank, world_size=size,
                         device_type=_served_device_type)
+        ROUTERS[group_name] = router
         return _backend_class(base)(rank, size, router, inner, kind)
     from .dist_group import SollatProcessGroup
 
@@ -134,7 +135,21 @@ def _create(backend_opts: Any, pg_options: Any = None) -> Any:
     cpu = inner if kind == "gloo" else _library_backend("gloo", dist.PrefixStore("sollat-cpu/", store), rank, size,
                                                          timeout)
     pg = SollatProcessGroup(store, rank, size, router, inner, cpu, kind)
+    ROUTERS[group_name] = router
     return pg
+
+
+def router(group: Any = None) -> Router:
+    """The router of a sollat group (None: the default group): its ``counts`` (what sollat served,
+    what went to the inner backend) and its ``comm`` (the group's sollat communicator once built:
+    ``reset()`` after a fault, ``sollat.testing``)."""
+    import torch.distributed as dist
+
+    name = (group if group is not None else dist.group.WORLD).group_name
+    if name not in ROUTERS:
+        raise UnsupportedError(f"group {name!r} is not a sollat group (init_process_group('cpu:gloo,cuda:sollat') "
+                               "or new_group(backend='cpu:gloo,cuda:sollat') makes one)")
+    return ROUTERS[name]
 
 
 def _resolve(group_name: str) -> Any:

@@ -45,6 +45,7 @@ DEFAULT_MAX_COMMUNICATORS = 8
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 _built = 0  # sollat communicators this process built for sollat groups
+ROUTERS: dict[str, Router] = {}  # group name -> its router (``dist_backend.router``)
 
 
 def max_communicators() -> int:
@@ -204,10 +205,17 @@ class Router:
 def _default_communicator(group: Any, device: torch.device, batch_invariant: bool) -> Any:
     """``sollat.Communicator(group)`` with its own defaults (every algorithm, AllGather and
     ReduceScatter scratch) on ``device``."""
+    import torch.distributed._symmetric_memory as symm_mem
+
     from ..comm.real import Communicator
 
     if device.type != "cuda":
         raise UnsupportedError(f"a sollat communicator needs a CUDA device, got {device}")
+    # Symmetric memory finds the group's store through torch's Python registry (a Python group made
+    # by the process_group route has none of its own in C++); where torch has the call, it is idempotent.
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:
+        enable(group.group_name)
     with torch.cuda.device(device):
         return Communicator(group)
 

@@ -156,6 +156,9 @@ def checks(rank: int, got: dict[str, Any]) -> None:
     assert same_bits(torch.as_tensor(s), reduce_scatter_reference(xs, "sum")[rank]), "funcol.reduce_scatter_tensor"
     got["funcol_served"] = served() - before
     assert got["funcol_served"] == 3, f"the functional collectives reached sollat {got['funcol_served']} times, not 3"
+    counts = dist_backend.router().counts
+    assert counts["all_reduce"] >= 10 and counts["inner:all_reduce"] >= 3, f"the router's counts: {dict(counts)}"
+    assert counts["all_gather"] >= 2 and counts["reduce_scatter"] >= 4, f"the router's counts: {dict(counts)}"
     # a subgroup gets its own communicator, built on its first call
     built = len(_double.DOUBLES)
     sub = dist.new_group([0, 2])
