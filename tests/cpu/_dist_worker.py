@@ -193,6 +193,22 @@ def setup_string(rank: int, got: dict[str, Any]) -> None:
     got["backend"] = str(dist.get_backend())
 
 
+def zero_change(rank: int, got: dict[str, Any]) -> None:
+    """The zero-change mode with gloo standing in for NCCL: init_process_group("gloo") built a sollat
+    group that still says gloo; so does a new group."""
+    got["backend"] = str(dist.get_backend())
+    xs = inputs((3, 11), torch.float32, 77)
+    x = xs[rank].clone()
+    before = served()
+    dist.all_reduce(x)
+    assert served() == before + 1 and same_bits(x, rank_order_reduce(xs, "sum")), "zero-change all_reduce"
+    sub = dist.new_group([0, 1, 2])
+    got["sub_backend"] = str(dist.get_backend(sub))
+    x = xs[rank].clone()
+    dist.all_reduce(x, group=sub)
+    assert served() == before + 2 and same_bits(x, rank_order_reduce(xs, "sum")), "zero-change subgroup all_reduce"
+
+
 def _rank(rank: int, mode: str, port: int, out: Path) -> None:
     from sollat.integrations import core, dist_backend
 
@@ -200,15 +216,20 @@ def _rank(rank: int, mode: str, port: int, out: Path) -> None:
     try:
         if os.environ.get("SOLLAT_TEST_ENTRY_POINT") != "1":
             dist_backend.register()
-        if mode == "checks":
+        if mode in ("checks", "zero_change"):
             dist_backend.serve_device_type("cpu")
             core.set_communicator_factory(DistDouble)
             backend = "cpu:sollat"
-        else:
+        if mode == "zero_change":
+            from sollat.integrations import dist_zero_change
+
+            dist_zero_change.enable({"gloo": "cpu:sollat"})
+            backend = "gloo"
+        elif mode != "checks":
             backend = "cpu:gloo,cuda:sollat"
         store = dist.TCPStore("127.0.0.1", port, WORLD, rank == 0, timeout=timedelta(seconds=60))
         dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
-        (checks if mode == "checks" else setup_string)(rank, got)
+        {"checks": checks, "zero_change": zero_change, "setup": setup_string}[mode](rank, got)
         dist.barrier()
         dist.destroy_process_group()
     except BaseException:

@@ -64,6 +64,40 @@ def test_torch_loads_the_backend_through_its_entry_point(tmp_path: Path) -> None
     assert {g["backend"] for g in got.values()} == {"cpu:gloo,cuda:sollat"}
 
 
+def test_the_zero_change_mode_builds_sollat_groups_that_keep_their_backend_name(tmp_path: Path) -> None:
+    got = _run("zero_change", tmp_path)
+    assert {(g["backend"], g["sub_backend"]) for g in got.values()} == {("gloo", "gloo")}
+
+
+def test_the_zero_change_mode_starts_at_import_torch_only_when_asked(tmp_path: Path) -> None:
+    """torch runs the ``torch.backends`` entry point at import: with SOLLAT_DIST=1 the mode is on,
+    without it sollat is not even imported (a stand-in distribution declares the entry point)."""
+    info = tmp_path / "sollat_ep-0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sollat-ep\nVersion: 0.0\n")
+    text = (ROOT / "pyproject.toml").read_text()
+    line = text.split('[project.entry-points."torch.backends"]\n', 1)[1].splitlines()[0]
+    entry = line.replace(" ", "").replace('"', "")
+    (info / "entry_points.txt").write_text(f"[torch.backends]\n{entry}\n")
+    code = ("import sys, torch\nprint('imported' if 'sollat' in sys.modules else 'absent')\n"
+            "from sollat.integrations import dist_zero_change as z\nprint('on' if z.enabled() else 'off')")
+    path = os.pathsep.join([str(tmp_path), str(ROOT)])
+    for value, want in (("1", ["imported", "on"]), ("", ["absent", "off"])):
+        env = {**os.environ, "PYTHONPATH": path, "SOLLAT_DIST": value}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.stdout.split() == want, proc.stderr[-3000:]
+
+
+def test_the_zero_change_mode_refuses_an_untested_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sollat.errors import UnsupportedError
+    from sollat.integrations import dist_zero_change
+
+    monkeypatch.setattr(dist_zero_change, "torch_release", lambda: "2.99")
+    with pytest.raises(UnsupportedError, match="tested on torch 2.11, 2.13, 2.14"):
+        dist_zero_change.enable()
+    assert not dist_zero_change.enabled()
+
+
 def test_registration_is_idempotent_and_names_the_backend() -> None:
     import torch.distributed as dist
 
