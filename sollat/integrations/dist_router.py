@@ -79,6 +79,7 @@ class Router:
         self.device_type = device_type
         self.counts: Counter[str] = Counter()
         self._routes: dict[tuple[Any, ...], bool] = {}
+        self._all_reduce_ops: dict[tuple[Any, ...], str] = {}  # the hot path's cache: "" = inner backend
         self._ops = _ops()
         self._adapter: core.GroupAdapter | None = None
         self._agreement: agree.Agreement | None = None
@@ -86,17 +87,15 @@ class Router:
 
     # -- the calls (None: the inner backend runs it) --
     def all_reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
-        if len(tensors) != 1:
-            return None
+        # The hot path: one dict lookup on (elements, dtype, op, is_cuda), then the communicator's
+        # own hot path. A new key takes _all_reduce_op, which decides (agreed, cached).
         x = tensors[0]
-        op = self._ops.get(opts.reduceOp.op)
-        if op is None or x.device.type != self.device_type or not x.is_contiguous():
-            return None
-        n = x.numel()
-        route = self._routes.get(("all_reduce", n, x.dtype, op))
-        if route is None:
-            route = self._decide("all_reduce", x, n, op)
-        if not route:
+        red = opts.reduceOp.op
+        key = (x.numel(), x.dtype, red, x.is_cuda)
+        op = self._all_reduce_ops.get(key)
+        if op is None:
+            op = self._all_reduce_op(x, red, key)
+        if not op or len(tensors) != 1 or not x.is_contiguous():
             self.counts["inner:all_reduce"] += 1
             return None
         if op == "avg":
@@ -106,6 +105,17 @@ class Router:
             self.comm.all_reduce(x, op, out=x)
         self.counts["all_reduce"] += 1
         return work(tensors, opts)
+
+    def _all_reduce_op(self, x: torch.Tensor, red: Any, key: tuple[Any, ...]) -> str:
+        """The sollat op of a new all_reduce key, or "" (the inner backend runs it)."""
+        op = self._ops.get(red)
+        if op is None or x.device.type != self.device_type:
+            self._all_reduce_ops[key] = ""
+            return ""
+        route = self._decide("all_reduce", x, x.numel(), op)
+        if route or (("all_reduce", x.numel(), x.dtype, op) in self._routes):  # else: not cached
+            self._all_reduce_ops[key] = op if route else ""
+        return op if route else ""
 
     def all_gather(self, out: torch.Tensor, x: torch.Tensor, opts: Any) -> Any:
         n = x.numel()
@@ -229,19 +239,22 @@ def work(tensors: list[torch.Tensor], opts: Any) -> Any:
     gets one shared, completed Work: its ``wait()`` returns at once (the stream order already holds).
     An asynchronous one gets a Work on a completed CUDA future, which recorded an event on the
     calling stream: ``wait()`` makes the waiting stream wait on it, with no host synchronisation."""
+    if not getattr(opts, "asyncOp", True):
+        return _done if _done is not None else _completed(None)
+    dev = tensors[0].device
+    return _completed(tensors, [dev] if dev.type == "cuda" else None)
+
+
+def _completed(value: Any, devices: list[torch.device] | None = None) -> Any:
     global _done
     from torch._C._distributed_c10d import _create_work_from_future
 
-    if not getattr(opts, "asyncOp", True):
-        if _done is None:
-            fut: torch.futures.Future[Any] = torch.futures.Future()
-            fut.set_result(None)
-            _done = _create_work_from_future(fut)
-        return _done
-    dev = tensors[0].device
-    fut = torch.futures.Future(devices=[dev]) if dev.type == "cuda" else torch.futures.Future()
-    fut.set_result(tensors)
-    return _create_work_from_future(fut)
+    fut: torch.futures.Future[Any] = torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+    fut.set_result(value)
+    done = _create_work_from_future(fut)
+    if value is None:
+        _done = done
+    return done
 
 
 def inner_all_reduce(inner: Any, inner_kind: str, router: Router, tensors: list[torch.Tensor], opts: Any) -> Any:
