@@ -128,3 +128,17 @@ def test_a_bad_inner_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(dist_backend.INNER_ENV, "mpi")
     with pytest.raises(UnsupportedError, match="nccl or gloo"):
         dist_backend._inner_kind(None, 0, 2)
+
+
+def test_the_decode_app_takes_dist_sollat_under_torchrun_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from sollat.apps.backends import make_backend, parse_backend_spec
+    from sollat.apps.decode_args import parse_args
+
+    assert parse_backend_spec("dist_sollat").label == "dist_sollat"
+    with pytest.raises(ValueError, match="only sollat and sollat_fused take an algorithm"):
+        parse_backend_spec("dist_sollat:oneshot_ll")
+    with pytest.raises(SystemExit):
+        parse_args(["--device", "cpu", "--backends", "dist_sollat"], {})
+    assert "runs only under torchrun" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="runs only under torchrun"):
+        make_backend("dist_sollat", world_size=2, device="cpu", distributed=False)

@@ -27,3 +27,23 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def test_dist_backend_on_real_ranks(nproc: int) -> None:
     rc, out = _procs.launch(WORKER, nproc, [], _procs.child_env(nproc, GPUS), TIMEOUT_S)
     _procs.assert_every_rank_passed(rc, out, nproc, list(SECTIONS))
+
+
+@pytest.mark.multigpu
+@pytest.mark.skipif(GPUS < 2, reason="needs >= 2 GPUs (the decode app's default group is NCCL)")
+def test_decode_app_dist_sollat_on_two_gpus(tmp_path: Path) -> None:
+    """``python -m sollat.apps.decode --backends nccl,dist_sollat`` under torchrun: plain
+    ``dist.all_reduce`` on a sollat group, teacher-forced against NCCL's tokens."""
+    import json
+    import subprocess
+    import sys
+
+    env = _procs.child_env(2, GPUS)
+    report = tmp_path / "decode.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+           "sollat.apps.decode", "--layers", "2", "--context", "256", "--steps", "16", "--warmup", "4",
+           "--check-steps", "4", "--backends", "nccl,dist_sollat", "--json", str(report)]
+    proc = subprocess.run(cmd, cwd=_procs.ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-4000:]
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["checks"]["dist_sollat"]["ok"], json.dumps(data["checks"])[:3000]
