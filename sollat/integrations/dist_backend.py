@@ -63,16 +63,19 @@ def python_backend_base() -> type | None:
     import torch.distributed as dist
     from torch._C import _distributed_c10d as c10d
 
-    base = getattr(dist, "BackendBase", None) or c10d.Backend
+    for base in (getattr(dist, "BackendBase", None), c10d.Backend):
+        if base is None:
+            continue
 
-    class _Probe(base):  # type: ignore[misc, valid-type]
-        pass
+        class _Probe(base):  # type: ignore[misc, valid-type]
+            pass
 
-    try:
-        _Probe(0, 1)
-    except TypeError:  # "No constructor defined!": no trampoline in this torch
-        return None
-    return base  # type: ignore[no-any-return]
+        try:
+            _Probe(0, 1)
+        except TypeError:  # "No constructor defined!": no trampoline in this torch
+            continue
+        return base  # type: ignore[no-any-return]
+    return None
 
 
 def route() -> str:

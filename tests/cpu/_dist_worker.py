@@ -156,6 +156,32 @@ def checks(rank: int, got: dict[str, Any]) -> None:
     assert same_bits(torch.as_tensor(s), reduce_scatter_reference(xs, "sum")[rank]), "funcol.reduce_scatter_tensor"
     got["funcol_served"] = served() - before
     assert got["funcol_served"] == 3, f"the functional collectives reached sollat {got['funcol_served']} times, not 3"
+    # ... and under torch.compile(fullgraph=True) (the traced graph keeps the functional collectives;
+    # aot_eager runs them: Inductor's code generation needs no more of the backend)
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return funcol.all_reduce(x * 2, "sum", group) + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    xs = inputs((6, 10), torch.float32, seed + 4)
+    before = served()
+    y = compiled(xs[rank])
+    assert served() == before + 1, "the compiled all_reduce did not reach sollat"
+    assert same_bits(y, rank_order_reduce([x * 2 for x in xs], "sum") + 1), "compiled funcol.all_reduce"
+    # a DTensor tensor-parallel MLP (Colwise, Rowwise): its all-reduce is sollat's
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.manual_seed(3)  # the same weights on every rank
+    mlp = torch.nn.Sequential(torch.nn.Linear(12, 6 * WORLD, bias=False), torch.nn.SiLU(),
+                              torch.nn.Linear(6 * WORLD, 12, bias=False))
+    xin = inputs((4, 12), torch.float32, seed + 5)[0]
+    with torch.no_grad():
+        want = mlp(xin)
+        parallelize_module(mlp, init_device_mesh("cpu", (WORLD,)), {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        before = served()
+        got_mlp = mlp(xin)
+    assert served() == before + 1, f"the DTensor MLP's all-reduce reached sollat {served() - before} times, not once"
+    torch.testing.assert_close(got_mlp, want, rtol=1e-5, atol=1e-5)
     counts = dist_backend.router().counts
     assert counts["all_reduce"] >= 10 and counts["inner:all_reduce"] >= 3, f"the router's counts: {dict(counts)}"
     assert counts["all_gather"] >= 2 and counts["reduce_scatter"] >= 4, f"the router's counts: {dict(counts)}"

@@ -1,7 +1,8 @@
 """The ``sollat`` torch.distributed backend on CPU: registration, the route this torch takes, what
 is served and what is handed to the inner backend, the functional collectives, subgroups and a
 call that differs between ranks (three spawned ranks, ``_dist_worker.py``, with a stand-in for the
-kernels that computes sollat's rank-order arithmetic)."""
+kernels that computes sollat's rank-order arithmetic): eager, torch.compile(fullgraph=True) and a DTensor
+tensor-parallel MLP reach the stand-in."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ passed=X failed=Y``; exit status 1 when any failed.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -260,12 +261,14 @@ def dtensor(run: Run) -> None:
     mlp = Mlp(96, 64 * ws).to(run.dev)
     block = Block(96, 2 * ws).to(run.dev)
     x = torch.randn(2, 5, 96, device=run.dev, generator=torch.Generator(device=run.dev).manual_seed(8))
+    # Every rank holds the same weights: each takes its shard locally where torch lets it (no scatter).
+    local = {"src_data_rank": None} if "src_data_rank" in inspect.signature(parallelize_module).parameters else {}
     with torch.no_grad():
         want_mlp, want_block = mlp(x), block(x)
-        parallelize_module(mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        parallelize_module(mlp, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()}, **local)
         parallelize_module(block, mesh, {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel(),
                                          "wo": RowwiseParallel(), "mlp.up": ColwiseParallel(),
-                                         "mlp.down": RowwiseParallel()})
+                                         "mlp.down": RowwiseParallel()}, **local)
         before = r.counts["all_reduce"]
         got_mlp, got_block = mlp(x), block(x)
     for name, got, want in (("MLP", got_mlp, want_mlp), ("decoder block", got_block, want_block)):
