@@ -193,7 +193,7 @@ class Router:
             group = self._group()
             adapter = core.GroupAdapter(engine="torch.distributed", name=group.group_name, device_group=group,
                                         cpu_group=group, device=device, world_size=self.world_size,
-                                        batch_invariant=False)
+                                        batch_invariant=False, fallback="its inner backend for every call")
             made = adapter._factory
 
             def capped(device_group: Any, dev: torch.device, batch_invariant: bool) -> Any:

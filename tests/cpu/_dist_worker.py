@@ -197,6 +197,19 @@ def checks(rank: int, got: dict[str, Any]) -> None:
         dist.all_reduce(x, group=sub)
         assert len(_double.DOUBLES) == built + 1, "a second call built another communicator"
     got["doubles"] = len(_double.DOUBLES)
+    # the cap on communicators: ranks 0 and 2 have two, rank 1 one; at a cap of 2 only rank 1 could
+    # build another, so no rank serves the new group (agreed), and its calls go to gloo
+    from sollat.integrations import dist_router
+
+    os.environ[dist_router.MAX_COMMUNICATORS_ENV] = "2"
+    capped = dist.new_group([0, 1, 2])
+    xs = inputs((50,), torch.float32, seed + 6)
+    x = xs[rank].clone()
+    before = served()
+    dist.all_reduce(x, group=capped)
+    torch.testing.assert_close(x, rank_order_reduce(xs, "sum"))
+    assert served() == before and dist_backend.router(capped).comm is None, "a group beyond the cap was served"
+    del os.environ[dist_router.MAX_COMMUNICATORS_ENV]
     # a call that differs on one rank: CallMismatchError on every rank, nothing run
     n = 64 if rank != WORLD - 1 else 65
     try:
