@@ -27,6 +27,10 @@ beyond that string. SECTIONS, in order:
   from ``dist.all_reduce`` on every rank within the fault timeout; after ``reset()`` the group works.
 * ``cross-rank``: every served output's digest is the same on every rank (through the store).
 
+With ``SOLLAT_TEST_ZERO_CHANGE=1`` the group is ``SOLLAT_DIST=1`` and an unchanged
+``init_process_group("nccl")`` instead (ZERO_CHANGE_SECTIONS): ``get_backend()`` says ``nccl``, and
+the eager section passes as above.
+
 Per rank: ``RANK r PASS section (...)`` or ``RANK r FAIL section: why``, then ``RANK r SUMMARY
 passed=X failed=Y``; exit status 1 when any failed.
 """
@@ -53,6 +57,9 @@ except ImportError:
     import _reference as ref  # type: ignore[no-redef]
 
 SECTIONS = ("eager", "graph", "compile", "dtensor", "mismatch", "fault", "cross-rank")
+#: With ZERO_CHANGE_ENV=1: SOLLAT_DIST=1 and an unchanged init_process_group("nccl"), then these.
+ZERO_CHANGE_ENV = "SOLLAT_TEST_ZERO_CHANGE"
+ZERO_CHANGE_SECTIONS = ("zero-change", "eager", "cross-rank")
 FAULT_TIMEOUT_S = "5"  # SOLLAT_TIMEOUT_S of the children: the fault section waits this long
 CASES = [((7,), torch.float32), ((3, 1000), torch.float32), ((1, 4096), torch.bfloat16), ((5, 333), torch.float16),
          ((8, 8192), torch.bfloat16)]
@@ -351,14 +358,30 @@ def main() -> None:
     shared = os.environ.get(_procs.SHARED_ENV) == "1"
     dev = torch.device("cuda", 0 if shared else int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(dev)
-    dist_backend.register()  # torch >= 2.14 finds it by its entry point; older torch needs the call
-    dist.init_process_group("cpu:gloo,cuda:sollat", device_id=dev, timeout=timedelta(seconds=300))
+    zero_change = os.environ.get(ZERO_CHANGE_ENV) == "1"
+    if zero_change:  # the user's code, unchanged: init_process_group("nccl")
+        from sollat.integrations import dist_zero_change
+
+        autoloaded = dist_zero_change.enabled()  # the torch.backends entry point, where sollat is installed
+        dist_zero_change.enable()
+        dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=300))
+    else:
+        dist_backend.register()  # torch >= 2.14 finds it by its entry point; older torch needs the call
+        dist.init_process_group("cpu:gloo,cuda:sollat", device_id=dev, timeout=timedelta(seconds=300))
     run = Run(rank, world, dev)
-    emit(f"RANK {rank} PLAN {','.join(SECTIONS)} (route {dist_backend.route()}, inner "
+    sections = ZERO_CHANGE_SECTIONS if zero_change else SECTIONS
+    emit(f"RANK {rank} PLAN {','.join(sections)} (route {dist_backend.route()}, inner "
          f"{'gloo (shared GPU)' if shared else 'nccl'}, {torch.cuda.get_device_name(dev)}, torch {torch.__version__})")
-    for name, fn in (("eager", eager), ("graph", graph), ("compile", compiled), ("dtensor", dtensor),
-                     ("mismatch", mismatch), ("fault", fault), ("cross-rank", cross_rank)):
-        run.section(name, lambda f=fn: f(run))  # type: ignore[misc]
+
+    def zero_change_check() -> None:
+        assert dist.get_backend() == "nccl", f"get_backend() says {dist.get_backend()!r}"
+        emit(f"RANK {rank} INFO zero-change: started by {'the entry point' if autoloaded else 'enable()'}")
+
+    fns = {"zero-change": zero_change_check, "eager": lambda: eager(run), "graph": lambda: graph(run),
+           "compile": lambda: compiled(run), "dtensor": lambda: dtensor(run), "mismatch": lambda: mismatch(run),
+           "fault": lambda: fault(run), "cross-rank": lambda: cross_rank(run)}
+    for name in sections:
+        run.section(name, fns[name])
     emit(f"RANK {rank} SUMMARY passed={run.passed} failed={run.failed}")
     dist.barrier()
     dist.destroy_process_group()

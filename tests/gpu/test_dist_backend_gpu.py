@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from . import _procs
-from .dist_worker import SECTIONS
+from .dist_worker import SECTIONS, ZERO_CHANGE_ENV, ZERO_CHANGE_SECTIONS
 
 pytestmark = [pytest.mark.gpu]
 
@@ -27,6 +27,14 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def test_dist_backend_on_real_ranks(nproc: int) -> None:
     rc, out = _procs.launch(WORKER, nproc, [], _procs.child_env(nproc, GPUS), TIMEOUT_S)
     _procs.assert_every_rank_passed(rc, out, nproc, list(SECTIONS))
+
+
+@pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
+def test_zero_change_mode_on_real_ranks() -> None:
+    """SOLLAT_DIST=1 and an unchanged init_process_group("nccl"): a sollat group that says nccl."""
+    env = _procs.child_env(3, GPUS, {"SOLLAT_DIST": "1", ZERO_CHANGE_ENV: "1"})
+    rc, out = _procs.launch(WORKER, 3, [], env, TIMEOUT_S)
+    _procs.assert_every_rank_passed(rc, out, 3, list(ZERO_CHANGE_SECTIONS))
 
 
 @pytest.mark.multigpu
