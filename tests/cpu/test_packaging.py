@@ -184,7 +184,8 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
         pytest.skip(f"setuptools {setuptools.__version__} cannot build the SPDX license field (needs 77)")
     src = tmp_path / "src"  # a copy: the build leaves build/ and *.egg-info behind
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", pyproject()["project"]["readme"]["file"]):
+    for name in ("pyproject.toml", "README.md", "LICENSE", pyproject()["project"]["readme"]["file"],
+                 *(f"{m}.py" for m in pyproject()["tool"]["setuptools"]["py-modules"])):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "sollat", src / "sollat", ignore=shutil.ignore_patterns("__pycache__"))
@@ -206,3 +207,4 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
     assert 'Requires-Dist: matplotlib; extra == "bench"' in meta
     assert "sollat/device/csrc/include/sollat/abi.h" in names and "sollat/device/csrc/kernels/allreduce_oneshot.cu" in names
     assert any(n.startswith("sollat/collectives/tuning/") and n.endswith(".json") for n in names)
+    assert "sollat_dist_autoload.py" in names  # the torch.backends entry point's module
