@@ -14,8 +14,9 @@ beyond that string. SECTIONS, in order:
   the summation bound, the gathers and scatters bit for bit their rank-order references; the router's
   counts show sollat served them; int32, a broadcast and a message the table hands over went to the
   inner backend and are right; ``async_op=True`` waited on another stream.
-* ``graph``: ``dist.all_reduce`` and ``funcol.all_reduce`` captured in a CUDA graph, replayed on
-  fresh inputs, bit for bit the communicator's result.
+* ``graph``: ``dist.all_reduce`` (also with ``async_op=True`` and its ``wait()``) and
+  ``funcol.all_reduce`` captured in a CUDA graph, replayed on fresh inputs, bit for bit the
+  communicator's result.
 * ``compile``: ``funcol.all_reduce`` / ``all_gather_tensor`` / ``reduce_scatter_tensor`` under
   ``torch.compile(fullgraph=True)`` and ``mode="reduce-overhead"``: the eager results' bits, and the
   counts grew.
@@ -186,19 +187,25 @@ def graph(run: Run) -> None:
     funcol.wait_tensor(funcol.all_reduce(xf, "sum", dist.group.WORLD))
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
+    xa = torch.zeros(1000, device=run.dev)
+    dist.all_reduce(xa, async_op=True).wait()
+    torch.cuda.synchronize()
     with torch.cuda.graph(g):
         dist.all_reduce(x)
         yf = funcol.wait_tensor(funcol.all_reduce(xf, "sum", dist.group.WORLD))
+        dist.all_reduce(xa, async_op=True).wait()  # the Work's event, recorded and waited on inside the capture
     before = r.counts["all_reduce"]
     for _ in range(4):
-        xs, xfs = run.inputs((4096,), torch.float32), run.inputs((2048,), torch.bfloat16)
+        xs, xfs, xas = run.inputs((4096,), torch.float32), run.inputs((2048,), torch.bfloat16), run.inputs((1000,), torch.float32)
         x.copy_(xs[run.rank])
         xf.copy_(xfs[run.rank])
+        xa.copy_(xas[run.rank])
         yf.fill_(float("nan"))
         g.replay()
         torch.cuda.synchronize()
         check_all_reduce(run, x.clone(), xs, "sum", "graph dist.all_reduce")
         check_all_reduce(run, yf.clone(), xfs, "sum", "graph funcol.all_reduce")
+        check_all_reduce(run, xa.clone(), xas, "sum", "graph dist.all_reduce(async_op=True)")
     assert r.counts["all_reduce"] == before, "a replay went through the host"
 
 
