@@ -72,7 +72,10 @@ def checked_backends(parser: argparse.ArgumentParser, text: str, *, device: str,
     for spec in backends:
         if spec.kind in refused:
             parser.error(refused[spec.kind].format(label=spec.label))
-        if spec.kind in SOLLAT_KINDS and not on_gpu:
+        if spec.kind == "dist_sollat" and not distributed:
+            parser.error(f"backend {spec.label} runs only under torchrun (one process per GPU; with {virtual_flag} "
+                         "use sollat)")
+        if spec.kind in (*SOLLAT_KINDS, "dist_sollat") and not on_gpu:
             parser.error(f"backend {spec.label} needs a CUDA device (device is {device})")
         if distributed and spec.kind in ("reference", "cpu"):
             parser.error(f"backend {spec.label} runs only with {virtual_flag} (under torchrun use {under_torchrun})")

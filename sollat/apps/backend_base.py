@@ -240,3 +240,32 @@ class SollatDistBackend(_SollatMixin):
 
     def _all_reduce(self, shards: list[torch.Tensor], op: str) -> list[torch.Tensor]:
         return [self.comm.all_reduce(shards[0], op=op, algo=_sollat_algorithm(self.algo, op))]
+
+
+class DistSollatBackend(_SollatMixin):
+    """One process per GPU, as a user's code runs: plain ``torch.distributed.all_reduce`` in place on a
+    group of the ``sollat`` backend (``sollat.integrations.dist_backend``, docs/torch-distributed.md)
+    over ``group``'s ranks. Its first call, made here, builds the group's communicator."""
+
+    def __init__(self, group: Any | None = None, device: torch.device | None = None) -> None:
+        import torch.distributed as dist
+
+        from sollat.integrations import dist_backend
+
+        dist_backend.register()
+        ranks = None if group is None else dist.get_process_group_ranks(group)
+        self.group = dist.new_group(ranks, backend="cpu:gloo,cuda:sollat")
+        dev = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+        dist.all_reduce(torch.zeros(1, device=dev), group=self.group)
+        comm = dist_backend.router(self.group).comm
+        if comm is None:
+            raise ValueError("dist_sollat: the sollat group has no communicator (the log says why)")
+        super().__init__("dist_sollat", dist.get_world_size(self.group), 1, rank_order=False)
+        self.comm = comm
+        self.algo = "auto"
+
+    def _all_reduce(self, shards: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+        import torch.distributed as dist
+
+        dist.all_reduce(shards[0], op=_dist_op(op), group=self.group)
+        return shards

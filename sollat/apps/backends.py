@@ -24,6 +24,9 @@ spec                      what runs
                           fp32 and rounded once, the same arithmetic as sollat's deterministic kernels.
 ``sollat_fused[:<algo>]`` decode only: sollat, with each AllReduce that a residual add and RMSNorm
                           follow fused with them into one ``all_reduce_rmsnorm`` call (``fused.py``).
+``dist_sollat``           one process per GPU: plain ``torch.distributed.all_reduce`` on a group of
+                          the ``sollat`` torch.distributed backend (docs/torch-distributed.md), as a
+                          user's unchanged code reaches sollat.
 ``noop``                  returns the inputs: a stand-in used to time a step without its AllReduces,
                           and the exact AllReduce of a world of one.
 ========================  ===========================================================================
@@ -40,6 +43,7 @@ from .backend_base import (
     OPS,
     AllReduceBackend,
     CallRecord,
+    DistSollatBackend,
     NcclBackend,
     NoOpBackend,
     ReferenceBackend,
@@ -49,12 +53,13 @@ from .backend_base import (
 )
 from .fused import SollatFusedDistBackend, SollatFusedVirtualBackend, check_fused_algo
 
-__all__ = ["KINDS", "OPS", "SOLLAT_KINDS", "AllReduceBackend", "BackendSpec", "CallRecord", "NcclBackend",
+__all__ = ["KINDS", "OPS", "SOLLAT_KINDS", "AllReduceBackend", "BackendSpec", "CallRecord", "DistSollatBackend",
+           "NcclBackend",
            "NoOpBackend", "ReferenceBackend", "SollatDistBackend", "SollatFusedDistBackend",
            "SollatFusedVirtualBackend", "SollatVirtualBackend", "make_backend", "parse_backend_list",
            "parse_backend_spec", "rank_order_reduce", "setup_device", "teardown"]
 
-KINDS: tuple[str, ...] = ("nccl", "sollat", "sollat_fused", "reference", "cpu", "noop")
+KINDS: tuple[str, ...] = ("nccl", "sollat", "sollat_fused", "dist_sollat", "reference", "cpu", "noop")
 SOLLAT_KINDS: tuple[str, ...] = ("sollat", "sollat_fused")  # need a CUDA device; take an algorithm
 
 
@@ -120,8 +125,12 @@ def make_backend(spec: BackendSpec | str, *, world_size: int, device: torch.devi
             return SollatDistBackend(group, spec.algo)
         if spec.kind == "sollat_fused":
             return SollatFusedDistBackend(group, spec.algo)
+        if spec.kind == "dist_sollat":
+            return DistSollatBackend(group, device)
         raise ValueError(f"backend {spec.label!r} runs only with virtual ranks (--virtual-tp); "
                          f"under torchrun use nccl, sollat or sollat_fused")
+    if spec.kind == "dist_sollat":
+        raise ValueError("backend 'dist_sollat' runs only under torchrun (one process per GPU)")
     if spec.kind in ("reference", "cpu"):
         return ReferenceBackend(world_size, name=spec.kind)
     if spec.kind == "nccl":

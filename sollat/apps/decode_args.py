@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="teacher-forced steps whose logits are compared between backends")
     p.add_argument("--backends", default=None,
                    help="comma-separated: nccl, sollat, sollat:<algorithm>, sollat_fused (AllReduce + "
-                        "residual add + RMSNorm fused), sollat_fused:<algorithm>, reference (virtual "
+                        "residual add + RMSNorm fused), sollat_fused:<algorithm>, dist_sollat (plain "
+                        "dist.all_reduce on a sollat torch.distributed group; torchrun), reference (virtual "
                         "ranks); the first is the baseline (default: nccl,sollat,sollat_fused; cpu on a CPU device)")
     add_placement_arguments(p, virtual_flag="--virtual-tp", ranks="tensor-parallel ranks")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPES),
@@ -108,7 +109,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     on_gpu = torch.device(device).type == "cuda"
     backends = checked_backends(
         parser, a.backends or ("nccl,sollat,sollat_fused" if on_gpu else "cpu"), device=device,
-        distributed=distributed, virtual_flag="--virtual-tp", under_torchrun="nccl, sollat or sollat_fused",
+        distributed=distributed, virtual_flag="--virtual-tp", under_torchrun="nccl, sollat, sollat_fused or dist_sollat",
         refused={"noop": "backend noop is only used internally, to time a step without AllReduce"})
     dtype = DTYPES[a.dtype] if a.dtype else (torch.bfloat16 if on_gpu else torch.float32)
     return DecodeArgs(model=a.model, layers=cfg.n_layers, batch=a.batch, context=a.context, steps=a.steps,

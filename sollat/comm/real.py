@@ -46,6 +46,7 @@ from ..device import abi, faults, launch, layout, topology
 from ..device.dtypes import DType, lookup
 from ..errors import SollatError, UnsupportedError
 from . import agree
+from . import gather_scatter_calls as gs
 from .api import _Communicator
 from .checks import MAX_ELEMENTS
 from .fitting import CLUSTER_MAX_BLOCKS
@@ -286,6 +287,25 @@ class Communicator(_Communicator[torch.Tensor, torch.Tensor]):
                 and select.handover_serves(select.TORCH_TWOSHOT_ZERO_COPY, dtype, op, nbytes)):
             return select.TORCH_TWOSHOT_ZERO_COPY
         return name
+
+    def library_path(self, kind: str, numel: int, dtype: torch.dtype, op: str = "sum") -> str | None:
+        """The library path ``algo="auto"`` gives a call of ``kind`` (``all_reduce``, ``all_gather``,
+        ``reduce_scatter``) on ``numel`` input elements of ``dtype`` with ``op`` (``select.LIBRARY_PATHS``),
+        or None where sollat's kernels run it. The decision the call itself makes (its cached plan):
+        a new call shape is compiled and agreed on by every rank here, as on its first call, so every
+        rank must ask alike. Raises UnsupportedError for a dtype or op sollat does not take."""
+        if kind == "all_reduce":
+            if op not in ("sum", "max", "min"):
+                raise UnsupportedError(f"library_path: op {op!r} is not supported; supported ops: sum, max, min")
+            plan = self._call_plan(numel, lookup(dtype, "library_path"), op, "auto", False, False)
+        elif kind in ("all_gather", "reduce_scatter"):
+            gs.check_args(kind, op if kind == "reduce_scatter" else "", "auto", real=True,
+                          batch_invariant=self._batch_invariant)
+            plan = self._gs_plan(kind, numel, gs.dtype_of(kind)(dtype, "tensor"), op if kind == "reduce_scatter" else "",
+                                 "auto")
+        else:
+            raise UnsupportedError(f"library_path: kind must be all_reduce, all_gather or reduce_scatter, got {kind!r}")
+        return plan if isinstance(plan, str) else None
 
     def empty(self, *size: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``empty(*size, dtype=torch.float32) -> Tensor``

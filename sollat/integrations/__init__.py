@@ -5,6 +5,9 @@ tensor-parallel group, the rule of which calls sollat serves, the fused AllReduc
 CUDA-graph capture); ``vllm`` and ``sglang`` are thin shims registered as the engines' entry points
 (``vllm.general_plugins`` and ``sglang.srt.plugins``, both named ``sollat``) and do nothing unless
 ``SOLLAT_ENGINE_PLUGIN=1``. Importing this package imports no engine.
+
+``dist_backend`` (with ``dist_router``, ``dist_group`` and ``dist_zero_change``) is the ``sollat``
+backend of ``torch.distributed`` (docs/torch-distributed.md), built on the same ``core.GroupAdapter``.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ class GroupAdapter:
 
     def __init__(self, *, engine: str, name: str, device_group: Any, cpu_group: Any, device: torch.device,
                  world_size: int, batch_invariant: bool, max_bytes: int | None = None,
-                 log: logging.Logger | None = None) -> None:
+                 log: logging.Logger | None = None, fallback: str = "the engine's all-reduce") -> None:
         self.engine = engine
         self.name = name
         self.device_group = device_group
@@ -185,6 +185,7 @@ class GroupAdapter:
         self.batch_invariant = batch_invariant
         self.limit = max_bytes
         self.log = log or logger
+        self.fallback = fallback  # what serves the group's calls without sollat, as the warning names it
         self.comm: CommunicatorLike | None = None
         # Above this size the communicator's table picks an algorithm the engine's communicator does
         # not build (its footprint): the engine serves those calls (set with the communicator).
@@ -301,7 +302,7 @@ class GroupAdapter:
         """The group keeps the engine's all-reduce; one warning for the group (its rank 0 logs it)."""
         self.unavailable = why
         level = logging.WARNING if rank == 0 else logging.DEBUG
-        self.log.log(level, "sollat: %s group %s keeps the engine's all-reduce: %s", self.engine, self.name, why)
+        self.log.log(level, "sollat: %s group %s keeps %s: %s", self.engine, self.name, self.fallback, why)
         return False
 
     # -- calls --

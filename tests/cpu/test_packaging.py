@@ -195,7 +195,8 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
         pytest.skip(f"setuptools {setuptools.__version__} cannot build the SPDX license field (needs 77)")
     src = tmp_path / "src"  # a copy: the build leaves build/ and *.egg-info behind
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", pyproject()["project"]["readme"]["file"]):
+    for name in ("pyproject.toml", "README.md", "LICENSE", pyproject()["project"]["readme"]["file"],
+                 *(f"{m}.py" for m in pyproject()["tool"]["setuptools"]["py-modules"])):
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "sollat", src / "sollat", ignore=shutil.ignore_patterns("__pycache__"))
@@ -226,3 +227,4 @@ def test_the_wheel_carries_license_pins_and_kernel_sources(tmp_path: Path) -> No
     code = "\n".join(p.read_text() for p in (ROOT / "sollat").rglob("*.py") if p.name != "build.py")
     assert probes and all(f'"{name}"' in code for name in probes), probes
     assert not [n for n in names if re.search(r"(^|/)diag_", n)], names
+    assert "sollat_dist_autoload.py" in names  # the torch.backends entry point's module
