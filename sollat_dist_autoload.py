@@ -8,9 +8,12 @@ import os
 
 
 def autoload() -> None:
-    """Turn the zero-change mode on where ``$SOLLAT_DIST`` is ``1``; do nothing otherwise."""
-    if os.environ.get("SOLLAT_DIST", "").strip() != "1":
+    """Turn the zero-change mode on where ``$SOLLAT_DIST`` is ``1``; do nothing where it is unset,
+    empty or ``0``; any other value raises sollat's one error naming the variable and its values."""
+    if os.environ.get("SOLLAT_DIST", "").strip() in ("", "0"):
         return
+    from sollat.device import environment
     from sollat.integrations import dist_zero_change
 
-    dist_zero_change.enable()
+    if environment.flag("SOLLAT_DIST"):
+        dist_zero_change.enable()

@@ -46,6 +46,8 @@ DEFAULT_CACHE_ROOT = "~/.cache/sollat"
 MIN_ENGINE_MAX_BYTES = 1 << 10
 DEFAULT_ENGINE_MAX_BYTES = 1 << 20
 INTERCONNECTS = ("nvlink", "pcie", "any")  # the ``interconnect`` keys of the tuning tables
+INNER_BACKENDS = ("nccl", "gloo")  # what the torch.distributed backend hands the calls it does not serve to
+DEFAULT_DIST_MAX_COMMUNICATORS = 8
 _UNITS = {"": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
 _COMMIT = re.compile(r"[A-Za-z0-9._+/-]{1,100}")
 
@@ -112,6 +114,19 @@ def _interconnect(text: str) -> str:
     return v
 
 
+def _inner_backend(text: str) -> str:
+    v = text.lower()
+    if v not in INNER_BACKENDS:
+        raise _Bad(text)
+    return v
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise _Bad(text)
+    return int(text)
+
+
 def _commit(text: str) -> str:
     if not _COMMIT.fullmatch(text):
         raise _Bad(text)
@@ -157,6 +172,17 @@ _VARIABLE_LIST = (
     Variable("SOLLAT_COMMIT", "a commit id or name: letters, digits and . _ + / - (no spaces), "
              "at most 100 characters", "git rev-parse --short HEAD",
              "the commit `sollat bench` writes into its results (wins over git)", _commit),
+    Variable("SOLLAT_DIST", BOOLEAN, "0",
+             "1 makes an unchanged init_process_group(\"nccl\") come up with the sollat backend serving "
+             "the small collectives (docs/torch-distributed.md; tested torch releases only)", _boolean, False),
+    Variable("SOLLAT_DIST_INNER", f"{', '.join(INNER_BACKENDS)} (any case)",
+             "gloo where two ranks share a GPU or without CUDA, else nccl",
+             "the inner backend of the sollat torch.distributed backend: what serves every call sollat "
+             "does not", _inner_backend),
+    Variable("SOLLAT_DIST_MAX_COMMUNICATORS", "an integer >= 0", str(DEFAULT_DIST_MAX_COMMUNICATORS),
+             "the most process groups of one process the sollat torch.distributed backend builds a "
+             "communicator (and its scratch) for; a group past it hands every call to its inner backend",
+             _count, DEFAULT_DIST_MAX_COMMUNICATORS),
     Variable("SOLLAT_ENGINE_MAX_BYTES",
              f"a whole number of bytes >= {MIN_ENGINE_MAX_BYTES} ({format_bytes(MIN_ENGINE_MAX_BYTES)}), "
              "optionally with KiB, MiB or GiB (e.g. 1MiB)", format_bytes(DEFAULT_ENGINE_MAX_BYTES),

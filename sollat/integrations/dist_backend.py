@@ -23,12 +23,12 @@ Two routes, by what the installed torch offers:
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 from typing import Any
 
 import torch
 
+from ..device import environment
 from ..errors import UnsupportedError
 from .dist_router import ROUTERS, Router, inner_all_reduce
 
@@ -95,11 +95,9 @@ def register(name: str = BACKEND_NAME) -> None:
 def _inner_kind(store: Any, rank: int, world_size: int) -> str:
     """``$SOLLAT_DIST_INNER`` (nccl or gloo), else gloo without CUDA or where two ranks share a GPU
     (every rank posts its host and device through the store), else nccl."""
-    asked = os.environ.get(INNER_ENV, "").strip().lower()
-    if asked:
-        if asked not in ("nccl", "gloo"):
-            raise UnsupportedError(f"${INNER_ENV} must be nccl or gloo, got {asked!r}")
-        return asked
+    asked = environment.value(INNER_ENV)
+    if asked is not None:
+        return str(asked)
     if _served_device_type != "cuda" or not torch.cuda.is_available():
         return "gloo"
     mine = f"{socket.gethostname()}|{torch.cuda.current_device()}"

@@ -27,7 +27,6 @@ capture works.
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -36,12 +35,12 @@ import torch
 
 from ..collectives.select import NCCL
 from ..comm import agree
-from ..device import faults
+from ..device import environment, faults
 from ..errors import UnsupportedError
 from . import core
 
 MAX_COMMUNICATORS_ENV = "SOLLAT_DIST_MAX_COMMUNICATORS"
-DEFAULT_MAX_COMMUNICATORS = 8
+DEFAULT_MAX_COMMUNICATORS = environment.DEFAULT_DIST_MAX_COMMUNICATORS
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 _built = 0  # sollat communicators this process built for sollat groups
@@ -51,12 +50,7 @@ ROUTERS: dict[str, Router] = {}  # group name -> its router (``dist_backend.rout
 def max_communicators() -> int:
     """``$SOLLAT_DIST_MAX_COMMUNICATORS``: the most sollat groups of this process with their own
     communicator (and scratch); a group beyond it sends every call to its inner backend."""
-    text = os.environ.get(MAX_COMMUNICATORS_ENV, "").strip()
-    if not text:
-        return DEFAULT_MAX_COMMUNICATORS
-    if not text.isdigit():
-        raise UnsupportedError(f"${MAX_COMMUNICATORS_ENV} must be a non-negative integer, got {text!r}")
-    return int(text)
+    return int(environment.value(MAX_COMMUNICATORS_ENV))
 
 
 def _ops() -> dict[Any, str]:

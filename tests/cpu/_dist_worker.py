@@ -23,8 +23,12 @@ import _double  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
-from sollat.gather_scatter import all_gather_reference, rank_order_reduce, reduce_scatter_reference  # noqa: E402
 
+from sollat.collectives.gather_scatter import (  # noqa: E402
+    all_gather_reference,
+    rank_order_reduce,
+    reduce_scatter_reference,
+)
 from sollat.errors import CallMismatchError  # noqa: E402
 
 WORLD = 3

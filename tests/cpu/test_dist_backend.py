@@ -124,10 +124,10 @@ def test_the_route_matches_what_this_torch_offers() -> None:
 
 
 def test_a_bad_inner_setting_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sollat.errors import UnsupportedError
+    from sollat.errors import EnvironmentValueError
 
     monkeypatch.setenv(dist_backend.INNER_ENV, "mpi")
-    with pytest.raises(UnsupportedError, match="nccl or gloo"):
+    with pytest.raises(EnvironmentValueError, match="SOLLAT_DIST_INNER='mpi'.*nccl, gloo"):
         dist_backend._inner_kind(None, 0, 2)
 
 

@@ -22,6 +22,7 @@ SAMPLES: dict[str, list[str]] = {
     "ab_latency.py": ["--virtual", "2", "--algos", "oneshot_ll", "--sizes", "128", "--dtype", "float32"],
     "ab_trees.py": ["--tree", f"new={ROOT}", "--ranks", "2", "--reps", "1"],
     "card_report.py": ["--check", "results"],
+    "dist_backend_bench.py": ["--sizes", "1024", "--into", "results"],
     "eager_overhead.py": ["--ranks", "2", "4"],
     "eager_real.py": ["--sizes", "128,8192", "--into", "results"],
     "engine_adapter_real.py": ["--batch-invariant", "--into", "results"],
@@ -34,7 +35,7 @@ SAMPLES: dict[str, list[str]] = {
 SHELL: dict[str, str | None] = {"gpu_suite.sh": "bogus", "multi_gpu_campaign.sh": "tests,bogus",
                                 "real_rank_suite.sh": None, "setup.sh": "x"}
 #: Modules the tools import, not tools themselves.
-HELPERS = {"_host_timing.py", "_real_ranks.py"}
+HELPERS = {"_host_timing.py", "_real_ranks.py", "_virtual_timing.py"}
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 

@@ -35,7 +35,8 @@ GOOD = {"SOLLAT_ALLOW_PCIE_PEERS": ("1", True), "SOLLAT_BATCH_INVARIANT": ("0", 
         "SOLLAT_ENGINE_MAX_BYTES": ("64KiB", 64 << 10), "SOLLAT_ENGINE_PLUGIN": ("1", True),
         "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT": ("1", True), "SOLLAT_INTERCONNECT": ("NVLink", "nvlink"),
         "SOLLAT_MAX_BLOCKS": ("32", 32), "SOLLAT_SETUP_TIMEOUT_S": ("60", 60.0),
-        "SOLLAT_TIMEOUT_S": ("2.5", 2.5), "SOLLAT_CACHE_DIR": ("new-cache", None)}
+        "SOLLAT_TIMEOUT_S": ("2.5", 2.5), "SOLLAT_CACHE_DIR": ("new-cache", None),
+        "SOLLAT_DIST": ("1", True), "SOLLAT_DIST_INNER": ("Gloo", "gloo"), "SOLLAT_DIST_MAX_COMMUNICATORS": ("0", 0)}
 
 
 def _strings(path: Path) -> str:

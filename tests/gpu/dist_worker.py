@@ -121,7 +121,7 @@ def check_all_reduce(run: Run, y: torch.Tensor, xs: list[torch.Tensor], op: str,
 
 
 def eager(run: Run) -> None:
-    from sollat.gather_scatter import reduce_scatter_reference
+    from sollat.collectives.gather_scatter import reduce_scatter_reference
 
     r = router()
     for shape, dtype in CASES:
