@@ -202,9 +202,33 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   slot_choices=((2, 1), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
                       "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
+        # One block of up to abi.MAX_THREADS threads per row (rmsnorm.block_row_geometry): the row's
+        # sum of squares is the block's, no cluster exchange. LL only (its receive groups each check
+        # the call in their lines' flags: kernels/allreduce_rmsnorm_block.cu). Up to 4 lines per
+        # thread (a row of 8192 16-bit elements in one pass), received in groups of at most 2 lines
+        # per peer at 8 ranks; a wide group takes one line per thread and pass.
+        Algorithm("rmsnorm_oneshot_ll_block", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4),
+                                (abi.MAX_RANKS, 1)),
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
     )
 }
-RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm, ar_rmsnorm_twoshot
+# The one-block-per-row kernel's threads per block (its __launch_bounds__, module define
+# SOLLAT_RMSNORM_BLOCK_THREADS) by (rank cap, slots): abi.MAX_THREADS where its 128 registers per
+# thread hold the instantiation without a spill (ptxas -v, sm_90: 106-128 registers), else 256
+# (the rest: 140-247 registers; at 512 they spilled 20-1052 bytes).
+RMSNORM_BLOCK_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1), (4, 2)})
+RMSNORM_BLOCK_NARROW_THREADS = 256
+
+
+def rmsnorm_block_threads(max_ranks: int, slots: int) -> int:
+    """Most threads per block of the one-block-per-row fused kernel's (rank cap, slots) instantiation."""
+    return abi.MAX_THREADS if (max_ranks, slots) in RMSNORM_BLOCK_WIDE_THREADS else RMSNORM_BLOCK_NARROW_THREADS
+
+
+RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm[_twoshot, _block]
 
 
 @dataclass(frozen=True)
@@ -351,6 +375,8 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         if alg.kernel not in RMSNORM_KERNELS:
             raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
         d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
+    if alg.kernel == "ar_rmsnorm_block":  # its __launch_bounds__ (absent for every other kernel)
+        d["SOLLAT_RMSNORM_BLOCK_THREADS"] = str(rmsnorm_block_threads(max_ranks, slots))
     if alg.kernel == "ar_rmsnorm_twoshot":
         d["SOLLAT_RMSNORM_TWOSHOT"] = "1"  # absent for the one-shot: its defines (and cubin) stay as they were
     if test_hooks:
