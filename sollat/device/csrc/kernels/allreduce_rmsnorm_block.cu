@@ -308,13 +308,19 @@ __device__ __forceinline__ void ar_rmsnorm_block_body(const CallArgs& a, u64 hid
                      rank, nranks, rec, prior};                                                               \
   ar_rmsnorm_block_body(a, hidden, eps_bits, in, out, res, res_out, weight __VA_ARGS__);
 
+// Entry-point names (abi.rmsnorm_entry): ar_rmsnorm_block[_fp8].
+#define SOLLAT_RMSNORM_ENTRY ar_rmsnorm_block
+#define SOLLAT_RMSNORM_FP8_ENTRY ar_rmsnorm_block_fp8
+
 #if SOLLAT_RMSNORM_FP8
-extern "C" __global__ void __launch_bounds__(SOLLAT_RMSNORM_BLOCK_THREADS, 1) ar_rmsnorm_block_fp8(SOLLAT_RMSNORM_FP8_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SOLLAT_RMSNORM_BLOCK_THREADS, 1)
+SOLLAT_RMSNORM_FP8_ENTRY(SOLLAT_RMSNORM_FP8_PARAMS) {
   SOLLAT_RMSNORM_BLOCK_BODY(, Fp8Out{(unsigned char*)ptrs.at(sollat::kListFp8Out, y),
                                      (const float*)ptrs.at(sollat::kListFp8Scale, y)})
 }
 #else
-extern "C" __global__ void __launch_bounds__(SOLLAT_RMSNORM_BLOCK_THREADS, 1) ar_rmsnorm_block(SOLLAT_RMSNORM_PARAMS) {
+extern "C" __global__ void __launch_bounds__(SOLLAT_RMSNORM_BLOCK_THREADS, 1)
+SOLLAT_RMSNORM_ENTRY(SOLLAT_RMSNORM_PARAMS) {
   SOLLAT_RMSNORM_BLOCK_BODY()
 }
 #endif

@@ -1,0 +1,123 @@
+"""The one-block-per-row fused AllReduce + RMSNorm (``oneshot_ll_block``,
+kernels/allreduce_rmsnorm_block.cu): its registry entry, its cut (rmsnorm.block_row_geometry) and
+its instantiations, without a GPU. Its bits are checked on GPUs (tests/gpu/test_rmsnorm.py,
+test_batch_invariance.py)."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+import torch
+
+from sollat.collectives import algorithms, instantiations, rmsnorm
+from sollat.device import abi, build, layout
+from sollat.device.dtypes import DTYPES
+
+BLOCK = "oneshot_ll_block"
+ALG = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name(BLOCK)]
+
+
+def test_registered_as_an_explicit_fused_algorithm() -> None:
+    assert rmsnorm.internal_name(BLOCK) == "rmsnorm_oneshot_ll_block" and rmsnorm.public_name(ALG.name) == BLOCK
+    assert (ALG.kernel_file, ALG.kernel, ALG.proto, ALG.buffers) == ("allreduce_rmsnorm_block.cu", "ar_rmsnorm_block",
+                                                                      "ll", 1)
+    assert ALG.kernel in algorithms.RMSNORM_KERNELS and algorithms.collective_name(ALG) == rmsnorm.OPNAME
+    assert BLOCK not in rmsnorm.AUTO_ALGOS  # auto never picks it until it is measured
+    assert ALG.name not in algorithms.RMSNORM_EXPERIMENTAL  # its own region in every communicator
+    assert ALG.name in {r.name for r in algorithms.regions(("oneshot_ll",), 16)}
+    # LL only: a sentinel buffer's signature word is one per (block, thread), which its receive
+    # groups would share
+    assert all(a.proto == "ll" for a in algorithms.RMSNORM_ALGORITHMS.values() if a.kernel == ALG.kernel)
+
+
+def test_block_threads_define_only_for_the_block_kernel() -> None:
+    dt = DTYPES[torch.bfloat16]
+    for rmax, slots in ALG.slot_choices:
+        d = algorithms.kernel_defines(ALG, dt, "sum", rmax, slots, False, False)
+        assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) == algorithms.rmsnorm_block_threads(rmax, slots)
+        assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) in (algorithms.RMSNORM_BLOCK_NARROW_THREADS, abi.MAX_THREADS)
+    for other in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
+        if other is not ALG:
+            rmax, slots = other.slot_choices[0]
+            assert "SOLLAT_RMSNORM_BLOCK_THREADS" not in algorithms.kernel_defines(other, dt, "sum", rmax, slots,
+                                                                                   False, True)
+
+
+@pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
+@pytest.mark.parametrize("r", [2, 3, 4, 8, 9, 72])
+def test_block_geometry_covers_each_line_of_a_row_once(dtype: torch.dtype, r: int) -> None:
+    """One block per row, up to the instantiation's threads, every line of a row in exactly one
+    (pass, slot, thread), no empty pass, the fewest passes the slot choices allow."""
+    rmax = algorithms.max_ranks_template(r)
+    for rows in (1, 3, 8, 64):
+        for hidden in (1, 7, 1000, 4096, 5000, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
+            g = rmsnorm.geometry(BLOCK, dtype, rows, hidden, r)
+            assert g.row_blocks == 1 and g.blocks == min(rows, ALG.max_blocks)
+            assert (rmax, g.slots) in ALG.slot_choices
+            assert g.threads % layout.WARP == 0 and g.threads <= algorithms.rmsnorm_block_threads(rmax, g.slots)
+            lines = [(p * g.slots + i) * g.threads + t for p in range(g.passes) for i in range(g.slots)
+                     for t in range(g.threads)]
+            assert len(set(lines)) == len(lines) and set(range(g.row_lines)) <= set(lines)
+            assert g.row_lines > (g.passes - 1) * g.slots * g.threads  # no empty pass
+            # the kernel's own count of passes (allreduce_rmsnorm_block.cu) is the geometry's
+            assert g.passes == layout.ceil_div(g.row_lines, g.threads * g.slots)
+            fewest = min(layout.ceil_div(g.row_lines, s * algorithms.rmsnorm_block_threads(rmax, s))
+                         for q, s in ALG.slot_choices if q == rmax)
+            assert g.passes == fewest
+    # a decode row of 4096 16-bit elements in one pass of one block, at 2 and 8 ranks
+    for r in (2, 8):
+        g = rmsnorm.geometry(BLOCK, torch.bfloat16, 1, 4096, r)
+        assert (g.blocks, g.passes, g.row_blocks) == (1, 1, 1)
+    # fewer blocks at once (a virtual communicator's retry): more rows per block, the same cut of a row
+    full = rmsnorm.row_geometry(ALG, DTYPES[dtype], 8, 8192, 2)
+    for limit in (1, 3, 7):
+        g = rmsnorm.row_geometry(ALG, DTYPES[dtype], 8, 8192, 2, limit)
+        assert g.blocks == limit and (g.threads, g.slots, g.passes) == (full.threads, full.slots, full.passes)
+
+
+def test_block_instantiations_are_listed() -> None:
+    work = [d for f, d in instantiations.all_instantiations() if f == ALG.kernel_file]
+    assert len(work) == len(ALG.dtypes) * len(ALG.slot_choices) * 2 * 2  # real/virtual x plain/FP8
+    assert {d["SOLLAT_PROTO"] for d in work} == {"ProtoLL"}
+
+
+cuda_core = pytest.importorskip("cuda.core")
+
+
+def _ptxas(defines: dict[str, str]) -> tuple[str, bytes]:
+    from cuda.core import Program, ProgramOptions
+
+    opts = build._options("sm_90", defines)
+    o = ProgramOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__}, "ptxas_options": "-v"})
+    log = io.StringIO()
+    cubin = Program(build.kernel_source(ALG.kernel_file), code_type="c++", options=o).compile("cubin", logs=log)
+    return log.getvalue(), bytes(cubin.code)
+
+
+def _spills(report: str) -> dict[str, int]:
+    return dict(zip(re.findall(r"Function properties for (\w+)", report),
+                    (int(s) for s in re.findall(r"(\d+) bytes spill stores", report)), strict=True))
+
+
+@pytest.mark.parametrize("dtype,rmax,slots,fp8,real", [(torch.bfloat16, 8, 4, False, False),  # two receive groups
+                                                       (torch.float32, 2, 2, True, True),
+                                                       (torch.float16, 72, 1, True, False)])  # a wide group
+def test_block_kernel_compiles_one_entry_without_spills(dtype: torch.dtype, rmax: int, slots: int, fp8: bool,
+                                                        real: bool) -> None:
+    d = algorithms.kernel_defines(ALG, DTYPES[dtype], "sum", rmax, slots, False, real, fp8=fp8)
+    report, cubin = _ptxas(d)
+    entry = abi.rmsnorm_entry(ALG.kernel, fp8)
+    assert _spills(report) == {entry: 0}
+    assert f"{entry}\0".encode() in cubin and f"{abi.rmsnorm_entry(ALG.kernel, not fp8)}\0".encode() not in cubin
+
+
+@pytest.mark.slow  # about 2 min on 2 cores
+def test_every_block_instantiation_compiles_without_spills() -> None:
+    """Measured (ptxas -v, sm_90): at the threads algorithms.rmsnorm_block_threads gives, no
+    instantiation spills (104-128 registers at 512 threads, 124-247 at 256)."""
+    for f, d in instantiations.all_instantiations():
+        if f == ALG.kernel_file:
+            report, _ = _ptxas(d)
+            assert _spills(report) == {abi.rmsnorm_entry(ALG.kernel, d.get("SOLLAT_RMSNORM_FP8") == "1"): 0}, d
