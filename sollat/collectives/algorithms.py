@@ -205,13 +205,18 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
         # One block of up to abi.MAX_THREADS threads per row (rmsnorm.block_row_geometry): the row's
         # sum of squares is the block's, no cluster exchange. LL only (its receive groups each check
         # the call in their lines' flags: kernels/allreduce_rmsnorm_block.cu). Up to 4 lines per
-        # thread (a row of 8192 16-bit elements in one pass), received in groups of at most 2 lines
-        # per peer at 8 ranks; a wide group takes one line per thread and pass.
+        # thread (a row of 8192 16-bit elements in two passes at most), received in groups of at
+        # most 2 lines per peer at 8 ranks; a wide group takes one line per thread and pass. It runs
+        # on rmsnorm_oneshot_ll's region and epochs (same protocol, one buffer, the same blocks):
+        # a channel simply carries the next epoch for whichever of the two runs next, as one
+        # kernel's calls of different sizes do, and each call's lines carry its own signature. So
+        # it costs no scratch.
         Algorithm("rmsnorm_oneshot_ll_block", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
                   slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4),
                                 (abi.MAX_RANKS, 1)),
+                  region="rmsnorm_oneshot_ll",
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
     )
 }
@@ -317,7 +322,7 @@ def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, .
         shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
             + tuple(Region(n, a, min(a.max_blocks, fused_blocks or a.max_blocks)) for n, a in RMSNORM_ALGORITHMS.items()
-                    if n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled())
+                    if (n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled()) and not a.region)
             + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 

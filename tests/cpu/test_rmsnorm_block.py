@@ -25,8 +25,12 @@ def test_registered_as_an_explicit_fused_algorithm() -> None:
                                                                       "ll", 1)
     assert ALG.kernel in algorithms.RMSNORM_KERNELS and algorithms.collective_name(ALG) == rmsnorm.OPNAME
     assert BLOCK not in rmsnorm.AUTO_ALGOS  # auto never picks it until it is measured
-    assert ALG.name not in algorithms.RMSNORM_EXPERIMENTAL  # its own region in every communicator
-    assert ALG.name in {r.name for r in algorithms.regions(("oneshot_ll",), 16)}
+    assert ALG.name not in algorithms.RMSNORM_EXPERIMENTAL
+    # it runs on rmsnorm_oneshot_ll's region and epochs: no scratch of its own
+    host = algorithms.RMSNORM_ALGORITHMS[ALG.region]
+    assert (host.proto, host.buffers, host.max_blocks) == (ALG.proto, ALG.buffers, ALG.max_blocks)
+    names = {r.name for r in algorithms.regions(("oneshot_ll",), 16)}
+    assert ALG.region in names and ALG.name not in names
     # LL only: a sentinel buffer's signature word is one per (block, thread), which its receive
     # groups would share
     assert all(a.proto == "ll" for a in algorithms.RMSNORM_ALGORITHMS.values() if a.kernel == ALG.kernel)

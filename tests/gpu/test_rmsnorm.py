@@ -42,12 +42,14 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 # unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against the same
 # reference as the fused algorithms.
-ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS] + [rmsnorm.UNFUSED]
+# oneshot_ll_block (one block per row) is not among auto's choices but runs in every test.
+EXPLICIT = ("oneshot_ll_block",)
+ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a in EXPLICIT] + [rmsnorm.UNFUSED]
 
 
 def algos(*names: str) -> list[str]:
     """``names`` without the two-shot ones unless it is enabled."""
-    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a == rmsnorm.UNFUSED]
+    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a in EXPLICIT or a == rmsnorm.UNFUSED]
 
 
 needs_twoshot = pytest.mark.skipif(not TWOSHOT, reason=f"experimental: set {algorithms.RMSNORM_TWOSHOT_ENV}=1")
@@ -440,7 +442,7 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "oneshot_ll_block"))
 def test_call_mismatch_is_reported(algo: str) -> None:
     """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
     reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns); LL in
@@ -450,6 +452,45 @@ def test_call_mismatch_is_reported(algo: str) -> None:
     gen = torch.Generator(device=DEV).manual_seed(110)
     xs, res, w = inputs(r, 4, 1000, torch.bfloat16, gen)
     c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)  # the shape is known: only the device can see the difference
+    c.check()
+    outs, res_outs = poisoned_like(xs), poisoned_like(res)
+    testing.inject(c, mismatch=3)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
+    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
+    testing.clear(c)
+    c.reset()
+    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
+
+
+@pytest.mark.parametrize("r", [2, 3, 4, 8, 9])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_block_algorithm_rows_ranks_and_passes(r: int, dtype: torch.dtype) -> None:
+    """oneshot_ll_block (one block per row, rmsnorm.block_row_geometry): bitwise the reference on
+    every rank at 1-512 rows, odd and multi-pass rows (two receive groups at 8 ranks, a wide group
+    at 9), distinct residuals and weights per rank, poisoned outputs."""
+    c = comm(r)
+    algo = "oneshot_ll_block"
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"block|{r}|{dtype}".encode()))
+    shapes = [(1, 4096), (2, 8192), (16, 4096), (1, 7), (3, 1001), (5, 5120), (33, 2050), (512, 64), (4, 16384),
+              (100, 8192)]
+    for k, (tokens, hidden) in enumerate(shapes):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen, distinct=k % 2 == 0)
+        outs, routs = poisoned_like(xs), poisoned_like(xs)
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+        check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} R={r} {dtype} {tokens}x{hidden}")
+    c.check()
+
+
+def test_block_algorithm_mismatch_in_its_second_receive_group() -> None:
+    """8 ranks, 1 x 4096 bf16: four lines per thread in two receive groups; rank 3's flipped call
+    signature is seen by every rank, and the communicator computes right again after reset."""
+    r, algo = 8, "oneshot_ll_block"
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
+    assert rmsnorm.geometry(algo, torch.bfloat16, 1, 4096, r).slots == 4
+    gen = torch.Generator(device=DEV).manual_seed(111)
+    xs, res, w = inputs(r, 1, 4096, torch.bfloat16, gen)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
     c.check()
     outs, res_outs = poisoned_like(xs), poisoned_like(res)
     testing.inject(c, mismatch=3)
