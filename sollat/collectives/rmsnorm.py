@@ -175,15 +175,15 @@ def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: 
 UNFUSED_MAX_GRID = 1 << 16  # blocks of the epilogue; more rows loop (block b: rows b, b + grid, ...)
 
 
-def unfused_geometry(dt: DType, rows: int, hidden: int) -> RowGeometry:
+def unfused_geometry(dt: DType, rows: int, hidden: int, slots: int = abi.ADD_RMSNORM_SLOTS) -> RowGeometry:
     """The cut of kernels/add_rmsnorm.cu per launch rank: one block per row (up to UNFUSED_MAX_GRID
     blocks; more rows loop), 16-byte lines in chunks of 32, abi.ADD_RMSNORM_SLOTS chunks per warp
     and pass (chunk ``(pass * slots + slot) * warps + warp``, as ``row_geometry``'s cut of one
     block), as many warps as that takes up to abi.ADD_RMSNORM_MAX_THREADS threads (more lines: more
-    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass."""
+    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass.
+    ``slots``: another build's chunks per warp and pass (rmsnorm_epilogue.variant; the same bits)."""
     epl = layout.LINE_BYTES // dt.size
     row_lines = layout.ceil_div(hidden, epl)
-    slots = abi.ADD_RMSNORM_SLOTS
     chunks = layout.ceil_div(row_lines, layout.WARP)
     threads = min(abi.ADD_RMSNORM_MAX_THREADS, layout.ceil_div(chunks, slots) * layout.WARP)
     passes = layout.ceil_div(row_lines, threads * slots)
