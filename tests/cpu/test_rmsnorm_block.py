@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from sollat.collectives import algorithms, instantiations, rmsnorm
+from sollat.collectives import algorithms, instantiations, rmsnorm, rmsnorm_epilogue
 from sollat.device import abi, build, layout
 from sollat.device.dtypes import DTYPES
 
@@ -87,6 +87,25 @@ def test_block_instantiations_are_listed() -> None:
     assert {d["SOLLAT_PROTO"] for d in work} == {"ProtoLL"}
 
 
+def test_epilogue_variants_change_only_their_builds_and_cut() -> None:
+    """The default epilogue adds no define (its build is the one measured); a variant's slots go to
+    both its build and its geometry (one pass for rows up to 8192 16-bit elements at 2 slots), inside its context only."""
+    dt = DTYPES[torch.bfloat16]
+    plain = rmsnorm_epilogue.defines(dt, 8)
+    assert plain == {"SOLLAT_T": dt.cxx, "SOLLAT_TABLE_RANKS": "8"}
+    v = rmsnorm_epilogue.Variant(2, True)
+    with rmsnorm_epilogue.variant(v):
+        assert rmsnorm_epilogue.defines(dt, 8) == {**plain, "SOLLAT_ADD_RMSNORM_SLOTS": "2",
+                                                   "SOLLAT_ADD_RMSNORM_POW2_MEAN": "1"}
+    assert rmsnorm_epilogue.defines(dt, 8) == plain
+    for hidden in (4096, 8192):
+        g = rmsnorm.unfused_geometry(dt, 4, hidden, 2)
+        assert (g.slots, g.passes) == (2, 1) and g.threads * 2 * layout.WARP >= g.row_lines
+    assert rmsnorm.unfused_geometry(dt, 4, 8192) == rmsnorm.unfused_geometry(dt, 4, 8192, abi.ADD_RMSNORM_SLOTS)
+    with pytest.raises(ValueError, match="slots must be 1, 2 or 4"), rmsnorm_epilogue.variant(rmsnorm_epilogue.Variant(3)):
+        pass
+
+
 cuda_core = pytest.importorskip("cuda.core")
 
 
@@ -115,6 +134,20 @@ def test_block_kernel_compiles_one_entry_without_spills(dtype: torch.dtype, rmax
     entry = abi.rmsnorm_entry(ALG.kernel, fp8)
     assert _spills(report) == {entry: 0}
     assert f"{entry}\0".encode() in cubin and f"{abi.rmsnorm_entry(ALG.kernel, not fp8)}\0".encode() not in cubin
+
+
+@pytest.mark.parametrize("variant", [rmsnorm_epilogue.Variant(1, True), rmsnorm_epilogue.Variant(2)], ids=str)
+def test_epilogue_variants_compile_without_spills(variant: rmsnorm_epilogue.Variant) -> None:
+    from cuda.core import Program, ProgramOptions
+
+    for dtype in rmsnorm.DTYPES_SUPPORTED:
+        with rmsnorm_epilogue.variant(variant):
+            d = rmsnorm_epilogue.defines(DTYPES[dtype], 8)
+        opts = build._options("sm_90", d)
+        o = ProgramOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__}, "ptxas_options": "-v"})
+        log = io.StringIO()
+        Program(build.kernel_source(rmsnorm_epilogue.KERNEL_FILE), code_type="c++", options=o).compile("cubin", logs=log)
+        assert _spills(log.getvalue()) == {abi.ADD_RMSNORM_ENTRY: 0}, d
 
 
 @pytest.mark.slow  # about 2 min on 2 cores

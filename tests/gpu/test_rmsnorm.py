@@ -802,6 +802,16 @@ def test_epilogue_alone_is_the_reference_on_one_gpu(dtype: torch.dtype) -> None:
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("variant", [rmsnorm_epilogue.Variant(2), rmsnorm_epilogue.Variant(1, True),
+                                     rmsnorm_epilogue.Variant(4, True)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_variants_are_the_reference(variant: rmsnorm_epilogue.Variant, dtype: torch.dtype) -> None:
+    """The epilogue's A/B builds (fewer slots per thread: more warps and passes; the power-of-two
+    mean as a multiply) give the default's bits on every case of the test above."""
+    with rmsnorm_epilogue.variant(variant):
+        test_epilogue_alone_is_the_reference_on_one_gpu(dtype)
+
+
 @pytest.mark.parametrize("r", [2, 8])
 def test_unfused_epilogue_serves_every_rank_in_one_launch_under_a_graph(r: int) -> None:
     """unfused with each rank's own residual, weight and outputs (the rank table), eager and in a
