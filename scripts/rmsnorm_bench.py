@@ -28,7 +28,7 @@ rows and the last: a row's bits do not depend on its batch).
         --write-tables sollat/collectives/tuning                           # auto's rules from a sweep
 
 ``--ab`` (development) also checks and times, at every shape, the fused ``oneshot_ll_block`` (one block
-per row) and the epilogue's A/B builds (``AB_VARIANTS``), each checked bitwise first, and prints one
+per row) and its pipelined build ``oneshot_ll_block_pipe``, and the epilogue's A/B builds (``AB_VARIANTS``), each checked bitwise first, and prints one
 more line per shape: their µs, the fused rows' distance to ``ar``, the best fused row's margin under
 ``ar+compiled``, and each epilogue build's ratio to the compiled norm (FAIL where a check failed).
 """
@@ -55,7 +55,7 @@ FP8_SCALE = 0.02
 FP8 = torch.float8_e4m3fn
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 # --ab: the fused algorithms outside auto's choices, and the epilogue's builds besides the default
-AB_FUSED = ("oneshot_ll_block",)
+AB_FUSED = ("oneshot_ll_block", "oneshot_ll_block_pipe")
 AB_VARIANTS: dict[str, rmsnorm_epilogue.Variant] = {
     "epi_s2": rmsnorm_epilogue.Variant(2), "epi_s1": rmsnorm_epilogue.Variant(1),
     "epi_pow2": rmsnorm_epilogue.Variant(pow2_mean=True), "epi_s2_pow2": rmsnorm_epilogue.Variant(2, True)}

@@ -218,19 +218,37 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                                 (abi.MAX_RANKS, 1)),
                   region="rmsnorm_oneshot_ll",
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
+        # The same kernel with pipelined passes (module define SOLLAT_RMSNORM_BLOCK_PIPE=1): a row of
+        # several passes alternates two sets of channels (its block's and those of block
+        # b + blocks), and each pass's lines go out before the previous pass's are received. One
+        # receive group per pass, hence no 4-slot build at 8 ranks.
+        Algorithm("rmsnorm_oneshot_ll_block_pipe", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (abi.MAX_RANKS, 1)),
+                  region="rmsnorm_oneshot_ll",
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row, "
+                      "pipelined passes"),
     )
 }
+# The one-block-per-row algorithms whose passes are pipelined (SOLLAT_RMSNORM_BLOCK_PIPE=1).
+RMSNORM_BLOCK_PIPELINED = frozenset({"rmsnorm_oneshot_ll_block_pipe"})
 # The one-block-per-row kernel's threads per block (its __launch_bounds__, module define
 # SOLLAT_RMSNORM_BLOCK_THREADS) by (rank cap, slots): abi.MAX_THREADS where its 128 registers per
 # thread hold the instantiation without a spill (ptxas -v, sm_90: 106-128 registers), else 256
 # (the rest: 140-247 registers; at 512 they spilled 20-1052 bytes).
+# The pipelined build (RMSNORM_BLOCK_PIPELINED) keeps a second buffer and the next pass's lines:
+# at 512 threads its (4, 2) instantiations spilled (16 bytes, 16-bit types).
 RMSNORM_BLOCK_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1), (4, 2)})
+RMSNORM_BLOCK_PIPE_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1)})
 RMSNORM_BLOCK_NARROW_THREADS = 256
 
 
-def rmsnorm_block_threads(max_ranks: int, slots: int) -> int:
-    """Most threads per block of the one-block-per-row fused kernel's (rank cap, slots) instantiation."""
-    return abi.MAX_THREADS if (max_ranks, slots) in RMSNORM_BLOCK_WIDE_THREADS else RMSNORM_BLOCK_NARROW_THREADS
+def rmsnorm_block_threads(max_ranks: int, slots: int, pipelined: bool = False) -> int:
+    """Most threads per block of the one-block-per-row fused kernel's (rank cap, slots) instantiation
+    (``pipelined``: its build with pipelined passes)."""
+    wide = RMSNORM_BLOCK_PIPE_WIDE_THREADS if pipelined else RMSNORM_BLOCK_WIDE_THREADS
+    return abi.MAX_THREADS if (max_ranks, slots) in wide else RMSNORM_BLOCK_NARROW_THREADS
 
 
 RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm[_twoshot, _block]
@@ -381,7 +399,10 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
             raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
         d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
     if alg.kernel == "ar_rmsnorm_block":  # its __launch_bounds__ (absent for every other kernel)
-        d["SOLLAT_RMSNORM_BLOCK_THREADS"] = str(rmsnorm_block_threads(max_ranks, slots))
+        d["SOLLAT_RMSNORM_BLOCK_THREADS"] = str(rmsnorm_block_threads(max_ranks, slots,
+                                                                     alg.name in RMSNORM_BLOCK_PIPELINED))
+        if alg.name in RMSNORM_BLOCK_PIPELINED:
+            d["SOLLAT_RMSNORM_BLOCK_PIPE"] = "1"
     if alg.kernel == "ar_rmsnorm_twoshot":
         d["SOLLAT_RMSNORM_TWOSHOT"] = "1"  # absent for the one-shot: its defines (and cubin) stay as they were
     if test_hooks:

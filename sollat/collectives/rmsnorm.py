@@ -45,7 +45,7 @@ import torch
 from ..device import abi, layout
 from ..device.dtypes import DTYPES, DType
 from ..errors import UnsupportedError
-from . import rmsnorm_rules
+from . import algorithms, rmsnorm_rules
 from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template, rmsnorm_block_threads
 
 OPNAME = "all_reduce_rmsnorm"
@@ -54,7 +54,8 @@ DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPE = torch.float8_e4m3fn  # the optional copy's type
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
-                         "twoshot_sentinel": "rmsnorm_twoshot_sentinel", "oneshot_ll_block": "rmsnorm_oneshot_ll_block"}
+                         "twoshot_sentinel": "rmsnorm_twoshot_sentinel", "oneshot_ll_block": "rmsnorm_oneshot_ll_block",
+                         "oneshot_ll_block_pipe": "rmsnorm_oneshot_ll_block_pipe"}
 # The kernel that takes a row in one block (kernels/allreduce_rmsnorm_block.cu: block_row_geometry).
 BLOCK_KERNEL = "ar_rmsnorm_block"
 # The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``;
@@ -145,21 +146,29 @@ def block_row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_
     thread per pass, each instantiation with its own most threads:
     algorithms.rmsnorm_block_threads), the one that takes the row in the fewest passes, the fewest
     slots among those; then as few threads (whole warps) as a pass needs. As many blocks as rows,
-    up to ``max_blocks`` (default the algorithm's), at least one."""
+    up to ``max_blocks`` (default the algorithm's), at least one; with pipelined passes
+    (algorithms.RMSNORM_BLOCK_PIPELINED) and more than one pass, up to half of them (the second
+    half's channels carry every other pass)."""
     limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
     rmax = max_ranks_template(world_size)
     choices = sorted(s for r, s in alg.slot_choices if r == rmax)
+    pipelined = alg.name in algorithms.RMSNORM_BLOCK_PIPELINED
+
+    def most_threads(s: int) -> int:
+        return rmsnorm_block_threads(rmax, s, pipelined)
 
     def passes_of(s: int) -> int:
-        return layout.ceil_div(row_lines, s * rmsnorm_block_threads(rmax, s))
+        return layout.ceil_div(row_lines, s * most_threads(s))
 
     slots = min(choices, key=lambda s: (passes_of(s), s))
     passes = passes_of(slots)
     per_pass = layout.ceil_div(row_lines, passes * slots)  # lines per slot and pass: the threads
-    threads = min(rmsnorm_block_threads(rmax, slots), layout.ceil_div(per_pass, layout.WARP) * layout.WARP)
+    threads = min(most_threads(slots), layout.ceil_div(per_pass, layout.WARP) * layout.WARP)
     passes = layout.ceil_div(row_lines, threads * slots)
+    if passes > 1 and pipelined:
+        limit //= 2
     return RowGeometry(max(1, min(rows, limit)), threads, slots, passes, row_lines, epl, 1)
 
 

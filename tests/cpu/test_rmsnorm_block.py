@@ -17,6 +17,8 @@ from sollat.device.dtypes import DTYPES
 
 BLOCK = "oneshot_ll_block"
 ALG = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name(BLOCK)]
+BLOCKS = ("oneshot_ll_block", "oneshot_ll_block_pipe")  # the same kernel, its passes pipelined or not
+PIPE = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name("oneshot_ll_block_pipe")]
 
 
 def test_registered_as_an_explicit_fused_algorithm() -> None:
@@ -31,6 +33,16 @@ def test_registered_as_an_explicit_fused_algorithm() -> None:
     assert (host.proto, host.buffers, host.max_blocks) == (ALG.proto, ALG.buffers, ALG.max_blocks)
     names = {r.name for r in algorithms.regions(("oneshot_ll",), 16)}
     assert ALG.region in names and ALG.name not in names
+    # the pipelined build: the same kernel, file and region, one define more
+    assert (PIPE.kernel_file, PIPE.kernel, PIPE.region, PIPE.name in names) == (ALG.kernel_file, ALG.kernel,
+                                                                                 ALG.region, False)
+    assert "oneshot_ll_block_pipe" not in rmsnorm.AUTO_ALGOS
+    assert frozenset({PIPE.name}) == algorithms.RMSNORM_BLOCK_PIPELINED
+    dt = DTYPES[torch.bfloat16]
+    plain = algorithms.kernel_defines(ALG, dt, "sum", 4, 1, False, False)
+    assert "SOLLAT_RMSNORM_BLOCK_PIPE" not in plain
+    assert algorithms.kernel_defines(PIPE, dt, "sum", 4, 1, False, False) == {**plain, "SOLLAT_RMSNORM_BLOCK_PIPE": "1"}
+    assert (8, 4) not in PIPE.slot_choices  # one receive group per pipelined pass
     # LL only: a sentinel buffer's signature word is one per (block, thread), which its receive
     # groups would share
     assert all(a.proto == "ll" for a in algorithms.RMSNORM_ALGORITHMS.values() if a.kernel == ALG.kernel)
@@ -38,52 +50,69 @@ def test_registered_as_an_explicit_fused_algorithm() -> None:
 
 def test_block_threads_define_only_for_the_block_kernel() -> None:
     dt = DTYPES[torch.bfloat16]
-    for rmax, slots in ALG.slot_choices:
-        d = algorithms.kernel_defines(ALG, dt, "sum", rmax, slots, False, False)
-        assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) == algorithms.rmsnorm_block_threads(rmax, slots)
-        assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) in (algorithms.RMSNORM_BLOCK_NARROW_THREADS, abi.MAX_THREADS)
+    for alg in (ALG, PIPE):
+        for rmax, slots in alg.slot_choices:
+            d = algorithms.kernel_defines(alg, dt, "sum", rmax, slots, False, False)
+            want = algorithms.rmsnorm_block_threads(rmax, slots, alg is PIPE)
+            assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) == want
+            assert want in (algorithms.RMSNORM_BLOCK_NARROW_THREADS, abi.MAX_THREADS)
     for other in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
-        if other is not ALG:
+        if other.kernel != ALG.kernel:
             rmax, slots = other.slot_choices[0]
             assert "SOLLAT_RMSNORM_BLOCK_THREADS" not in algorithms.kernel_defines(other, dt, "sum", rmax, slots,
                                                                                    False, True)
 
 
+@pytest.mark.parametrize("algo", BLOCKS)
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
 @pytest.mark.parametrize("r", [2, 3, 4, 8, 9, 72])
-def test_block_geometry_covers_each_line_of_a_row_once(dtype: torch.dtype, r: int) -> None:
+def test_block_geometry_covers_each_line_of_a_row_once(algo: str, dtype: torch.dtype, r: int) -> None:
     """One block per row, up to the instantiation's threads, every line of a row in exactly one
-    (pass, slot, thread), no empty pass, the fewest passes the slot choices allow."""
+    (pass, slot, thread), no empty pass, the fewest passes the slot choices allow; pipelined rows of
+    several passes leave half the blocks' channels to every other pass."""
     rmax = algorithms.max_ranks_template(r)
-    for rows in (1, 3, 8, 64):
+    alg = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name(algo)]
+    pipelined = alg.name in algorithms.RMSNORM_BLOCK_PIPELINED
+    for rows in (1, 3, 8, 17, 64):
         for hidden in (1, 7, 1000, 4096, 5000, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
-            g = rmsnorm.geometry(BLOCK, dtype, rows, hidden, r)
-            assert g.row_blocks == 1 and g.blocks == min(rows, ALG.max_blocks)
-            assert (rmax, g.slots) in ALG.slot_choices
-            assert g.threads % layout.WARP == 0 and g.threads <= algorithms.rmsnorm_block_threads(rmax, g.slots)
+            g = rmsnorm.geometry(algo, dtype, rows, hidden, r)
+            most = alg.max_blocks // 2 if pipelined and g.passes > 1 else alg.max_blocks
+            assert g.row_blocks == 1 and g.blocks == min(rows, most)
+            assert (rmax, g.slots) in alg.slot_choices
+            assert g.threads % layout.WARP == 0
+            assert g.threads <= algorithms.rmsnorm_block_threads(rmax, g.slots, pipelined)
             lines = [(p * g.slots + i) * g.threads + t for p in range(g.passes) for i in range(g.slots)
                      for t in range(g.threads)]
             assert len(set(lines)) == len(lines) and set(range(g.row_lines)) <= set(lines)
             assert g.row_lines > (g.passes - 1) * g.slots * g.threads  # no empty pass
             # the kernel's own count of passes (allreduce_rmsnorm_block.cu) is the geometry's
             assert g.passes == layout.ceil_div(g.row_lines, g.threads * g.slots)
-            fewest = min(layout.ceil_div(g.row_lines, s * algorithms.rmsnorm_block_threads(rmax, s))
-                         for q, s in ALG.slot_choices if q == rmax)
+            fewest = min(layout.ceil_div(g.row_lines, s * algorithms.rmsnorm_block_threads(rmax, s, pipelined))
+                         for q, s in alg.slot_choices if q == rmax)
             assert g.passes == fewest
-    # a decode row of 4096 16-bit elements in one pass of one block, at 2 and 8 ranks
+    # fewer blocks at once (a virtual communicator's retry): more rows per block, the same cut of a row
+    full = rmsnorm.row_geometry(alg, DTYPES[dtype], 8, 8192, 2)
+    for limit in (2, 6, 14):
+        g = rmsnorm.row_geometry(alg, DTYPES[dtype], 8, 8192, 2, limit)
+        assert g.blocks == min(8, limit // 2 if pipelined and g.passes > 1 else limit)
+        assert (g.threads, g.slots, g.passes) == (full.threads, full.slots, full.passes)
+
+
+def test_block_decode_rows() -> None:
+    """A decode row of 4096 16-bit elements is one pass of one block at 2 and 8 ranks (8 ranks: two
+    receive groups); the pipelined build takes 8192 in passes of 512 lines at 8 ranks."""
     for r in (2, 8):
         g = rmsnorm.geometry(BLOCK, torch.bfloat16, 1, 4096, r)
         assert (g.blocks, g.passes, g.row_blocks) == (1, 1, 1)
-    # fewer blocks at once (a virtual communicator's retry): more rows per block, the same cut of a row
-    full = rmsnorm.row_geometry(ALG, DTYPES[dtype], 8, 8192, 2)
-    for limit in (1, 3, 7):
-        g = rmsnorm.row_geometry(ALG, DTYPES[dtype], 8, 8192, 2, limit)
-        assert g.blocks == limit and (g.threads, g.slots, g.passes) == (full.threads, full.slots, full.passes)
+    assert rmsnorm.geometry(BLOCK, torch.bfloat16, 1, 4096, 8).slots == 4
+    g = rmsnorm.geometry("oneshot_ll_block_pipe", torch.bfloat16, 16, 8192, 8)
+    assert (g.blocks, g.threads, g.slots, g.passes) == (16, 256, 2, 4)
 
 
 def test_block_instantiations_are_listed() -> None:
     work = [d for f, d in instantiations.all_instantiations() if f == ALG.kernel_file]
-    assert len(work) == len(ALG.dtypes) * len(ALG.slot_choices) * 2 * 2  # real/virtual x plain/FP8
+    # real/virtual x plain/FP8, both builds
+    assert len(work) == sum(len(a.dtypes) * len(a.slot_choices) * 2 * 2 for a in (ALG, PIPE))
     assert {d["SOLLAT_PROTO"] for d in work} == {"ProtoLL"}
 
 
@@ -124,12 +153,15 @@ def _spills(report: str) -> dict[str, int]:
                     (int(s) for s in re.findall(r"(\d+) bytes spill stores", report)), strict=True))
 
 
-@pytest.mark.parametrize("dtype,rmax,slots,fp8,real", [(torch.bfloat16, 8, 4, False, False),  # two receive groups
-                                                       (torch.float32, 2, 2, True, True),
-                                                       (torch.float16, 72, 1, True, False)])  # a wide group
-def test_block_kernel_compiles_one_entry_without_spills(dtype: torch.dtype, rmax: int, slots: int, fp8: bool,
-                                                        real: bool) -> None:
-    d = algorithms.kernel_defines(ALG, DTYPES[dtype], "sum", rmax, slots, False, real, fp8=fp8)
+@pytest.mark.parametrize("algo,dtype,rmax,slots,fp8,real", [(BLOCK, torch.bfloat16, 8, 4, False, False),  # 2 groups
+                                                            (BLOCK, torch.float32, 2, 2, True, True),
+                                                            (BLOCK, torch.float16, 72, 1, True, False),  # wide
+                                                            ("oneshot_ll_block_pipe", torch.bfloat16, 8, 2, True, False),
+                                                            ("oneshot_ll_block_pipe", torch.float16, 2, 4, False, True)])
+def test_block_kernel_compiles_one_entry_without_spills(algo: str, dtype: torch.dtype, rmax: int, slots: int,
+                                                        fp8: bool, real: bool) -> None:
+    alg = algorithms.RMSNORM_ALGORITHMS[rmsnorm.internal_name(algo)]
+    d = algorithms.kernel_defines(alg, DTYPES[dtype], "sum", rmax, slots, False, real, fp8=fp8)
     report, cubin = _ptxas(d)
     entry = abi.rmsnorm_entry(ALG.kernel, fp8)
     assert _spills(report) == {entry: 0}
@@ -153,7 +185,8 @@ def test_epilogue_variants_compile_without_spills(variant: rmsnorm_epilogue.Vari
 @pytest.mark.slow  # about 2 min on 2 cores
 def test_every_block_instantiation_compiles_without_spills() -> None:
     """Measured (ptxas -v, sm_90): at the threads algorithms.rmsnorm_block_threads gives, no
-    instantiation spills (104-128 registers at 512 threads, 124-247 at 256)."""
+    instantiation of either build spills (the plain build: 104-128 registers at 512 threads,
+    124-247 at 256)."""
     for f, d in instantiations.all_instantiations():
         if f == ALG.kernel_file:
             report, _ = _ptxas(d)

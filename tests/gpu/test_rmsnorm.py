@@ -42,8 +42,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 # unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against the same
 # reference as the fused algorithms.
-# oneshot_ll_block (one block per row) is not among auto's choices but runs in every test.
-EXPLICIT = ("oneshot_ll_block",)
+# oneshot_ll_block (one block per row) and its pipelined build are not among auto's choices but
+# run in every test.
+EXPLICIT = ("oneshot_ll_block", "oneshot_ll_block_pipe")
 ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a in EXPLICIT] + [rmsnorm.UNFUSED]
 
 
@@ -442,7 +443,8 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "oneshot_ll_block"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "oneshot_ll_block",
+                                        "oneshot_ll_block_pipe"))
 def test_call_mismatch_is_reported(algo: str) -> None:
     """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
     reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns); LL in
@@ -463,15 +465,16 @@ def test_call_mismatch_is_reported(algo: str) -> None:
     check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
 
 
+@pytest.mark.parametrize("algo", ["oneshot_ll_block", "oneshot_ll_block_pipe"])
 @pytest.mark.parametrize("r", [2, 3, 4, 8, 9])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_block_algorithm_rows_ranks_and_passes(r: int, dtype: torch.dtype) -> None:
-    """oneshot_ll_block (one block per row, rmsnorm.block_row_geometry): bitwise the reference on
-    every rank at 1-512 rows, odd and multi-pass rows (two receive groups at 8 ranks, a wide group
-    at 9), distinct residuals and weights per rank, poisoned outputs."""
+def test_block_algorithm_rows_ranks_and_passes(algo: str, r: int, dtype: torch.dtype) -> None:
+    """oneshot_ll_block (one block per row, rmsnorm.block_row_geometry) and its pipelined build:
+    bitwise the reference on every rank at 1-512 rows, odd and multi-pass rows (two receive groups
+    at 8 ranks, a wide group at 9, pipelined passes over several rows per block), distinct
+    residuals and weights per rank, poisoned outputs."""
     c = comm(r)
-    algo = "oneshot_ll_block"
-    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"block|{r}|{dtype}".encode()))
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"{algo}|{r}|{dtype}".encode()))
     shapes = [(1, 4096), (2, 8192), (16, 4096), (1, 7), (3, 1001), (5, 5120), (33, 2050), (512, 64), (4, 16384),
               (100, 8192)]
     for k, (tokens, hidden) in enumerate(shapes):
@@ -482,14 +485,18 @@ def test_block_algorithm_rows_ranks_and_passes(r: int, dtype: torch.dtype) -> No
     c.check()
 
 
-def test_block_algorithm_mismatch_in_its_second_receive_group() -> None:
-    """8 ranks, 1 x 4096 bf16: four lines per thread in two receive groups; rank 3's flipped call
-    signature is seen by every rank, and the communicator computes right again after reset."""
-    r, algo = 8, "oneshot_ll_block"
+@pytest.mark.parametrize("algo,hidden", [("oneshot_ll_block", 4096), ("oneshot_ll_block_pipe", 8192)])
+def test_block_algorithm_mismatch_in_its_second_receive_group(algo: str, hidden: int) -> None:
+    """8 ranks, one row of bf16: four lines per thread in two receive groups (oneshot_ll_block,
+    4096), or four pipelined passes on two sets of channels (the pipelined build, 8192); rank 3's
+    flipped call signature is seen by every rank, and the communicator computes right again after
+    reset."""
+    r = 8
     c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
-    assert rmsnorm.geometry(algo, torch.bfloat16, 1, 4096, r).slots == 4
+    g = rmsnorm.geometry(algo, torch.bfloat16, 1, hidden, r)
+    assert g.slots == 4 if algo == "oneshot_ll_block" else g.passes == 4
     gen = torch.Generator(device=DEV).manual_seed(111)
-    xs, res, w = inputs(r, 1, 4096, torch.bfloat16, gen)
+    xs, res, w = inputs(r, 1, hidden, torch.bfloat16, gen)
     c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
     c.check()
     outs, res_outs = poisoned_like(xs), poisoned_like(res)

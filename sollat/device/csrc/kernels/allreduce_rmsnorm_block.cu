@@ -37,9 +37,14 @@
 // and the block's barrier); the row's __syncthreads_or tells every thread of the block, and then
 // each writes NaN into its lines of every output from that row on and nobody commits epochs.
 //
+// Pipelined passes (module define SOLLAT_RMSNORM_BLOCK_PIPE=1, algorithm
+// rmsnorm_oneshot_ll_block_pipe; one receive group): see at the buffers below.
+//
 // Module defines (sollat/collectives/algorithms.py): SOLLAT_T (float, sollat::bf16, sollat::f16),
 // SOLLAT_PROTO (ProtoLL), SOLLAT_MAX_RANKS (2, 4, 8, 72), SOLLAT_SLOTS (lines per thread per pass:
-// 1, 2, 4), SOLLAT_RMSNORM_FP8 (0 or absent, 1); SOLLAT_OP is OpSum and not used.
+// 1, 2, 4), SOLLAT_RMSNORM_BLOCK_THREADS (its __launch_bounds__: algorithms.rmsnorm_block_threads),
+// SOLLAT_RMSNORM_FP8 (0 or absent, 1), SOLLAT_RMSNORM_BLOCK_PIPE (0 or absent, 1); SOLLAT_OP is
+// OpSum and not used.
 // Kernels: ar_rmsnorm_block (abi.h SOLLAT_RMSNORM_PARAMS), with SOLLAT_RMSNORM_FP8 instead
 // ar_rmsnorm_block_fp8 (SOLLAT_RMSNORM_FP8_PARAMS) (abi.rmsnorm_entry).
 #include "sollat/collective.h"
@@ -47,6 +52,9 @@
 
 #ifndef SOLLAT_RMSNORM_FP8
 #define SOLLAT_RMSNORM_FP8 0
+#endif
+#ifndef SOLLAT_RMSNORM_BLOCK_PIPE
+#define SOLLAT_RMSNORM_BLOCK_PIPE 0
 #endif
 
 using namespace sollat;
@@ -81,14 +89,15 @@ template <class B> struct GroupBuffer<true, B> { typedef B type; };
 
 }  // namespace
 
-template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8>
+template <typename T, class Proto, int kMaxRanks, int kSlots, bool kFp8, bool kPipe>
 __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, float eps, const T* in, T* out,
                                                  const T* res, T* res_out, const T* weight, Fp8Out fp8) {
   constexpr int kG = GroupSlots<kMaxRanks, kSlots>::value;
   constexpr int kGroups = kSlots / kG;
   static_assert(kGroups * kG == kSlots && kGroups <= 2, "one or two receive groups");
+  static_assert(!kPipe || kGroups == 1, "the pipelined passes take one receive group");
   typedef LLBuffer<Proto, kMaxRanks, kG> Buf;
-  typedef typename GroupBuffer<(kGroups > 1), Buf>::type Buf1;
+  typedef typename GroupBuffer<(kGroups > 1 || kPipe), Buf>::type Buf1;
   typedef typename Buf::template PackT<T> P;
   typedef typename Buf::template AccT<T> A;
   constexpr int kElems = P::kElems;
@@ -169,8 +178,17 @@ __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, 
   const bool refuses = refused(a);
   const FaultSink fault = make_fault(a);
   const BufferDesc<kMaxRanks> desc = make_desc<kMaxRanks>(a, 0, region_bytes(a.nranks, a.lines_per_src));
+  // Pipelined passes (kPipe, rows of several passes): pass p of a row runs on buffer p & 1, buf1
+  // on the channels of block blockIdx.x + gridDim.x of the region (its blocks: lines_per_src /
+  // (kMaxSlotsPerThread * kMaxThreads); the host leaves room: rmsnorm.block_row_geometry), and
+  // pass p + 1's lines are sent before pass p's are received. Every rank decides alike (the same
+  // launch, the same region). Without room the passes run one after the other on buf0.
+  const int region_blocks = a.lines_per_src / (kMaxSlotsPerThread * kMaxThreads);
+  const bool pipe = kPipe && passes > 1 && 2 * (int)gridDim.x <= region_blocks;
   Buf buf0(desc, fault, slot_index(blockIdx.x, 0, threadIdx.x));
-  Buf1 buf1(desc, fault, slot_index(blockIdx.x, kG, threadIdx.x));
+  // (kPipe without room: buf1 reads buf0's epochs and is neither used nor committed)
+  Buf1 buf1(desc, fault, kPipe ? slot_index(blockIdx.x + (pipe ? gridDim.x : 0), 0, threadIdx.x)
+                               : slot_index(blockIdx.x, kG, threadIdx.x));
   float scale = 0.0f;  // on the device at every launch (a graph replay sees its current value)
   if constexpr (kFp8) scale = *fp8.scale;
 
@@ -183,23 +201,41 @@ __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, 
       float part[kSlots];  // square_tree of each slot's line (0: no line, or after a fault)
 #pragma unroll
       for (int s = 0; s < kSlots; ++s) part[s] = 0.0f;
-      if (ok && (p > 0 || row != first_row)) {
+      // (pipelined: a later pass's lines were loaded and sent during the previous pass)
+      if (ok && (p > 0 || row != first_row) && !(pipe && p > 0)) {
         active = active_in(p);
         load_slots(in, row, p, active, own);
       }
+      const bool odd = pipe && (p & 1) != 0;  // this pass runs on buf1
+      int next_active = 0;
+      P next[kSlots];
       if (ok && active > 0) {
         // The residual (and, in the last pass, the weight) loads go out before the sends.
         P r_in[kSlots];
         load_slots(res, row, p, active, r_in);
         if (p == passes - 1) load_slots(weight, 0, p, active, wt);
-        // One fence for both groups' receives of the previous pass (none in a call's first pass).
-        buf0.releaseReceivesWith(buf1);
-        // Every group's lines first, as the peers receive them (every rank reduces the same bits).
+        if (!pipe || p == 0) {
+          // One fence for both buffers' receives so far (none in a call's first pass).
+          buf0.releaseReceivesWith(buf1);
+          // Every group's lines first, as the peers receive them (every rank reduces the same bits).
 #pragma unroll
-        for (int s = 0; s < kSlots; ++s) {
-          if (s >= active) continue;
-          if (s < kG) own[s] = buf0.template bcast<T>(s, own[s]);
-          else own[s] = buf1.template bcast<T>(s - kG, own[s]);
+          for (int s = 0; s < kSlots; ++s) {
+            if (s >= active) continue;
+            if (s < kG) own[s] = buf0.template bcast<T>(s, own[s]);
+            else own[s] = buf1.template bcast<T>(s - kG, own[s]);
+          }
+        }
+        if (pipe && p + 1 < passes) {
+          // Pass p + 1's lines, on the other buffer, before this pass's receive. That buffer's
+          // send fences its own receives of pass p - 1 first (beforeSend): its credit is its own.
+          next_active = active_in(p + 1);
+          load_slots(in, row, p + 1, next_active, next);
+#pragma unroll
+          for (int s = 0; s < kSlots; ++s) {
+            if (s >= next_active) continue;
+            if (odd) next[s] = buf0.template bcast<T>(s, next[s]);
+            else next[s] = buf1.template bcast<T>(s, next[s]);
+          }
         }
         // r of line s, as every rank has it: into res_out and the line's squares.
         auto take = [&](int s, const A& acc) {
@@ -216,11 +252,14 @@ __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, 
 #pragma unroll
           for (int i = 0; i < kG; ++i) mine[i] = own[i];
           const int n0 = active < kG ? active : kG;
-          if (buf0.template recvReduce<T, OpSum>(n0, mine, acc)) {
+          const bool got = odd ? buf1.template recvReduce<T, OpSum>(n0, mine, acc)
+                               : buf0.template recvReduce<T, OpSum>(n0, mine, acc);
+          if (got) {
 #pragma unroll
             for (int i = 0; i < kG; ++i)
               if (i < n0) take(i, acc[i]);
-            buf0.advanceEpoch();
+            if (odd) buf1.advanceEpoch();
+            else buf0.advanceEpoch();
           } else {
             ok = false;  // fault recorded; the second group is not polled
           }
@@ -242,6 +281,11 @@ __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, 
             }
           }
         }
+      }
+      if (pipe && p + 1 < passes) {  // the next pass's lines, already sent
+        active = next_active;
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) own[s] = next[s];
       }
       // The chunks of this pass, every slot's butterfly interleaved (every lane: the pass loop is
       // block-uniform); a slot past the row's last chunk sums zeros and is not stored.
@@ -279,14 +323,15 @@ __device__ __forceinline__ void ar_rmsnorm_block(const CallArgs& a, u64 hidden, 
     }
   }
   buf0.commit();
-  buf1.commit();
+  if (kGroups > 1 || pipe) buf1.commit();
 }
 
 __device__ __forceinline__ void ar_rmsnorm_block_body(const CallArgs& a, u64 hidden, u32 eps_bits, const void* in,
                                                       void* out, const void* res, void* res_out, const void* weight,
                                                       Fp8Out fp8 = Fp8Out{nullptr, nullptr}) {
   typedef SOLLAT_T T;
-  ar_rmsnorm_block<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0>(
+  ar_rmsnorm_block<T, SOLLAT_PROTO, SOLLAT_MAX_RANKS, SOLLAT_SLOTS, SOLLAT_RMSNORM_FP8 != 0,
+                   SOLLAT_RMSNORM_BLOCK_PIPE != 0>(
       a, hidden, bit_cast<float>(eps_bits), (const T*)in, (T*)out, (const T*)res, (T*)res_out, (const T*)weight, fp8);
 }
 
