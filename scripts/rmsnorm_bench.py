@@ -26,6 +26,11 @@ rows and the last: a row's bits do not depend on its batch).
     python3 scripts/rmsnorm_bench.py --quick
     python3 scripts/rmsnorm_bench.py --rules-from /tmp/rmsnorm-bench/rmsnorm-bench.json \\
         --write-tables sollat/collectives/tuning                           # auto's rules from a sweep
+
+``--ab`` (development) also checks and times, at every shape, the fused ``oneshot_ll_block`` (one block
+per row) and its pipelined build ``oneshot_ll_block_pipe``, and the epilogue's A/B builds (``AB_VARIANTS``), each checked bitwise first, and prints one
+more line per shape: their µs, the fused rows' distance to ``ar``, the best fused row's margin under
+``ar+compiled``, and each epilogue build's ratio to the compiled norm (FAIL where a check failed).
 """
 
 from __future__ import annotations
@@ -42,13 +47,18 @@ import sollat
 from sollat.bench import env, results
 from sollat.bench import rmsnorm_sweep as sweep
 from sollat.bench.timing import calls_for, measure_floor, sets_for, slowest_rank, time_calls
-from sollat.collectives import rmsnorm
+from sollat.collectives import rmsnorm, rmsnorm_epilogue
 from sollat.collectives.rmsnorm_epilogue import add_rmsnorm
 
 EPS = 1e-6
 FP8_SCALE = 0.02
 FP8 = torch.float8_e4m3fn
 INT_OF = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+# --ab: the fused algorithms outside auto's choices, and the epilogue's builds besides the default
+AB_FUSED = ("oneshot_ll_block", "oneshot_ll_block_pipe")
+AB_VARIANTS: dict[str, rmsnorm_epilogue.Variant] = {
+    "epi_s2": rmsnorm_epilogue.Variant(2), "epi_s1": rmsnorm_epilogue.Variant(1),
+    "epi_pow2": rmsnorm_epilogue.Variant(pow2_mean=True), "epi_s2_pow2": rmsnorm_epilogue.Variant(2, True)}
 
 
 def _post(y: torch.Tensor, res: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,12 +141,18 @@ class Case:
         y, res = self.flat[0][i], self.flat[1][i]
         add_rmsnorm(y, res, self.w, EPS, out=y, residual_out=res, **self.fp8_args(i, flat=True))
 
+    def epilogue_variant(self, v: rmsnorm_epilogue.Variant) -> Callable[[int], None]:
+        def call(i: int) -> None:
+            with rmsnorm_epilogue.variant(v):
+                self.epilogue(i)
+        return call
+
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.detach().cpu().contiguous().view(INT_OF[t.element_size()])
 
 
-def check(case: Case, gen: torch.Generator, world: int, rank: int) -> dict[str, str]:
+def check(case: Case, gen: torch.Generator, world: int, rank: int, ab: bool = False) -> dict[str, str]:
     """Each algorithm (and the epilogue alone) on fresh inputs, bitwise against the reference on
     the first four rows and the last (every rank's inputs come from the same generator state, so
     each rank can build all of them)."""
@@ -149,7 +165,7 @@ def check(case: Case, gen: torch.Generator, world: int, rank: int) -> dict[str, 
     want = [want_y, want_r] + ([rmsnorm.fp8_reference(want_y, case.scale)] if s.fp8 else [])
     kw = {"fp8_scale": case.scale} if s.fp8 else {}
     out = {}
-    for algo in ("oneshot_ll", "oneshot_sentinel", "unfused", "auto"):
+    for algo in ("oneshot_ll", "oneshot_sentinel", "unfused", "auto", *(AB_FUSED if ab else ())):
         if case.virtual:
             got = case.comm.all_reduce_rmsnorm(xs, [res.clone() for _ in range(world)], case.w, EPS, algo, **kw)
             same = all(torch.equal(_bits(a), _bits(g[0])) for g in got for a in g[1:])
@@ -165,6 +181,11 @@ def check(case: Case, gen: torch.Generator, world: int, rank: int) -> dict[str, 
     got = add_rmsnorm(total, res.clone(), case.w, EPS, **kw)
     ok = all(torch.equal(_bits(m)[keep], _bits(w)) for m, w in zip(got, want, strict=True))
     out["epilogue"] = "bitwise ok" if ok else "MISMATCH"
+    for name, v in AB_VARIANTS.items() if ab else ():
+        with rmsnorm_epilogue.variant(v):
+            got = add_rmsnorm(total, res.clone(), case.w, EPS, **kw)
+        ok = all(torch.equal(_bits(m)[keep], _bits(w)) for m, w in zip(got, want, strict=True))
+        out[name] = "bitwise ok" if ok else "MISMATCH"
     case.comm.check()
     return out
 
@@ -173,7 +194,7 @@ def run_one(comm: Any, virtual: bool, shape: sweep.Shape, rank: int, dev: torch.
             sync: Callable[[], None] | None, ar_us: dict[tuple[Any, ...], float]) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(1000 * shape.tokens + shape.hidden + 7 * shape.ranks)  # same on every rank
     case = Case(comm, virtual, shape, dev, gen)
-    checks = check(case, gen, shape.ranks, rank)
+    checks = check(case, gen, shape.ranks, rank, a.ab)
     nbytes = shape.tokens * shape.row_bytes * (shape.ranks if virtual else 1)
     calls = calls_for(nbytes, a.calls)
 
@@ -194,9 +215,39 @@ def run_one(comm: Any, virtual: bool, shape: sweep.Shape, rank: int, dev: torch.
     ar_us.setdefault(plain_key, us["ar"])
     pick = comm.selected_rmsnorm_algorithm(shape.tokens * shape.row_bytes, getattr(torch, shape.dtype), shape.tokens)
     us["auto"] = us[{"oneshot_ll": "fused_ll", "oneshot_sentinel": "fused_sentinel"}.get(pick, pick)]
-    return {"ranks": shape.ranks, "dtype": shape.dtype, "fp8": shape.fp8, "tokens": shape.tokens,
-            "hidden": shape.hidden, "row_bytes": shape.row_bytes, "calls_per_graph": calls,
-            "us": {n: us.get(n) for n in sweep.NAMES}, "auto_pick": pick, "checks": checks}
+    row = {"ranks": shape.ranks, "dtype": shape.dtype, "fp8": shape.fp8, "tokens": shape.tokens,
+           "hidden": shape.hidden, "row_bytes": shape.row_bytes, "calls_per_graph": calls,
+           "us": {n: us.get(n) for n in sweep.NAMES}, "auto_pick": pick, "checks": checks}
+    if a.ab:
+        extra = {f"fused_{algo.removeprefix('oneshot_')}": case.fused(algo) for algo in AB_FUSED}
+        extra.update({name: case.epilogue_variant(v) for name, v in AB_VARIANTS.items()})
+        row["ab"] = {name: timed(fn) for name, fn in extra.items()}
+    return row
+
+
+def format_ab(row: dict[str, Any]) -> str:
+    """--ab's line of one shape: each fused row's µs and distance to ar, the margin of the best fused
+    row that passed its check under ar+compiled, each epilogue build against the compiled norm;
+    FAIL where a check failed."""
+    us, ab, checks = row["us"], row["ab"], row["checks"]
+    ar, arc, cn = us.get("ar"), us.get("ar+compiled"), us.get("compiled_norm")
+    fused = {"fused_ll": us.get("fused_ll"), "fused_sentinel": us.get("fused_sentinel"),
+             **{k: v for k, v in ab.items() if k.startswith("fused_")}}
+    check_of = {"fused_ll": checks.get("oneshot_ll", ""), "fused_sentinel": checks.get("oneshot_sentinel", ""),
+                **{f"fused_{a.removeprefix('oneshot_')}": checks.get(a, "") for a in AB_FUSED}}
+    passed = {name: str(check_of.get(name, "")).startswith("bitwise ok") for name in fused}
+    parts = []
+    for name, t in fused.items():
+        bad = "" if passed[name] else " FAIL"
+        parts.append(f"{name} {t:.2f} (+{t - ar:.2f} ar){bad}" if t is not None and ar is not None else f"{name} -")
+    best = min((t for name, t in fused.items() if t is not None and passed[name]), default=None)
+    if best is not None and arc is not None:
+        parts.append(f"ar+compiled - best fused = {arc - best:.2f}")
+    epi = [("epilogue", us.get("epilogue"))] + [(k, v) for k, v in ab.items() if k.startswith("epi_")]
+    for name, t in epi:
+        bad = "" if str(checks.get(name, "bitwise ok")).startswith("bitwise ok") else " FAIL"
+        parts.append(f"{name} {t:.2f} ({t / cn:.2f}x cn){bad}" if t is not None and cn else f"{name} -")
+    return "   ab: " + "; ".join(parts)
 
 
 def rules_only(a: Any) -> int:
@@ -248,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         trim_memory()
         if rank == 0:
             print(f"{sweep.format_row(done[-1])}  [{k + 1}/{len(shapes)} {time.monotonic() - t0:.0f} s]", flush=True)
+            if a.ab:
+                print(format_ab(done[-1]), flush=True)
             if a.into:
                 sweep.write_report(a.into, sweep.report(meta, floor, done, len(shapes), time.monotonic() - t0))
     if rank == 0:

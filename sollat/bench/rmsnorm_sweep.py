@@ -80,6 +80,9 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                    help="start no new shape after this many seconds (0: no limit); the JSON says what ran")
     p.add_argument("--into", default=None, help="folder for rmsnorm-bench.json (rewritten after every shape)")
     p.add_argument("--commit", default=None, help="the commit to record (default: git's)")
+    p.add_argument("--ab", action="store_true",
+                   help="development: also check and time the fused oneshot_ll_block and the epilogue's A/B builds "
+                        "(rmsnorm_epilogue.Variant); one extra line per shape, 'ab' in the JSON rows")
     p.add_argument("--row-lines", type=int, default=None,
                    help="development: rmsnorm.ROW_LINES_PER_BLOCK for this run (how wide a fused row's cluster gets)")
     p.add_argument("--rules-from", default=None, metavar="JSON",

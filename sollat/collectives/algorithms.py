@@ -203,9 +203,56 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   slot_choices=((2, 1), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
                       "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
+        # One block of up to abi.MAX_THREADS threads per row (rmsnorm.block_row_geometry): the row's
+        # sum of squares is the block's, no cluster exchange. LL only (its receive groups each check
+        # the call in their lines' flags: kernels/allreduce_rmsnorm_block.cu). Up to 4 lines per
+        # thread (a row of 8192 16-bit elements in two passes at most), received in groups of at
+        # most 2 lines per peer at 8 ranks; a wide group takes one line per thread and pass. It runs
+        # on rmsnorm_oneshot_ll's region and epochs (same protocol, one buffer, the same blocks):
+        # a channel simply carries the next epoch for whichever of the two runs next, as one
+        # kernel's calls of different sizes do, and each call's lines carry its own signature. So
+        # it costs no scratch.
+        Algorithm("rmsnorm_oneshot_ll_block", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4),
+                                (abi.MAX_RANKS, 1)),
+                  region="rmsnorm_oneshot_ll",
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
+        # The same kernel with pipelined passes (module define SOLLAT_RMSNORM_BLOCK_PIPE=1): a row of
+        # several passes alternates two sets of channels (its block's and those of block
+        # b + blocks), and each pass's lines go out before the previous pass's are received. One
+        # receive group per pass, hence no 4-slot build at 8 ranks.
+        Algorithm("rmsnorm_oneshot_ll_block_pipe", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
+                  RMSNORM_MAX_BLOCKS, True, False,
+                  dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (abi.MAX_RANKS, 1)),
+                  region="rmsnorm_oneshot_ll",
+                  doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row, "
+                      "pipelined passes"),
     )
 }
-RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm, ar_rmsnorm_twoshot
+# The one-block-per-row algorithms whose passes are pipelined (SOLLAT_RMSNORM_BLOCK_PIPE=1).
+RMSNORM_BLOCK_PIPELINED = frozenset({"rmsnorm_oneshot_ll_block_pipe"})
+# The one-block-per-row kernel's threads per block (its __launch_bounds__, module define
+# SOLLAT_RMSNORM_BLOCK_THREADS) by (rank cap, slots): abi.MAX_THREADS where its 128 registers per
+# thread hold the instantiation without a spill (ptxas -v, sm_90: 106-128 registers), else 256
+# (the rest: 140-247 registers; at 512 they spilled 20-1052 bytes).
+# The pipelined build (RMSNORM_BLOCK_PIPELINED) keeps a second buffer and the next pass's lines:
+# at 512 threads its (4, 2) instantiations spilled (16 bytes, 16-bit types).
+RMSNORM_BLOCK_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1), (4, 2)})
+RMSNORM_BLOCK_PIPE_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1)})
+RMSNORM_BLOCK_NARROW_THREADS = 256
+
+
+def rmsnorm_block_threads(max_ranks: int, slots: int, pipelined: bool = False) -> int:
+    """Most threads per block of the one-block-per-row fused kernel's (rank cap, slots) instantiation
+    (``pipelined``: its build with pipelined passes)."""
+    wide = RMSNORM_BLOCK_PIPE_WIDE_THREADS if pipelined else RMSNORM_BLOCK_WIDE_THREADS
+    return abi.MAX_THREADS if (max_ranks, slots) in wide else RMSNORM_BLOCK_NARROW_THREADS
+
+
+RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm[_twoshot, _block]
 
 
 @dataclass(frozen=True)
@@ -294,7 +341,7 @@ def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, .
         shared.setdefault(a.region, Region(a.region, a, min(max_blocks, a.max_blocks)))
     return (tuple(Region(n, ALGORITHMS[n], max_blocks) for n in names)
             + tuple(Region(n, a, min(a.max_blocks, fused_blocks or a.max_blocks)) for n, a in RMSNORM_ALGORITHMS.items()
-                    if n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled())
+                    if (n not in RMSNORM_EXPERIMENTAL or rmsnorm_twoshot_enabled()) and not a.region)
             + tuple(shared.values())
             + tuple(Region(a.name, a, max_blocks) for a in customs))
 
@@ -362,6 +409,11 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         if alg.kernel not in RMSNORM_KERNELS:
             raise ValueError(f"only the fused RMSNorm has an FP8 variant, not {alg.name!r}")
         d["SOLLAT_RMSNORM_FP8"] = "1"  # absent otherwise: the plain module's defines (and cubin) stay as they were
+    if alg.kernel == "ar_rmsnorm_block":  # its __launch_bounds__ (absent for every other kernel)
+        d["SOLLAT_RMSNORM_BLOCK_THREADS"] = str(rmsnorm_block_threads(max_ranks, slots,
+                                                                     alg.name in RMSNORM_BLOCK_PIPELINED))
+        if alg.name in RMSNORM_BLOCK_PIPELINED:
+            d["SOLLAT_RMSNORM_BLOCK_PIPE"] = "1"
     if alg.kernel == "ar_rmsnorm_twoshot":
         d["SOLLAT_RMSNORM_TWOSHOT"] = "1"  # absent for the one-shot: its defines (and cubin) stay as they were
     if test_hooks:

@@ -45,8 +45,8 @@ import torch
 from ..device import abi, layout
 from ..device.dtypes import DTYPES, DType
 from ..errors import UnsupportedError
-from . import rmsnorm_rules
-from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template
+from . import algorithms, rmsnorm_rules
+from .algorithms import RMSNORM_ALGORITHMS, Algorithm, max_ranks_template, rmsnorm_block_threads
 
 OPNAME = "all_reduce_rmsnorm"
 MAX_HIDDEN = abi.RMSNORM_MAX_HIDDEN  # elements per row (the kernels loop over passes; above this a row is refused)
@@ -54,7 +54,10 @@ DTYPES_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16)
 FP8_DTYPE = torch.float8_e4m3fn  # the optional copy's type
 # Public algorithm names (as for all_reduce) -> the registry's names (own scratch regions).
 ALGOS: dict[str, str] = {"oneshot_ll": "rmsnorm_oneshot_ll", "oneshot_sentinel": "rmsnorm_oneshot_sentinel",
-                         "twoshot_sentinel": "rmsnorm_twoshot_sentinel"}
+                         "twoshot_sentinel": "rmsnorm_twoshot_sentinel", "oneshot_ll_block": "rmsnorm_oneshot_ll_block",
+                         "oneshot_ll_block_pipe": "rmsnorm_oneshot_ll_block_pipe"}
+# The kernel that takes a row in one block (kernels/allreduce_rmsnorm_block.cu: block_row_geometry).
+BLOCK_KERNEL = "ar_rmsnorm_block"
 # The hand-over (no scratch of its own, not in ALGOS): sollat's deterministic AllReduce (``auto``;
 # library paths included unless the communicator is batch-invariant) into the output, then
 # kernels/add_rmsnorm.cu on one GPU (the residual add and the norm with the fused kernel's
@@ -115,6 +118,8 @@ def row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: 
     ``widest_blocks`` (default the algorithm's blocks) bounds the cluster width instead: a wide
     group of virtual ranks whose clusters cannot all be resident passes fewer (same bits:
     rmsnorm_math.h)."""
+    if alg.kernel == BLOCK_KERNEL:
+        return block_row_geometry(alg, dt, rows, hidden, world_size, max_blocks)
     limit = alg.max_blocks if max_blocks is None else max_blocks
     epl = alg.elems_per_line(dt)
     row_lines = layout.ceil_div(hidden, epl)
@@ -159,6 +164,39 @@ def row_exchange(g: RowGeometry) -> RowExchange:
     return RowExchange(min(g.row_blocks, layout.ceil_div(g.row_lines, block_lines)), per_block)
 
 
+def block_row_geometry(alg: Algorithm, dt: DType, rows: int, hidden: int, world_size: int,
+                       max_blocks: int | None = None) -> RowGeometry:
+    """The cut of kernels/allreduce_rmsnorm_block.cu: one block per row (``row_blocks`` 1; block b
+    takes rows b, b + blocks, ...). Of the algorithm's slot counts for the world size (lines per
+    thread per pass, each instantiation with its own most threads:
+    algorithms.rmsnorm_block_threads), the one that takes the row in the fewest passes, the fewest
+    slots among those; then as few threads (whole warps) as a pass needs. As many blocks as rows,
+    up to ``max_blocks`` (default the algorithm's), at least one; with pipelined passes
+    (algorithms.RMSNORM_BLOCK_PIPELINED) and more than one pass, up to half of them (the second
+    half's channels carry every other pass)."""
+    limit = alg.max_blocks if max_blocks is None else max_blocks
+    epl = alg.elems_per_line(dt)
+    row_lines = layout.ceil_div(hidden, epl)
+    rmax = max_ranks_template(world_size)
+    choices = sorted(s for r, s in alg.slot_choices if r == rmax)
+    pipelined = alg.name in algorithms.RMSNORM_BLOCK_PIPELINED
+
+    def most_threads(s: int) -> int:
+        return rmsnorm_block_threads(rmax, s, pipelined)
+
+    def passes_of(s: int) -> int:
+        return layout.ceil_div(row_lines, s * most_threads(s))
+
+    slots = min(choices, key=lambda s: (passes_of(s), s))
+    passes = passes_of(slots)
+    per_pass = layout.ceil_div(row_lines, passes * slots)  # lines per slot and pass: the threads
+    threads = min(most_threads(slots), layout.ceil_div(per_pass, layout.WARP) * layout.WARP)
+    passes = layout.ceil_div(row_lines, threads * slots)
+    if passes > 1 and pipelined:
+        limit //= 2
+    return RowGeometry(max(1, min(rows, limit)), threads, slots, passes, row_lines, epl, 1)
+
+
 def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: int) -> RowGeometry:
     """``row_geometry`` by public algorithm name (``oneshot_ll``, ``twoshot_sentinel`` ...), with the
     algorithm's block limit (a VirtualCommunicator may launch fewer blocks when they do not fit at
@@ -171,15 +209,15 @@ def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: 
 UNFUSED_MAX_GRID = 1 << 16  # blocks of the epilogue; more rows loop (block b: rows b, b + grid, ...)
 
 
-def unfused_geometry(dt: DType, rows: int, hidden: int) -> RowGeometry:
+def unfused_geometry(dt: DType, rows: int, hidden: int, slots: int = abi.ADD_RMSNORM_SLOTS) -> RowGeometry:
     """The cut of kernels/add_rmsnorm.cu per launch rank: one block per row (up to UNFUSED_MAX_GRID
     blocks; more rows loop), 16-byte lines in chunks of 32, abi.ADD_RMSNORM_SLOTS chunks per warp
     and pass (chunk ``(pass * slots + slot) * warps + warp``, as ``row_geometry``'s cut of one
     block), as many warps as that takes up to abi.ADD_RMSNORM_MAX_THREADS threads (more lines: more
-    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass."""
+    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass.
+    ``slots``: another build's chunks per warp and pass (rmsnorm_epilogue.variant; the same bits)."""
     epl = layout.LINE_BYTES // dt.size
     row_lines = layout.ceil_div(hidden, epl)
-    slots = abi.ADD_RMSNORM_SLOTS
     chunks = layout.ceil_div(row_lines, layout.WARP)
     threads = min(abi.ADD_RMSNORM_MAX_THREADS, layout.ceil_div(chunks, slots) * layout.WARP)
     passes = layout.ceil_div(row_lines, threads * slots)

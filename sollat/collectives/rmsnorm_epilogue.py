@@ -12,7 +12,9 @@ it against a compiled add + norm).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,10 +30,47 @@ assert LISTS == ("in", "out", "res", "res_out", "weight", "fp8_out", "fp8_scale"
 TABLE_RANKS: tuple[int, ...] = tuple(sorted({1, *abi.RANK_CAPS}))  # a Communicator's table, then each rank cap's
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A build of kernels/add_rmsnorm.cu for measuring against the default (the same bits by
+    construction; scripts/rmsnorm_bench.py --ab times them): ``slots`` 16-byte lines per thread and
+    pass (module define SOLLAT_ADD_RMSNORM_SLOTS; the geometry follows), ``pow2_mean`` ss / hidden
+    as a multiply by the exact reciprocal where hidden is a power of two
+    (SOLLAT_ADD_RMSNORM_POW2_MEAN). The default adds no define: its build is unchanged."""
+
+    slots: int = abi.ADD_RMSNORM_SLOTS
+    pow2_mean: bool = False
+
+    def defines(self) -> dict[str, str]:
+        d = {}
+        if self.slots != abi.ADD_RMSNORM_SLOTS:
+            d["SOLLAT_ADD_RMSNORM_SLOTS"] = str(self.slots)
+        if self.pow2_mean:
+            d["SOLLAT_ADD_RMSNORM_POW2_MEAN"] = "1"
+        return d
+
+
+DEFAULT_VARIANT = Variant()
+_variant = DEFAULT_VARIANT
+
+
+@contextlib.contextmanager
+def variant(v: Variant) -> Iterator[None]:
+    """Builds and launches made inside use ``v`` (this process; for A/B measurements)."""
+    global _variant
+    if v.slots not in (1, 2, 4):
+        raise ValueError(f"add_rmsnorm variant: slots must be 1, 2 or 4, got {v.slots}")
+    before, _variant = _variant, v
+    try:
+        yield
+    finally:
+        _variant = before
+
+
 def defines(dt: DType, table_ranks: int) -> dict[str, str]:
     """NVRTC defines of one build: the dtype, and the rank table's launch ranks (1 on real ranks,
-    the kernels' rank cap on virtual ranks, as for the collectives)."""
-    return {"SOLLAT_T": dt.cxx, "SOLLAT_TABLE_RANKS": str(table_ranks)}
+    the kernels' rank cap on virtual ranks, as for the collectives); a variant's own (``variant``)."""
+    return {"SOLLAT_T": dt.cxx, "SOLLAT_TABLE_RANKS": str(table_ranks), **_variant.defines()}
 
 
 def n_ptrs(table_ranks: int) -> int:
@@ -45,7 +84,7 @@ def launch_parts(dt: DType, rows: int, hidden: int, eps_bits: int, launch_ranks:
     per launch rank, ``launch_ranks`` ranks (grid.y), a build for a table of ``table_ranks``."""
     if not 1 <= launch_ranks <= table_ranks:
         raise ValueError(f"add_rmsnorm: {launch_ranks} launch ranks need 1..{table_ranks} (the table's)")
-    geo = rmsnorm.unfused_geometry(dt, rows, hidden)
+    geo = rmsnorm.unfused_geometry(dt, rows, hidden, _variant.slots)
     kernel = build.get_kernel(KERNEL_FILE, abi.ADD_RMSNORM_ENTRY, defines=defines(dt, table_ranks))
     config = launch.launch_config((geo.blocks, launch_ranks), geo.threads, pdl=True)
     tail = abi.kernel_tail({"rows": rows, "hidden": hidden, "eps_bits": eps_bits}, abi.ADD_RMSNORM_TAIL_PARAMS)
@@ -96,7 +135,7 @@ def add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, e
     if rows == 0:
         return (y, r_out) if fp8 is None else (y, r_out, fp8[0][1])
     bits = rmsnorm.eps_bits(eps)
-    key = (dev.index, dt.short, rows, hidden, bits)
+    key = (dev.index, dt.short, rows, hidden, bits, _variant)
     bound = _bound.get(key)
     if bound is None:
         launch.ensure_device(dev.index)

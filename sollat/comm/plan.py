@@ -110,11 +110,12 @@ class Kernels:
             return geo, self.kernel(alg, alg.kernel_file, dt, "sum", geo.slots, fp8)
 
         mem = self.memory
-        geo, kernel, config = self.fitting.fit(rmsnorm.OPNAME, build_for, mem.region_blocks[name])
+        region = alg.region or name  # its scratch region and epochs (the block kernel runs on oneshot_ll's)
+        geo, kernel, config = self.fitting.fit(rmsnorm.OPNAME, build_for, mem.region_blocks[region])
         rec0, rank_stride = self.ranks.record_args(mem.scratch_ptrs)
         tail = abi.kernel_tail({
-            "n": rows * hidden, "st": mem.state.data_ptr(), "region_off": mem.region_off[name],
-            "lines_per_src": layout.lines_per_src(mem.region_blocks[name]), "epochs": mem.epochs[name].data_ptr(),
+            "n": rows * hidden, "st": mem.state.data_ptr(), "region_off": mem.region_off[region],
+            "lines_per_src": layout.lines_per_src(mem.region_blocks[region]), "epochs": mem.epochs[region].data_ptr(),
             "sig": rmsnorm.signature(name, dt, rows, hidden, eps_bits, fp8), "rank_base": self.ranks.rank_base,
             "nranks": self.world_size, "rec0": rec0, "rank_stride": rank_stride, "hidden": hidden,
             "eps_bits": eps_bits}, abi.RMSNORM_TAIL_PARAMS)

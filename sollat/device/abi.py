@@ -81,7 +81,7 @@ KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("
                                                   Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
                                                   Kernel("allgather", 1),
                                                   Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2),
-                                                  Kernel("oneshot_wide", 1))}
+                                                  Kernel("oneshot_wide", 1), Kernel("ar_rmsnorm_block", 1))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:

@@ -80,13 +80,13 @@ def test_fused_rmsnorm_entry_points_take_pointers_then_one_tail() -> None:
 
     assert torch.finfo(torch.float8_e4m3fn).max == abi.FP8_E4M3_MAX  # torch's format is the kernel's
     assert torch.tensor(float("nan")).to(torch.float8_e4m3fn).view(torch.uint8).item() == abi.FP8_E4M3_NAN
-    src = build.kernel_source(algorithms.RMSNORM_ALGORITHMS["rmsnorm_oneshot_ll"].kernel_file)
-    # every entry the host asks for (abi.rmsnorm_entry of the one- and two-shot kernels) is named in
-    # the kernel file and declared with its parameter list
-    kernels = {a.kernel for a in algorithms.RMSNORM_ALGORITHMS.values()}
-    assert kernels == {"ar_rmsnorm", "ar_rmsnorm_twoshot"}
-    for kernel in kernels:
-        assert all(a.kernel_file == "allreduce_rmsnorm.cu" for a in algorithms.RMSNORM_ALGORITHMS.values())
+    # every entry the host asks for (abi.rmsnorm_entry of the one- and two-shot kernels, and of the
+    # one-block-per-row kernel) is named in its kernel file and declared with its parameter list
+    kernels = {a.kernel: a.kernel_file for a in algorithms.RMSNORM_ALGORITHMS.values()}
+    assert kernels == {"ar_rmsnorm": "allreduce_rmsnorm.cu", "ar_rmsnorm_twoshot": "allreduce_rmsnorm.cu",
+                       "ar_rmsnorm_block": "allreduce_rmsnorm_block.cu"}
+    for kernel, kernel_file in kernels.items():
+        src = build.kernel_source(kernel_file)
         for fp8 in (False, True):
             tag = "FP8_" if fp8 else ""
             assert f"#define SOLLAT_RMSNORM_{tag}ENTRY {abi.rmsnorm_entry(kernel, fp8)}\n" in src
@@ -137,7 +137,9 @@ def test_every_kernel_reads_its_buffer_count_from_abi_h() -> None:
     one, two = (abi.kernel_buffers_name(abi.KERNELS[k]) for k in ("ar_rmsnorm", "ar_rmsnorm_twoshot"))
     for alg in algorithms.RMSNORM_ALGORITHMS.values():
         text = build.kernel_source(alg.kernel_file)
-        assert f"constexpr int kBuffers = SOLLAT_RMSNORM_TWOSHOT ? {two} : {one};" in text, alg.kernel_file
+        own = abi.kernel_buffers_name(abi.KERNELS[alg.kernel])
+        buffers = f"SOLLAT_RMSNORM_TWOSHOT ? {two} : {one}" if alg.kernel_file == "allreduce_rmsnorm.cu" else own
+        assert f"constexpr int kBuffers = {buffers};" in text, alg.kernel_file
         assert f"#define SOLLAT_RMSNORM_ENTRY {alg.kernel}\n" in text, alg.kernel_file
         defined.add(alg.kernel)
     assert defined == set(abi.KERNELS)

@@ -42,12 +42,15 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 TWOSHOT = algorithms.rmsnorm_twoshot_enabled()
 # unfused: the hand-over (the AllReduce, then kernels/add_rmsnorm.cu), bitwise against the same
 # reference as the fused algorithms.
-ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS] + [rmsnorm.UNFUSED]
+# oneshot_ll_block (one block per row) and its pipelined build are not among auto's choices but
+# run in every test.
+EXPLICIT = ("oneshot_ll_block", "oneshot_ll_block_pipe")
+ALGOS = [a for a in rmsnorm.ALGOS if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a in EXPLICIT] + [rmsnorm.UNFUSED]
 
 
 def algos(*names: str) -> list[str]:
     """``names`` without the two-shot ones unless it is enabled."""
-    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a == rmsnorm.UNFUSED]
+    return [a for a in names if TWOSHOT or a in rmsnorm.AUTO_ALGOS or a in EXPLICIT or a == rmsnorm.UNFUSED]
 
 
 needs_twoshot = pytest.mark.skipif(not TWOSHOT, reason=f"experimental: set {algorithms.RMSNORM_TWOSHOT_ENV}=1")
@@ -440,7 +443,8 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
-@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "unfused"))
+@pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "unfused",
+                                        "oneshot_ll_block", "oneshot_ll_block_pipe"))
 def test_call_mismatch_is_reported(algo: str) -> None:
     """Rank 3 flips a bit of its call signature: in the two-shot the owners see it in rank 3's
     reduce-scatter lines (and rank 3's peers in its all-gather lines of the rows it owns); LL in
@@ -489,6 +493,50 @@ def test_unfused_all_reduce_carries_the_calls_arguments() -> None:
         seen[key] = int(next(iter(new.values())).tail[sig])
     c.check()
     assert len(set(seen.values())) == len(seen) == 5, f"the signatures do not tell the calls apart: {seen}"
+
+
+@pytest.mark.parametrize("algo", ["oneshot_ll_block", "oneshot_ll_block_pipe"])
+@pytest.mark.parametrize("r", [2, 3, 4, 8, 9])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_block_algorithm_rows_ranks_and_passes(algo: str, r: int, dtype: torch.dtype) -> None:
+    """oneshot_ll_block (one block per row, rmsnorm.block_row_geometry) and its pipelined build:
+    bitwise the reference on every rank at 1-512 rows, odd and multi-pass rows (two receive groups
+    at 8 ranks, a wide group at 9, pipelined passes over several rows per block), distinct
+    residuals and weights per rank, poisoned outputs."""
+    c = comm(r)
+    gen = torch.Generator(device=DEV).manual_seed(zlib.crc32(f"{algo}|{r}|{dtype}".encode()))
+    shapes = [(1, 4096), (2, 8192), (16, 4096), (1, 7), (3, 1001), (5, 5120), (33, 2050), (512, 64), (4, 16384),
+              (100, 8192)]
+    for k, (tokens, hidden) in enumerate(shapes):
+        xs, res, w = inputs(r, tokens, hidden, dtype, gen, distinct=k % 2 == 0)
+        outs, routs = poisoned_like(xs), poisoned_like(xs)
+        ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=routs)
+        check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} R={r} {dtype} {tokens}x{hidden}")
+    c.check()
+
+
+@pytest.mark.parametrize("algo,hidden", [("oneshot_ll_block", 4096), ("oneshot_ll_block_pipe", 8192)])
+def test_block_algorithm_mismatch_in_its_second_receive_group(algo: str, hidden: int) -> None:
+    """8 ranks, one row of bf16: four lines per thread in two receive groups (oneshot_ll_block,
+    4096), or four pipelined passes on two sets of channels (the pipelined build, 8192); rank 3's
+    flipped call signature is seen by every rank, and the communicator computes right again after
+    reset."""
+    r = 8
+    c = sollat.VirtualCommunicator(r, DEV, timeout_s=0.5)
+    g = rmsnorm.geometry(algo, torch.bfloat16, 1, hidden, r)
+    assert g.slots == 4 if algo == "oneshot_ll_block" else g.passes == 4
+    gen = torch.Generator(device=DEV).manual_seed(111)
+    xs, res, w = inputs(r, 1, hidden, torch.bfloat16, gen)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+    c.check()
+    outs, res_outs = poisoned_like(xs), poisoned_like(res)
+    testing.inject(c, mismatch=3)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
+    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
+    testing.clear(c)
+    c.reset()
+    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
@@ -789,6 +837,16 @@ def test_epilogue_alone_is_the_reference_on_one_gpu(dtype: torch.dtype) -> None:
             assert_bitwise(r2.cpu(), want_r, what + " in place residual_out")
             assert_bitwise(y2.cpu(), want_y, what + " in place y")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("variant", [rmsnorm_epilogue.Variant(2), rmsnorm_epilogue.Variant(1, True),
+                                     rmsnorm_epilogue.Variant(4, True)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_epilogue_variants_are_the_reference(variant: rmsnorm_epilogue.Variant, dtype: torch.dtype) -> None:
+    """The epilogue's A/B builds (fewer slots per thread: more warps and passes; the power-of-two
+    mean as a multiply) give the default's bits on every case of the test above."""
+    with rmsnorm_epilogue.variant(variant):
+        test_epilogue_alone_is_the_reference_on_one_gpu(dtype)
 
 
 @pytest.mark.parametrize("r", [2, 8])

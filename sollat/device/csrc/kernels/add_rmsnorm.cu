@@ -52,7 +52,31 @@ using namespace sollat;
 
 namespace {
 
+// Lines of a row per thread and pass: abi.ADD_RMSNORM_SLOTS, or the module define
+// SOLLAT_ADD_RMSNORM_SLOTS (1, 2, 4; rmsnorm_epilogue.variant: the host's geometry uses the same
+// count). Fewer slots: more warps per row for the same lines, the same bits (the row's tree does
+// not depend on the cut: rmsnorm_math.h).
+#ifdef SOLLAT_ADD_RMSNORM_SLOTS
+constexpr int kSlots = SOLLAT_ADD_RMSNORM_SLOTS;
+static_assert(kSlots == 1 || kSlots == 2 || kSlots == 4, "SOLLAT_ADD_RMSNORM_SLOTS: 1, 2 or 4");
+#else
 constexpr int kSlots = kAddRmsnormSlots;
+#endif
+
+// ss / hidden, correctly rounded (div.rn). With the module define SOLLAT_ADD_RMSNORM_POW2_MEAN=1 a
+// power-of-two hidden multiplies by its reciprocal instead: 1 / 2^k is exact (hidden <=
+// rmsnorm.MAX_HIDDEN), and x * 2^-k and x / 2^k are the same real number, so both correctly rounded
+// operations give the same bits (subnormal results, Inf and NaN included) for one multiply
+// instead of the division's subroutine.
+__device__ __forceinline__ float mean_of(float total, u64 hidden) {
+#if defined(SOLLAT_ADD_RMSNORM_POW2_MEAN) && SOLLAT_ADD_RMSNORM_POW2_MEAN
+  if ((hidden & (hidden - 1)) == 0) {  // 2^-k from its exponent bits: no division at all
+    const int k = 63 - __clzll((long long)hidden);
+    return mul_rn(total, __uint_as_float((u32)(127 - k) << 23));
+  }
+#endif
+  return div_rn(total, (float)hidden);
+}
 // Line `e0 / kElems` of a row of n elements: one vector access when kWhole (the caller checked
 // that every line of the row is whole and aligned), else load_pack / store_pack's checks.
 template <typename T, bool kWhole>
@@ -136,7 +160,7 @@ __device__ __forceinline__ void add_rmsnorm_row(const RowArgs<T>& a, u64 base, u
   // Orders every warp's chunk sums before every thread's reads (shared memory, one block).
   __syncthreads();
   const float total = row_tree_sum(chunk_sums, a.n_chunks);
-  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(div_rn(total, (float)a.hidden), a.eps)));
+  const float rstd = div_rn(1.0f, sqrt_rn(add_rn(mean_of(total, a.hidden), a.eps)));
   for (int p = 0; p < a.passes; ++p) {
     const bool last = p == a.passes - 1;
 #pragma unroll

@@ -25,7 +25,7 @@ constexpr int kFaultRecordOffset = 0;
 constexpr int kFaultWords = 9;
 
 // Buffers per kernel (sollat/device/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
-enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2, kOneshotWideBuffers = 1 };
+enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2, kOneshotWideBuffers = 1, kArRmsnormBlockBuffers = 1 };
 enum Parity : int { kParities = 2 };
 // The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass; the widest rank cap that holds every peer's base in registers (BufferDesc).
 enum PeerGroups : int { kPeerGroupPacks = 4096, kHeldBaseRanks = 16 };
