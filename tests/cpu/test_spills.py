@@ -10,6 +10,7 @@ device API")."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -95,7 +96,7 @@ def test_the_worst_known_spill_is_still_seen() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_instantiation_spills_beyond_the_known_list(arch: str) -> None:
     work = list(instantiations.all_instantiations())
-    report = instantiations.resource_report(arch, jobs=2)
+    report = instantiations.resource_report(arch, jobs=max(1, min(8, os.cpu_count() or 1)))
     assert len(report) == len(work) >= 100
     spilled = {}
     for filename, defines, funcs in report:
