@@ -5,7 +5,11 @@ The instantiations that still spill are listed, with their exact spill bytes, in
 ``known_spills.json`` beside this file; the sweep fails when any instantiation spills that is not
 listed there or spills a different amount than listed, so a new spill fails and a removed one must
 be struck from the list. The list is to be emptied (docs/design.md, "Writing a collective with the
-device API")."""
+device API"). After a kernel change that changes what spills, rewrite it from a fresh sweep (both
+archs, minutes):
+
+    PYTHONPATH=. python3 tests/cpu/test_spills.py --write
+"""
 
 from __future__ import annotations
 
@@ -49,6 +53,23 @@ extern "C" __global__ void __launch_bounds__(%(threads)d, %(blocks)d) pressure(f
   p[threadIdx.x] = s;
 }
 """
+
+
+def jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def spilled(arch: str) -> dict[str, list[int]]:
+    """Every instantiation that spills for ``arch``: module_key -> [bytes stored, bytes loaded]."""
+    work = list(instantiations.all_instantiations())
+    report = instantiations.resource_report(arch, jobs=jobs())
+    assert len(report) == len(work) >= 100
+    out = {}
+    for filename, defines, funcs in report:
+        assert funcs, (filename, defines)
+        if any(f.spills for f in funcs):
+            out[module_key(filename, defines)] = [sum(f.spill_stores for f in funcs), sum(f.spill_loads for f in funcs)]
+    return dict(sorted(out.items()))
 
 
 def module_key(filename: str, defines: dict[str, str]) -> str:
@@ -95,19 +116,20 @@ def test_the_worst_known_spill_is_still_seen() -> None:
 @pytest.mark.slow  # every instantiation compiled for one arch: minutes on 2 cores
 @pytest.mark.parametrize("arch", ARCHS)
 def test_no_instantiation_spills_beyond_the_known_list(arch: str) -> None:
-    work = list(instantiations.all_instantiations())
-    report = instantiations.resource_report(arch, jobs=max(1, min(8, os.cpu_count() or 1)))
-    assert len(report) == len(work) >= 100
-    spilled = {}
-    for filename, defines, funcs in report:
-        assert funcs, (filename, defines)
-        if any(f.spills for f in funcs):
-            spilled[module_key(filename, defines)] = [sum(f.spill_stores for f in funcs),
-                                                      sum(f.spill_loads for f in funcs)]
+    spilled_now = spilled(arch)
     known = json.loads(KNOWN.read_text())[arch]
-    new = {k: v for k, v in spilled.items() if known.get(k) != v}
-    gone = {k: v for k, v in known.items() if k not in spilled}
+    new = {k: v for k, v in spilled_now.items() if known.get(k) != v}
+    gone = {k: v for k, v in known.items() if k not in spilled_now}
     assert not new, (f"{len(new)} instantiations spill (bytes stored, loaded) for {arch} where known_spills.json "
-                     f"says otherwise: " + "; ".join(f"{k}: {v} (listed: {known.get(k)})" for k, v in sorted(new.items())))
+                     f"says otherwise (a fix: rewrite the list with --write, see the module docstring): " + "; ".join(f"{k}: {v} (listed: {known.get(k)})" for k, v in sorted(new.items())))
     assert not gone, (f"{len(gone)} instantiations listed in known_spills.json no longer spill for {arch}: strike "
-                      "them from the list: " + "; ".join(sorted(gone)))
+                      "them from the list (PYTHONPATH=. python3 tests/cpu/test_spills.py --write): " + "; ".join(sorted(gone)))
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit(f"usage: PYTHONPATH=. python3 {sys.argv[0]} --write  (rewrites {KNOWN.name} from a fresh sweep)")
+    KNOWN.write_text(json.dumps({arch: spilled(arch) for arch in ARCHS}, indent=1) + "\n")
+    print(f"wrote {KNOWN}")
