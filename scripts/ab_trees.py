@@ -3,7 +3,7 @@
     python3 scripts/ab_trees.py --base DIR [--ranks 2,4,8] [--algos oneshot_ll,oneshot_sentinel]
         [--sizes 4,128,8192,65536] [--dtypes float32,bfloat16] [--reps 2] [--json FILE]
     python3 scripts/ab_trees.py --tree old=DIR1 --tree older=DIR2 --tree new=. \\
-        --tree unshared=.:SOLLAT_SOME_DEFINE=1 ...
+        --tree unshared=.:SOLLAT_SOME_DEFINE=1 --ref old --precompile 8 ...
 
 Each tree is NAME=DIR[:DEFINE=VALUE,...]: DIR holds a checkout's ``sollat`` package (for example
 ``git archive 4c1dd9c sollat | tar -x -C DIR``; ``.`` is this checkout), and the defines are
@@ -14,6 +14,10 @@ public API, the same kernel cache directory: cache keys differ by source and def
 given order on even repetitions and reversed on odd ones. A case's figure per tree is the fastest
 of its repetitions' medians (graph replay of 100 calls, median of 25 replays, the slowest rank's);
 the table gives every tree's figure and each one divided by the tree named ``new`` (``--ref``).
+``--precompile N`` first compiles, in each tree's own Python and N processes at a time, the
+virtual-rank instantiations the runs will load (the asked algorithms' kernel files, dtypes and rank
+caps, the sum), into the kernel cache the runs share ($SOLLAT_CACHE_DIR), so no timed process
+compiles; trees with defines compile theirs when they first run.
 """
 
 from __future__ import annotations
@@ -50,6 +54,43 @@ def parse_tree(text: str) -> Tree:
     return tree
 
 
+# Runs in a tree's own Python (its sollat on PYTHONPATH): argv = algos, dtypes, ranks, jobs. The
+# OpSum virtual-rank builds (ab_latency.py sums) of the algorithms' kernel files at the rank caps
+# up to 8 (or the most ranks asked), for the device's arch.
+_PRECOMPILE_MAIN = """
+import multiprocessing, sys, time
+from concurrent.futures import ProcessPoolExecutor
+try:
+    from sollat.collectives import algorithms as A, instantiations as I
+    from sollat.device import build as B
+except ImportError:  # trees older than the move into sollat/collectives and sollat/device
+    from sollat import algorithms as A, build as B, instantiations as I
+algos, dtypes, ranks, jobs = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3].split(","), int(sys.argv[4])
+files = {A.ALGORITHMS[n].kernel_file for n in algos}
+cxx = {"float32": "float", "bfloat16": "sollat::bf16", "float16": "sollat::f16", "float64": "double"}
+types = {cxx[d] for d in dtypes}
+most = max(8, *(int(r) for r in ranks))
+arch = B.device_arch()
+work = [(f, d, arch) for f, d in I.all_instantiations()
+        if f in files and d.get("SOLLAT_FENCE_SYS") != "1" and d.get("SOLLAT_T") in types
+        and int(d.get("SOLLAT_MAX_RANKS", "0")) <= most and d.get("SOLLAT_OP", "OpSum") == "OpSum"]
+t = time.monotonic()
+if __name__ == "__main__":
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(I._compile_one, work))
+    print(len(work), "modules for", arch, "in", round(time.monotonic() - t, 1), "s")
+"""
+
+
+def precompile_tree(tree: Tree, a: argparse.Namespace) -> None:
+    env = dict(os.environ, PYTHONPATH=str(tree.path), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
+    out = subprocess.run([sys.executable, "-c", _PRECOMPILE_MAIN, a.algos, a.dtypes, a.ranks, str(a.precompile)],
+                         env=env, capture_output=True, text=True, timeout=a.timeout)
+    print(f"precompile {tree.name}: exit {out.returncode} {out.stdout.strip()[-300:]} {out.stderr.strip()[-2000:]}",
+          flush=True)
+
+
 def run_tree(tree: Tree, ranks: int, a: argparse.Namespace) -> list[tuple[str, str, int, float]]:
     env = dict(os.environ, PYTHONPATH=str(tree.path), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
@@ -82,6 +123,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--precompile", type=int, default=0, metavar="N",
+                   help="compile each tree's kernels first, N processes at a time (0: no)")
     a = p.parse_args()
     trees: list[Tree] = list(a.tree)
     if a.base is not None:
@@ -89,6 +132,10 @@ def main() -> None:
     names = [t.name for t in trees]
     if len(set(names)) != len(names) or a.ref not in names:
         raise SystemExit(f"ab_trees: trees {names} must have distinct names and include --ref {a.ref!r}")
+    if a.precompile > 0:
+        for tree in trees:
+            if not tree.defines:
+                precompile_tree(tree, a)
     best: dict[tuple[str, str, str, int, int], float] = {}
     for rep in range(a.reps):
         for ranks in (int(r) for r in a.ranks.split(",")):

@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import AbstractContextManager
 from typing import Any
 
-from ..device import build
+from ..device import build, resources
 from ..device.dtypes import DTYPES
 from . import algorithms, rmsnorm, rmsnorm_epilogue
 
@@ -121,22 +121,56 @@ def precompile(arch: str | None = None, jobs: int = 8, *, progress: ProgressBar 
     missing = build.nvrtc_missing()
     if missing is not None:
         raise PrecompileError(missing.removeprefix("sollat: "))
-    work = [(f, d, arch) for f, d in all_instantiations()
-            if (files is None or f in files) and (only is None or only(f, d))]
+    work = _work(arch, files, only)
     try:
         with (progress or _NoProgress)(len(work), f"precompile {arch}") as bar:
-            if jobs == 1:
-                for w in work:
-                    bar.advance(note=_compile_one(w))
-            else:
-                # spawn, not fork: the caller may already hold a CUDA context (a forked child must not use it)
-                with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-                    try:
-                        for done in as_completed([pool.submit(_compile_one, w) for w in work]):
-                            bar.advance(note=done.result())
-                    except BaseException:  # the first failure is the answer: start no further compile
-                        pool.shutdown(wait=True, cancel_futures=True)
-                        raise
+            for done in _each(_compile_one, work, jobs):
+                bar.advance(note=done)
     except RuntimeError as exc:
         raise PrecompileError(f"NVRTC failed for {arch}: {_first_error(str(exc))}") from exc
     return len(work)
+
+
+def _work(arch: str, files: Collection[str] | None,
+          only: Callable[[str, dict[str, str]], bool] | None) -> list[tuple[str, dict[str, str], str]]:
+    return [(f, d, arch) for f, d in all_instantiations()
+            if (files is None or f in files) and (only is None or only(f, d))]
+
+
+def _each(fn: Callable[[Any], Any], work: list[Any], jobs: int) -> Iterator[Any]:
+    """fn(w) for every w of ``work``, ``jobs`` processes at a time, in the order they finish. The
+    first exception is raised, and no further item is started."""
+    if jobs == 1:
+        yield from map(fn, work)
+        return
+    # spawn, not fork: the caller may already hold a CUDA context (a forked child must not use it)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            for done in as_completed([pool.submit(fn, w) for w in work]):
+                yield done.result()
+        except BaseException:  # the first failure is the answer: start no further compile
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+#: (kernel file, defines, ptxas's figures for each function of that module)
+Report = tuple[str, dict[str, str], list[resources.FunctionResources]]
+
+
+def _resources_one(args: tuple[str, dict[str, str], str]) -> Report:
+    filename, defines, arch = args
+    return filename, defines, resources.compile_resources(build.kernel_source(filename), arch=arch, defines=defines)
+
+
+def resource_report(arch: str, jobs: int = 8, *, files: Collection[str] | None = None,
+                    only: Callable[[str, dict[str, str]], bool] | None = None) -> list[Report]:
+    """ptxas's registers, stack frame and spills (resources.compile_resources) of every instantiation
+    (``files``, ``only``: as precompile), compiled for ``arch`` outside the cache, ``jobs`` at a time.
+    Raises as precompile does."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    arch = check_arch(arch)
+    try:
+        return list(_each(_resources_one, _work(arch, files, only), jobs))
+    except RuntimeError as exc:
+        raise PrecompileError(f"NVRTC failed for {arch}: {_first_error(str(exc))}") from exc

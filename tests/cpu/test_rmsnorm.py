@@ -4,10 +4,8 @@ functions torch.compile uses, the row geometry, the host reference, and NVRTC co
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
 import math
-import re
 from fractions import Fraction
 from typing import Any
 
@@ -483,38 +481,6 @@ def test_kernel_compiles(tmp_path, monkeypatch, proto: str, t: str, ranks: int, 
     others = {abi.rmsnorm_entry(k, f) for k in ("ar_rmsnorm", "ar_rmsnorm_twoshot") for f in (False, True)} - {entry}
     for other in others:  # and only that one: one variant per module
         assert f"{other}\0".encode() not in cubin
-
-
-def _ptxas_report(defines: dict[str, str]) -> str:
-    from cuda.core import Program, ProgramOptions
-
-    opts = build._options("sm_90", defines)
-    o = ProgramOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__}, "ptxas_options": "-v"})
-    log = io.StringIO()
-    Program(build.kernel_source("allreduce_rmsnorm.cu"), code_type="c++", options=o).compile("cubin", logs=log)
-    return log.getvalue()
-
-
-@pytest.mark.slow  # about 3 min on 2 cores: every dtype x protocol x (ranks, slots) x FP8 copy x real/virtual
-def test_every_rmsnorm_instantiation_compiles_without_spills() -> None:
-    """Measured (ptxas -v, sm_90): with 256 threads per block (abi.RMSNORM_MAX_THREADS) no entry
-    spills. At 512 (128 registers per thread) the row clusters made the 16-bit sentinel 8-rank
-    entries spill up to 40 bytes; before them 8 bytes. The 16-bit sentinel with 2 slots spilled
-    24-172 bytes, hence one slot for the sentinel. The FP8 variant (its own entries) spills
-    nothing either; the plain cubins were byte for byte the same before and after it was added.
-    The two-shot (SOLLAT_RMSNORM_TWOSHOT=1, its own entries) spills nothing at the same slot
-    choices (85-185 registers; the most: LL 16-bit, 4 ranks, 2 slots, FP8, virtual ranks); the one-shot's
-    instructions (.text, 4 instantiations compared) were byte for byte the same before and after it
-    was added."""
-    for f, d in instantiations.all_instantiations():
-        if f != "allreduce_rmsnorm.cu":
-            continue
-        report = _ptxas_report(d)
-        spills = dict(zip(re.findall(r"Function properties for (\w+)", report),
-                          (int(s) for s in re.findall(r"(\d+) bytes spill stores", report)), strict=True))
-        kernel = "ar_rmsnorm_twoshot" if d.get("SOLLAT_RMSNORM_TWOSHOT") == "1" else "ar_rmsnorm"
-        entry = abi.rmsnorm_entry(kernel, d.get("SOLLAT_RMSNORM_FP8") == "1")
-        assert spills == {entry: 0}, (d, spills)
 
 
 def test_auto_resolves_through_the_tuning_table() -> None:
