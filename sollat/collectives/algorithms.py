@@ -15,12 +15,12 @@ import torch
 from ..device import abi, environment, layout
 from ..device.dtypes import DTYPES, OPS, DType
 from ..errors import UnsupportedError
+from .rmsnorm_block_build import RMSNORM_BLOCK_PIPELINED, rmsnorm_block_threads
 
 _FLOATS = frozenset(DTYPES)
 
-#: How the kernels of each protocol see a peer that made a different call (a CallMismatchError on
-#: every rank). Every algorithm runs on one of these protocols (Algorithm refuses any other), so
-#: every algorithm, user-written collectives included, detects a call that differs between ranks.
+#: How the kernels of each protocol see a peer that made a different call (CallMismatchError on every
+#: rank). Every algorithm, user-written ones included, runs on one of these (Algorithm refuses others).
 MISMATCH_DETECTION: dict[str, str] = {
     "ll": "the call signature rides in both flag words of every line (LL128's counters also overshoot)",
     "sentinel": "signature words travel with the data lines and every receive that waits for one checks it "
@@ -160,22 +160,11 @@ ALGORITHMS: dict[str, Algorithm] = {
 RMSNORM_MAX_BLOCKS = 32
 # The two-shot is opt-in: a communicator gives it scratch regions (and accepts algo="twoshot_sentinel")
 # only when this variable is "1" in its process at construction, on every rank alike (part of the
-# setup agreement). Without it the layout and scratch size are those verified on GPUs. On 2 H200s
-# its results are bitwise right on real and virtual ranks, but it is slower than the one-shot at
-# every shape measured (1-512 rows x 8192; docs/benchmarks.md, the fused two-shot), and two
-# virtual-rank tests fail with it (4 ranks):
-# * Sentinel only, never LL: a line-channel's slot s -> o is written only in passes whose row o
-#   owns, so a slot can hold a line many epochs old, while protocol_ll.h's "no reset needed"
-#   argument needs it to hold e - 2 at worst. With SOLLAT_EPOCH_BITS=2 a line 4 epochs old reads
-#   as current (an older call's signature: a mismatch fault); with 32 bits the same takes 2^31
-#   passes of one channel, and with the same signature it is a silently wrong sum. The protocol
-#   model shows it (sollat.model, "rmsnorm_twoshot": planted owner-only-slots/rmsnorm-twoshot-ll-bits2)
-#   and proves the sentinel variant clean (its reader resets every line it takes). Writing every
-#   slot every pass would cost the one-shot's traffic.
-# * A fault may name the wrong rank: a non-owner waits on the owner's all-gather while the owner
-#   waits on the absent rank; both spin with the same bound, so either may record the fault first
-#   and the error may name the owner. A fix: the all-gather's wait bounded by twice the timeout.
-# It stays experimental.
+# setup agreement); without it the layout and scratch size are those verified on GPUs. It is
+# slower than the one-shot at every measured shape, sentinel only (an LL slot written only in the
+# passes whose row its destination owns can hold a line older than protocol_ll.h's no-reset
+# argument allows: the protocol model's planted owner-only-slots/rmsnorm-twoshot-ll-bits2), and a
+# fault may name the waiting row owner instead of the absent rank: docs/design.md, "Two-shot".
 RMSNORM_TWOSHOT_ENV = "SOLLAT_EXPERIMENTAL_RMSNORM_TWOSHOT"
 RMSNORM_EXPERIMENTAL = frozenset({"rmsnorm_twoshot_sentinel"})
 
@@ -203,14 +192,9 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                   slot_choices=((2, 1), (4, 1), (8, 1), (abi.MAX_RANKS, 1)),
                   doc="fused AllReduce + residual add + RMSNorm, two-shot sentinel (reduce-scatter to the row's "
                       "owner, all-gather of the fp32 sums), a cluster of blocks per token row"),
-        # One block of up to abi.MAX_THREADS threads per row (rmsnorm.block_row_geometry): the row's
-        # sum of squares is the block's, no cluster exchange. LL only (its receive groups each check
-        # the call in their lines' flags: kernels/allreduce_rmsnorm_block.cu). Up to 4 lines per
-        # thread (a row of 8192 16-bit elements in two passes at most), received in groups of at
-        # most 2 lines per peer at 8 ranks; a wide group takes one line per thread and pass. It runs
-        # on rmsnorm_oneshot_ll's region and epochs (same protocol, one buffer, the same blocks):
-        # a channel simply carries the next epoch for whichever of the two runs next, as one
-        # kernel's calls of different sizes do, and each call's lines carry its own signature. So
+        # One block per row (rmsnorm.block_row_geometry; kernels/allreduce_rmsnorm_block.cu), LL only.
+        # It runs on rmsnorm_oneshot_ll's region and epochs (same protocol and blocks: a channel
+        # carries the next epoch for whichever runs next, each call's lines its own signature), so
         # it costs no scratch.
         Algorithm("rmsnorm_oneshot_ll_block", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
                   RMSNORM_MAX_BLOCKS, True, False,
@@ -219,10 +203,8 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                                 (abi.MAX_RANKS, 1)),
                   region="rmsnorm_oneshot_ll",
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
-        # The same kernel with pipelined passes (module define SOLLAT_RMSNORM_BLOCK_PIPE=1): a row of
-        # several passes alternates two sets of channels (its block's and those of block
-        # b + blocks), and each pass's lines go out before the previous pass's are received. One
-        # receive group per pass, hence no 4-slot build at 8 ranks.
+        # Pipelined passes (SOLLAT_RMSNORM_BLOCK_PIPE=1: two sets of channels, each pass's lines out
+        # before the previous pass's are received; one receive group per pass, no 4-slot build at 8).
         Algorithm("rmsnorm_oneshot_ll_block_pipe", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
@@ -232,26 +214,6 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
                       "pipelined passes"),
     )
 }
-# The one-block-per-row algorithms whose passes are pipelined (SOLLAT_RMSNORM_BLOCK_PIPE=1).
-RMSNORM_BLOCK_PIPELINED = frozenset({"rmsnorm_oneshot_ll_block_pipe"})
-# The one-block-per-row kernel's threads per block (its __launch_bounds__, module define
-# SOLLAT_RMSNORM_BLOCK_THREADS) by (rank cap, slots): abi.MAX_THREADS where its 128 registers per
-# thread hold the instantiation without a spill (ptxas -v, sm_90: 106-128 registers), else 256
-# (the rest: 140-247 registers; at 512 they spilled 20-1052 bytes).
-# The pipelined build (RMSNORM_BLOCK_PIPELINED) keeps a second buffer and the next pass's lines:
-# at 512 threads its (4, 2) instantiations spilled (16 bytes, 16-bit types).
-RMSNORM_BLOCK_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1), (4, 2)})
-RMSNORM_BLOCK_PIPE_WIDE_THREADS: frozenset[tuple[int, int]] = frozenset({(2, 1), (2, 2), (4, 1)})
-RMSNORM_BLOCK_NARROW_THREADS = 256
-
-
-def rmsnorm_block_threads(max_ranks: int, slots: int, pipelined: bool = False) -> int:
-    """Most threads per block of the one-block-per-row fused kernel's (rank cap, slots) instantiation
-    (``pipelined``: its build with pipelined passes)."""
-    wide = RMSNORM_BLOCK_PIPE_WIDE_THREADS if pipelined else RMSNORM_BLOCK_WIDE_THREADS
-    return abi.MAX_THREADS if (max_ranks, slots) in wide else RMSNORM_BLOCK_NARROW_THREADS
-
-
 RMSNORM_KERNELS = frozenset(a.kernel for a in RMSNORM_ALGORITHMS.values())  # ar_rmsnorm[_twoshot, _block]
 
 

@@ -61,7 +61,7 @@ def test_version_and_info_from_the_folder_above_an_editable_clone(tmp_path: Path
         pytest.skip(f"setuptools {setuptools.__version__} cannot build sollat (needs 77)")
     clone = tmp_path / "sollat"
     clone.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE", "docs/pypi-description.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "docs/pypi-description.md", "sollat_dist_autoload.py"):
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, clone / name)
     shutil.copytree(ROOT / "sollat", clone / "sollat", ignore=shutil.ignore_patterns("__pycache__"))

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from sollat.collectives import algorithms, instantiations, rmsnorm, rmsnorm_epilogue
+from sollat.collectives import algorithms, instantiations, rmsnorm, rmsnorm_block_build, rmsnorm_epilogue
 from sollat.device import abi, build, layout
 from sollat.device.dtypes import DTYPES
 
@@ -55,7 +55,7 @@ def test_block_threads_define_only_for_the_block_kernel() -> None:
             d = algorithms.kernel_defines(alg, dt, "sum", rmax, slots, False, False)
             want = algorithms.rmsnorm_block_threads(rmax, slots, alg is PIPE)
             assert int(d["SOLLAT_RMSNORM_BLOCK_THREADS"]) == want
-            assert want in (algorithms.RMSNORM_BLOCK_NARROW_THREADS, abi.MAX_THREADS)
+            assert want in (rmsnorm_block_build.RMSNORM_BLOCK_NARROW_THREADS, abi.MAX_THREADS)
     for other in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
         if other.kernel != ALG.kernel:
             rmax, slots = other.slot_choices[0]
