@@ -50,14 +50,23 @@ def random_inputs(r: int, n: int, dtype: torch.dtype, device: torch.device, gen:
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float64: 2.0**-53}
 
 
+def _sum_and_bound(dtype: torch.dtype, xs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 sum of ``xs`` and the bound ``assert_within_sum_bound`` states. For 16- and 32-bit
+    inputs the float64 sum's own error is far below the bound (29 or more bits to spare); for float64
+    inputs it is itself a sum in some order, with error up to (R-1) u sum|x_i|, so the bound counts
+    that term twice."""
+    r = len(xs)
+    x64 = torch.stack([x.double() for x in xs])
+    terms = 2 if dtype == torch.float64 else 1
+    bound = terms * (r - 1) * UNIT_ROUNDOFF[dtype] * x64.abs().sum(0) + (r + 1) * torch.finfo(dtype).tiny
+    return x64.sum(0), bound
+
+
 def assert_within_sum_bound(out: torch.Tensor, xs: list[torch.Tensor], what: str) -> None:
     """Non-deterministic sums (LL128 atomic): the standard recursive-summation bound
     |y - sum| <= (R-1) u sum|x_i|  (accumulation in the dtype itself, any order), plus R times the
     smallest normal for fp32 vector atomics flushing denormals to zero. NaN never passes."""
-    r = len(xs)
-    x64 = torch.stack([x.double() for x in xs])
-    exact = x64.sum(0)
-    bound = (r - 1) * UNIT_ROUNDOFF[out.dtype] * x64.abs().sum(0) + (r + 1) * torch.finfo(out.dtype).tiny
+    exact, bound = _sum_and_bound(out.dtype, xs)
     err = (out.double() - exact).abs()
     bad = ~(err <= bound)
     if bool(bad.any()):
@@ -244,10 +253,7 @@ def nan_or_exact_bad(out: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 
 def sum_bound_ok(out: torch.Tensor, xs: list[torch.Tensor]) -> torch.Tensor:
     """Elementwise: within ``assert_within_sum_bound``'s bound (NaN never is)."""
-    r = len(xs)
-    x64 = torch.stack([x.double() for x in xs])
-    exact = x64.sum(0)
-    bound = (r - 1) * UNIT_ROUNDOFF[out.dtype] * x64.abs().sum(0) + (r + 1) * torch.finfo(out.dtype).tiny
+    exact, bound = _sum_and_bound(out.dtype, xs)
     return (out.double() - exact).abs() <= bound
 
 

@@ -947,7 +947,8 @@ def test_row_geometries_with_empty_warps_and_reused_row_buffers(r: int, cap: int
             for k, (outs, routs, xs, res, w) in enumerate(pending):
                 check(outs, routs, xs, res, w, 1e-6, algo, f"{algo} R={r} cap={cap} {dtype} {rows}x{hidden} call {k}")
     c.check()
-    assert cap is None or reused >= 5, f"only {reused} shapes reuse a row buffer in a cluster"
+    clustered = rmsnorm.geometry(algo, torch.bfloat16, 1, 4096, r).row_blocks > 1  # one block per row: no cluster
+    assert cap is None or not clustered or reused >= 5, f"only {reused} shapes reuse a row buffer in a cluster"
 
 
 @pytest.mark.parametrize("algo", FUSED)
