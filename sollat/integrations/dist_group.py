@@ -20,7 +20,15 @@ from .dist_router import Router, inner_all_reduce
 
 
 class SollatProcessGroup(dist.ProcessGroup):
-    """A sollat group: its router, and the inner backends it hands every other call to."""
+    """A sollat group: its router, and the inner backends it hands every other call to.
+
+    It is made with the (rank, size) constructor, the only one a Python subclass has, so its C++
+    side holds no store, and symmetric memory's rendezvous, which takes the store from the group,
+    cannot run on it (on torch 2.11 it faults in the rendezvous). So on this route the router builds
+    no communicator (``has_store`` False, ``dist_router._default_communicator``) and every call goes to
+    the inner backend, with one warning naming why."""
+
+    has_store = False
 
     def __init__(self, store: Any, rank: int, size: int, router: Router, inner: Any, cpu: Any,
                  inner_kind: str) -> None:

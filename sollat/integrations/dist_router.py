@@ -209,17 +209,15 @@ class Router:
 def _default_communicator(group: Any, device: torch.device, batch_invariant: bool) -> Any:
     """``sollat.Communicator(group)`` with its own defaults (every algorithm, AllGather and
     ReduceScatter scratch) on ``device``."""
-    import torch.distributed._symmetric_memory as symm_mem
-
     from ..comm.real import Communicator
 
     if device.type != "cuda":
         raise UnsupportedError(f"a sollat communicator needs a CUDA device, got {device}")
-    # Symmetric memory finds the group's store through torch's Python registry (a Python group made
-    # by the process_group route has none of its own in C++); where torch has the call, it is idempotent.
-    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
-    if enable is not None:
-        enable(group.group_name)
+    if not getattr(group, "has_store", True):
+        raise UnsupportedError(
+            f"torch {torch.__version__} hosts the sollat backend as a Python ProcessGroup, which has no store of its "
+            "own for symmetric memory's rendezvous; sollat serves torch.distributed calls from torch 2.14 on "
+            "(docs/torch-distributed.md), and here every call goes to the inner backend")
     with torch.cuda.device(device):
         return Communicator(group)
 
