@@ -21,6 +21,9 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +38,48 @@ SHARED_ENV = "SOLLAT_TEST_SHARED_GPU"
 RESULTS_ENV = "SOLLAT_TEST_RESULTS"
 #: Failures of one section a result file keeps (the rest are counted).
 MAX_FAILURES_KEPT = 20
+
+
+def emit(line: str) -> None:
+    """One line of a child's output in one write (the ranks share the pipe)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class Sections:
+    """A child's sections: ``section(name, fn)`` runs one and prints ``RANK r PASS name (T s...)``
+    or ``RANK r FAIL name: problems`` (what the launcher reads); ``expect`` records a problem and
+    lets the section go on; an exception ends the section as a problem."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.passed = self.failed = 0
+        self.problems: list[str] = []
+
+    def progress(self) -> str:
+        """What a PASS line adds after its time (", N calls so far" in a subclass that counts)."""
+        return ""
+
+    def section(self, name: str, fn: Callable[[], None]) -> None:
+        self.problems = []
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.problems.append(f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})")
+        dt = time.monotonic() - t0
+        if self.problems:
+            self.failed += 1
+            emit(f"RANK {self.rank} FAIL {name}: {'; '.join(self.problems)[:2000]}")
+        else:
+            self.passed += 1
+            emit(f"RANK {self.rank} PASS {name} ({dt:.1f} s{self.progress()})")
+
+    def expect(self, ok: bool, what: str) -> bool:
+        if not ok:
+            self.problems.append(what)
+        return ok
 
 
 def shares_gpu(nproc: int, gpus: int) -> bool:

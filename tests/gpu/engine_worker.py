@@ -39,7 +39,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -78,9 +77,7 @@ CAUSES = {"env": "SOLLAT_BATCH_INVARIANT='yes' is not understood; it takes 0 or 
 ADAPTERS: dict[str, Any] = {}  # group name -> adapter, what the custom ops below resolve
 
 
-def emit(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write per line: the ranks share the pipe
-    sys.stdout.flush()
+emit = _procs.emit
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -110,12 +107,11 @@ class _Records(logging.Handler):
         self.into.append((record.levelno, record.getMessage()))
 
 
-class Run:
+class Run(_procs.Sections):
     def __init__(self, rank: int, world: int, dev: torch.device, store: Any) -> None:
-        self.rank, self.world, self.dev, self.store = rank, world, dev, store
+        super().__init__(rank)
+        self.world, self.dev, self.store = world, dev, store
         self.cpu_group = dist.new_group(backend="gloo")
-        self.passed = self.failed = 0
-        self.problems: list[str] = []
         self.digests: dict[str, str] = {}
         self.calls = 0
         self.built = 0
@@ -125,27 +121,6 @@ class Run:
         self.log.addHandler(_Records(self.records))
 
     # -- bookkeeping
-    def section(self, name: str, fn: Callable[[], None]) -> None:
-        self.problems = []
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            self.problems.append(f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})")
-        dt = time.monotonic() - t0
-        if self.problems:
-            self.failed += 1
-            emit(f"RANK {self.rank} FAIL {name}: {'; '.join(self.problems)[:2000]}")
-        else:
-            self.passed += 1
-            emit(f"RANK {self.rank} PASS {name} ({dt:.1f} s)")
-
-    def expect(self, ok: bool, what: str) -> bool:
-        if not ok:
-            self.problems.append(what)
-        return ok
-
     def same(self, got: torch.Tensor | None, want: torch.Tensor, what: str) -> None:
         """Bit for bit; the output's digest joins the cross-rank comparison."""
         if not self.expect(got is not None, f"{what}: the adapter declined it"):

@@ -29,8 +29,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -53,39 +51,16 @@ N = 4097
 STORE_WAIT_S, WATCHDOG_S = 300.0, 400.0
 
 
-def emit(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write per line: the ranks share the pipe
-    sys.stdout.flush()
+emit = _procs.emit
 
 
-class Run:
+class Run(_procs.Sections):
     def __init__(self, rank: int, world: int, dev: torch.device, store: Any, comm: Any) -> None:
-        self.rank, self.world, self.dev, self.store, self.comm = rank, world, dev, store, comm
+        super().__init__(rank)
+        self.world, self.dev, self.store, self.comm = world, dev, store, comm
         self.algo = "oneshot_ll" if "oneshot_ll" in comm.algorithms else comm.algorithms[0]
-        self.passed = self.failed = 0
-        self.problems: list[str] = []
         self.calls = 0
 
-    def section(self, name: str, fn: Callable[[], None]) -> None:
-        self.problems = []
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            self.problems.append(f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})")
-        dt = time.monotonic() - t0
-        if self.problems:
-            self.failed += 1
-            emit(f"RANK {self.rank} FAIL {name}: {'; '.join(self.problems)[:2000]}")
-        else:
-            self.passed += 1
-            emit(f"RANK {self.rank} PASS {name} ({dt:.1f} s)")
-
-    def expect(self, ok: bool, what: str) -> bool:
-        if not ok:
-            self.problems.append(what)
-        return ok
 
     def barrier(self, name: str) -> None:
         keys = [f"{name}/{r}" for r in range(self.world)]

@@ -37,8 +37,6 @@ import hashlib
 import os
 import sys
 import time
-import traceback
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -70,9 +68,7 @@ STAGGER_S = 0.004
 STORE_WAIT_S, WATCHDOG_S = 300.0, 1200.0
 
 
-def emit(line: str) -> None:
-    sys.stdout.write(line + "\n")  # one write per line: the ranks share the pipe
-    sys.stdout.flush()
+emit = _procs.emit
 
 
 def fused_algos() -> list[str]:
@@ -82,35 +78,16 @@ def fused_algos() -> list[str]:
     return [a for a in rmsnorm.ALGOS if a in rmsnorm.AUTO_ALGOS or algorithms.rmsnorm_twoshot_enabled()]
 
 
-class Run:
+class Run(_procs.Sections):
     def __init__(self, rank: int, world: int, dev: torch.device, store: Any) -> None:
-        self.rank, self.world, self.dev, self.store = rank, world, dev, store
-        self.passed = self.failed = 0
-        self.problems: list[str] = []
+        super().__init__(rank)
+        self.world, self.dev, self.store = world, dev, store
         self.digests: list[str] = []
         self.calls = 0
 
     # -- bookkeeping
-    def section(self, name: str, fn: Callable[[], None]) -> None:
-        self.problems = []
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as exc:
-            where = traceback.extract_tb(exc.__traceback__)[-1]
-            self.problems.append(f"{type(exc).__name__}: {exc} (at {where.filename}:{where.lineno})")
-        dt = time.monotonic() - t0
-        if self.problems:
-            self.failed += 1
-            emit(f"RANK {self.rank} FAIL {name}: {'; '.join(self.problems)[:2000]}")
-        else:
-            self.passed += 1
-            emit(f"RANK {self.rank} PASS {name} ({dt:.1f} s, {self.calls} calls so far)")
-
-    def expect(self, ok: bool, what: str) -> bool:
-        if not ok:
-            self.problems.append(what)
-        return ok
+    def progress(self) -> str:
+        return f", {self.calls} calls so far"
 
     def exchange(self, name: str, value: str) -> list[str]:
         keys = [f"{name}/{r}" for r in range(self.world)]
