@@ -282,3 +282,24 @@ def init_ranks(timeout_s: float) -> tuple[int, int, object, bool]:
     else:
         dist.init_process_group("nccl", device_id=dev, timeout=timedelta(seconds=timeout_s))
     return rank, world, dev, shared
+
+
+def start_child(store_prefix: str, watchdog_s: float) -> tuple[int, int, Any, bool, Any] | None:
+    """A child's start: ``init_ranks`` (on failure the FAIL and SUMMARY lines the launcher reads,
+    and None), a watchdog that ends the process after ``watchdog_s`` (faulthandler needs no GIL, so
+    a hang anywhere ends there), and a store under ``store_prefix``. Returns (rank, world size,
+    device, shared, store)."""
+    import faulthandler
+
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        rank, world, dev, shared = init_ranks(600.0)
+    except RuntimeError as exc:
+        emit(f"RANK {rank} FAIL init: {exc}")
+        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+        return None
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)
+    store = dist.PrefixStore(store_prefix, dist.distributed_c10d._get_default_store())
+    return rank, world, dev, shared, store

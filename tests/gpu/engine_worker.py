@@ -403,19 +403,12 @@ class Run(_procs.Sections):
 
 
 def main() -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        rank, world, dev, shared = _procs.init_ranks(600.0)
-    except RuntimeError as exc:
-        emit(f"RANK {rank} FAIL init: {exc}")
-        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+    started = _procs.start_child("sollat-engine-worker", WATCHDOG_S)
+    if started is None:
         return 1
-    import faulthandler
-
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # needs no GIL: a hang anywhere ends here
+    rank, world, dev, shared, store = started
     from sollat.integrations import core, vllm_pass
 
-    store = dist.PrefixStore("sollat-engine-worker", dist.distributed_c10d._get_default_store())
     run = Run(rank, world, dev, store)
 
     def counting(group: Any, device: torch.device, batch_invariant: bool) -> Any:

@@ -33,7 +33,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 try:  # run as a script (torchrun) or imported as tests.gpu.reset_worker (the launcher)
     from . import _procs
@@ -165,19 +164,12 @@ class Run(_procs.Sections):
 
 
 def main() -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        rank, world, dev, shared = _procs.init_ranks(600.0)
-    except RuntimeError as exc:
-        emit(f"RANK {rank} FAIL init: {exc}")
-        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+    started = _procs.start_child("sollat-reset-worker", WATCHDOG_S)
+    if started is None:
         return 1
-    import faulthandler
-
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # needs no GIL: a hang anywhere ends here
+    rank, world, dev, shared, store = started
     import sollat
 
-    store = dist.PrefixStore("sollat-reset-worker", dist.distributed_c10d._get_default_store())
     comm = sollat.Communicator(timeout_s=TIMEOUT_S)
     run = Run(rank, world, dev, store, comm)
     how = f"{world} processes sharing one GPU (gloo)" if shared else "one GPU per rank (NCCL)"

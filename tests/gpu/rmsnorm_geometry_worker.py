@@ -41,7 +41,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 try:  # run as a script (torchrun) or imported as tests.gpu.rmsnorm_geometry_worker (the launcher)
     from . import _procs
@@ -209,17 +208,10 @@ class Run(_procs.Sections):
 
 
 def main() -> int:
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        rank, world, dev, shared = _procs.init_ranks(600.0)
-    except RuntimeError as exc:
-        emit(f"RANK {rank} FAIL init: {exc}")
-        emit(f"RANK {rank} SUMMARY passed=0 failed=1")
+    started = _procs.start_child("sollat-rmsnorm-geometry", WATCHDOG_S)
+    if started is None:
         return 1
-    import faulthandler
-
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True)  # needs no GIL: a hang anywhere ends here
-    store = dist.PrefixStore("sollat-rmsnorm-geometry", dist.distributed_c10d._get_default_store())
+    rank, world, dev, shared, store = started
     run = Run(rank, world, dev, store)
     how = f"{world} processes sharing one GPU (gloo)" if shared else "one GPU per rank (NCCL)"
     emit(f"RANK {rank} PLAN {','.join(SECTIONS)} ({how}, {torch.cuda.get_device_name(dev)}, torch {torch.__version__})")
