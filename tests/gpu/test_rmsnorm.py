@@ -443,6 +443,20 @@ def test_a_fault_poisons_both_outputs_and_refuses_until_reset() -> None:
         check(ys, rs, xs, res, w, 1e-6, algo, f"{algo} after reset")
 
 
+def _mismatch_poisons_then_reset_recovers(c: sollat.VirtualCommunicator, xs: list[torch.Tensor],
+                                          res: list[torch.Tensor], w: torch.Tensor, algo: str) -> None:
+    """Rank 3's flipped call signature: every rank's y and residual_out are NaN and every rank
+    raises; after reset() the same call is the reference again."""
+    outs, res_outs = poisoned_like(xs), poisoned_like(res)
+    testing.inject(c, mismatch=3)
+    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
+    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
+    testing.clear(c)
+    c.reset()
+    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
+    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
+
+
 @pytest.mark.parametrize("algo", algos("oneshot_ll", "oneshot_sentinel", "twoshot_sentinel", "unfused",
                                         "oneshot_ll_block", "oneshot_ll_block_pipe"))
 def test_call_mismatch_is_reported(algo: str) -> None:
@@ -456,14 +470,7 @@ def test_call_mismatch_is_reported(algo: str) -> None:
     xs, res, w = inputs(r, 4, 1000, torch.bfloat16, gen)
     c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)  # the shape is known: only the device can see the difference
     c.check()
-    outs, res_outs = poisoned_like(xs), poisoned_like(res)
-    testing.inject(c, mismatch=3)
-    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
-    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
-    testing.clear(c)
-    c.reset()
-    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
-    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
+    _mismatch_poisons_then_reset_recovers(c, xs, res, w, algo)
 
 
 def test_unfused_all_reduce_carries_the_calls_arguments() -> None:
@@ -529,14 +536,7 @@ def test_block_algorithm_mismatch_in_its_second_receive_group(algo: str, hidden:
     xs, res, w = inputs(r, 1, hidden, torch.bfloat16, gen)
     c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
     c.check()
-    outs, res_outs = poisoned_like(xs), poisoned_like(res)
-    testing.inject(c, mismatch=3)
-    c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo, out=outs, residual_out=res_outs)
-    assert_mismatch_poisons_every_rank(c, outs + res_outs, f"{algo} y and residual_out")
-    testing.clear(c)
-    c.reset()
-    ys, rs = c.all_reduce_rmsnorm(xs, res, w, 1e-6, algo)
-    check(ys, rs, xs, res, w, 1e-6, algo, "after mismatch and reset")
+    _mismatch_poisons_then_reset_recovers(c, xs, res, w, algo)
 
 
 def test_bad_inputs_raise_clear_errors() -> None:
