@@ -40,7 +40,6 @@ from ..errors import UnsupportedError
 from . import core
 
 MAX_COMMUNICATORS_ENV = "SOLLAT_DIST_MAX_COMMUNICATORS"
-DEFAULT_MAX_COMMUNICATORS = environment.DEFAULT_DIST_MAX_COMMUNICATORS
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 
 _built = 0  # sollat communicators this process built for sollat groups
