@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import sys
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -275,6 +276,12 @@ def _rank(rank: int, mode: str, port: int, out: Path) -> None:
         {"checks": checks, "zero_change": zero_change, "setup": setup_string}[mode](rank, got)
         dist.barrier()
         dist.destroy_process_group()
+        # Rank 0 hosts the store: it leaves last, once every rank has torn its group down (a peer
+        # still tearing down against a store that is gone aborts in torch's C++ threads).
+        store.add("left", 1)
+        deadline = time.monotonic() + 60
+        while rank == 0 and store.add("left", 0) < WORLD and time.monotonic() < deadline:
+            time.sleep(0.01)
     except BaseException:
         got["error"] = traceback.format_exc()
     (out / f"{rank}.json").write_text(json.dumps(got))
