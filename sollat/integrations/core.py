@@ -175,7 +175,8 @@ class GroupAdapter:
 
     def __init__(self, *, engine: str, name: str, device_group: Any, cpu_group: Any, device: torch.device,
                  world_size: int, batch_invariant: bool, max_bytes: int | None = None,
-                 log: logging.Logger | None = None, fallback: str = "the engine's all-reduce") -> None:
+                 log: logging.Logger | None = None, fallback: str = "the engine's all-reduce",
+                 refusal: Callable[[], str | None] | None = None) -> None:
         self.engine = engine
         self.name = name
         self.device_group = device_group
@@ -194,6 +195,9 @@ class GroupAdapter:
         self.capturing = False
         self.counts: Counter[str] = Counter()
         self._factory = _factory
+        # This rank's own reason not to build a communicator (None: none), asked before any rank builds
+        # one: where any rank has one, no rank enters the (collective) construction.
+        self._refusal = refusal
 
     @property
     def max_bytes(self) -> int | None:
@@ -228,7 +232,8 @@ class GroupAdapter:
 
     def _build(self, rank: int, differ: list[str]) -> bool:
         exchange = self._exchanger(rank)
-        mine = {"host": socket.gethostname(), "max_bytes": self.limit, "batch_invariant": bool(self.batch_invariant)}
+        mine = {"host": socket.gethostname(), "max_bytes": self.limit, "batch_invariant": bool(self.batch_invariant),
+                "refusal": self._refusal() if self._refusal is not None else None}
         try:
             posted = [json.loads(p) for p in exchange(json.dumps(mine), 1.0)]
         except Exception as exc:  # a rank that never arrived: the same decision on every rank that did
@@ -237,7 +242,8 @@ class GroupAdapter:
         self.limit = _agreed(posted, "max_bytes", MAX_BYTES_ENV, _smallest, "the smallest", differ)
         self.batch_invariant = _agreed(posted, "batch_invariant", "batch-invariant mode", any,
                                        "on where any rank asks for it", differ)
-        why = domain_refusal(self.world_size, [p["host"] for p in posted])
+        refused = list(dict.fromkeys(f"rank {r}: {p['refusal']}" for r, p in enumerate(posted) if p.get("refusal")))
+        why = "; ".join(refused) if refused else domain_refusal(self.world_size, [p["host"] for p in posted])
         comm: CommunicatorLike | None = None
         if why is None:
             reason, own = "", None

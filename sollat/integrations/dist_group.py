@@ -24,9 +24,8 @@ class SollatProcessGroup(dist.ProcessGroup):
 
     It is made with the (rank, size) constructor, the only one a Python subclass has, so its C++
     side holds no store, and symmetric memory's rendezvous, which takes the store from the group,
-    cannot run on it (on torch 2.11 it faults in the rendezvous). So on this route the router builds
-    no communicator (``has_store`` False, ``dist_router._default_communicator``) and every call goes to
-    the inner backend, with one warning naming why."""
+    cannot run on it. So ``has_store`` is False, and the router builds the group's sollat
+    communicator on a gloo group of the same ranks (``dist_router.store_backed``)."""
 
     has_store = False
 

@@ -186,23 +186,53 @@ class Router:
             group = self._group()
             adapter = core.GroupAdapter(engine="torch.distributed", name=group.group_name, device_group=group,
                                         cpu_group=group, device=device, world_size=self.world_size,
-                                        batch_invariant=False, fallback="its inner backend for every call")
+                                        batch_invariant=False, fallback="its inner backend for every call",
+                                        refusal=_beyond_cap)
             made = adapter._factory
 
-            def capped(device_group: Any, dev: torch.device, batch_invariant: bool) -> Any:
+            def counted(device_group: Any, dev: torch.device, batch_invariant: bool) -> Any:
                 global _built
-                cap = max_communicators()
-                if _built >= cap:
-                    raise UnsupportedError(f"this process has {_built} sollat communicators for torch.distributed "
-                                           f"groups, the most ${MAX_COMMUNICATORS_ENV} ({cap}) allows")
                 comm = (made if made is not core.sollat_communicator else _default_communicator)(
-                    device_group, dev, batch_invariant)
+                    store_backed(device_group), dev, batch_invariant)
                 _built += 1
                 return comm
 
-            adapter._factory = capped
+            adapter._factory = counted
             self._adapter = adapter
         return self._adapter
+
+
+def _beyond_cap() -> str | None:
+    """Why this process builds no more communicators (``$SOLLAT_DIST_MAX_COMMUNICATORS``), or None.
+    Posted before any rank builds: where one rank is at its cap, no rank of the group builds."""
+    cap = max_communicators()
+    if _built < cap:
+        return None
+    return (f"this process has {_built} sollat communicators for torch.distributed groups, the most "
+            f"${MAX_COMMUNICATORS_ENV} ({cap}) allows")
+
+
+_companions: dict[str, Any] = {}  # sollat group name -> the store-backed gloo group of its communicator
+
+
+def store_backed(group: Any) -> Any:
+    """The group a sollat communicator of ``group`` is built on: ``group`` itself where its C++ side
+    holds a store (the backend route), else (the process_group route, torch 2.11 - 2.13, whose
+    Python ``ProcessGroup`` is made without one: symmetric memory's rendezvous reads its peers'
+    handles from the group's store and faults on a group without one) a gloo group of the same
+    ranks, made once per sollat group. It carries the communicator's rendezvous and its host-side
+    exchanges only; the kernels run on the calling stream of the sollat group's calls. Collective
+    over the group's ranks only (``use_local_synchronization``), which all reach it together: the
+    communicator is built on a call every rank of the group makes (``Router._decide``)."""
+    if getattr(group, "has_store", True):
+        return group
+    name = group.group_name
+    if name not in _companions:
+        import torch.distributed as dist
+
+        _companions[name] = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                                           use_local_synchronization=True)
+    return _companions[name]
 
 
 def _default_communicator(group: Any, device: torch.device, batch_invariant: bool) -> Any:
@@ -212,11 +242,6 @@ def _default_communicator(group: Any, device: torch.device, batch_invariant: boo
 
     if device.type != "cuda":
         raise UnsupportedError(f"a sollat communicator needs a CUDA device, got {device}")
-    if not getattr(group, "has_store", True):
-        raise UnsupportedError(
-            f"torch {torch.__version__} hosts the sollat backend as a Python ProcessGroup, which has no store of its "
-            "own for symmetric memory's rendezvous; sollat serves torch.distributed calls from torch 2.14 on "
-            "(docs/torch-distributed.md), and here every call goes to the inner backend")
     with torch.cuda.device(device):
         return Communicator(group)
 

@@ -91,6 +91,17 @@ def checks(rank: int, got: dict[str, Any]) -> None:
                 want = want / WORLD
             assert served() == before + 1, f"all_reduce {name} {dtype} was not served by sollat"
             assert same_bits(x, want), f"all_reduce {name} {dtype}: not sollat's bits"
+    # the communicator's group: the sollat group itself where its C++ side holds a store (the backend
+    # route), else a gloo group of the same ranks (symmetric memory's rendezvous needs the store)
+    from sollat.integrations import dist_group
+
+    built_on = _double.DOUBLES[0].group
+    got["communicator_group"] = f"{type(built_on).__name__}:{dist.get_backend(built_on)}"
+    if got["route"] == "process_group":
+        assert not isinstance(built_on, dist_group.SollatProcessGroup), "the communicator sits on the store-less group"
+        assert dist.get_process_group_ranks(built_on) == list(range(WORLD)), "the communicator's group has other ranks"
+    else:
+        assert built_on.group_name == group.group_name, "the backend route built the communicator on another group"
     # async_op: a Work whose wait() returns; the result is there
     seed += 1
     xs = inputs((100,), torch.float32, seed)
@@ -215,8 +226,8 @@ def checks(rank: int, got: dict[str, Any]) -> None:
     torch.testing.assert_close(x, rank_order_reduce(xs, "sum"))
     assert served() == before and dist_backend.router(capped).comm is None, "a group beyond the cap was served"
     del os.environ[dist_router.MAX_COMMUNICATORS_ENV]
-    # a call that differs on one rank: CallMismatchError on every rank, nothing run
-    n = 64 if rank != WORLD - 1 else 65
+    # a call that differs on one rank (the middle one): CallMismatchError on every rank, nothing run
+    n = 64 if rank != 1 else 65
     try:
         dist.all_reduce(torch.ones(n))
         got["mismatch"] = "none"

@@ -143,16 +143,3 @@ def test_the_decode_app_takes_dist_sollat_under_torchrun_only(capsys: pytest.Cap
     assert "runs only under torchrun" in capsys.readouterr().err
     with pytest.raises(ValueError, match="runs only under torchrun"):
         make_backend("dist_sollat", world_size=2, device="cpu", distributed=False)
-
-
-def test_a_group_without_a_store_builds_no_communicator() -> None:
-    """The process_group route's group (torch 2.11 - 2.13) has no store for symmetric memory's
-    rendezvous: the router refuses to build a communicator on it (the adapter then hands every call
-    to the inner backend) instead of entering the rendezvous."""
-    from sollat.errors import UnsupportedError
-    from sollat.integrations import dist_group, dist_router
-
-    assert dist_group.SollatProcessGroup.has_store is False
-    store_less = type("StoreLess", (), {"has_store": False, "group_name": "g"})()
-    with pytest.raises(UnsupportedError, match="no store of its own"):
-        dist_router._default_communicator(store_less, torch.device("cuda", 0), False)

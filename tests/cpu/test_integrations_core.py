@@ -361,10 +361,12 @@ class _RankOrderDouble:
 
     fail_rank = -1
     own_rank = -1
+    made = 0  # constructions in this process
 
     def __init__(self, group: Any, device: torch.device, batch_invariant: bool) -> None:
         import torch.distributed as dist
 
+        _RankOrderDouble.made += 1
         if dist.get_rank() == _RankOrderDouble.fail_rank:
             raise RuntimeError("no peer memory here")
         self.group, self.device, self.batch_invariant = group, device, batch_invariant
@@ -412,7 +414,8 @@ def _rank_order(call: int, n: int) -> torch.Tensor:
 
 # Each scenario: what one rank does differently (the others run the defaults: batch_invariant False,
 # the default engine limit, a communicator built with no own_pick_limit).
-SCENARIOS = ["built", "rank1_fails", "rank1_absent", "rank1_limit", "rank1_batch_invariant", "rank2_own_limit"]
+SCENARIOS = ["built", "rank1_fails", "rank1_refuses", "rank1_absent", "rank1_limit", "rank1_batch_invariant",
+             "rank2_own_limit"]
 
 
 def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
@@ -440,7 +443,8 @@ def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
     log.setLevel(logging.DEBUG)
     ad = core.GroupAdapter(engine="test", name="tp:0", device_group=group, cpu_group=group, device=CPU,
                            world_size=WORLD, batch_invariant=scenario == "rank1_batch_invariant" and rank == 1,
-                           max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)), log=log)
+                           max_bytes=settings.max_message_bytes(os.environ.get(settings.MAX_BYTES_ENV)), log=log,
+                           refusal=(lambda: "at its cap") if scenario == "rank1_refuses" and rank == 1 else None)
     got: dict[str, Any] = {}
     try:
         if scenario == "rank1_absent" and rank == 1:  # "absent": rank 1 never builds the adapter's communicator
@@ -468,6 +472,7 @@ def _three_ranks(rank: int, port: int, scenario: str, out: str) -> None:
             got["comm_batch_invariant"] = getattr(ad.comm, "batch_invariant", None)
             got["limits"] = [ad.limit, ad.own_limit]
             got["counts"] = dict(ad.counts)
+            got["made"] = _RankOrderDouble.made
     except Exception as exc:  # a split decision: recorded, and the test fails on it
         got["error"] = f"{type(exc).__name__}: {exc}"
     got["log"] = lines.records
@@ -507,10 +512,13 @@ def test_adapter_agrees_on_every_rank(tmp_path: Path, scenario: str) -> None:
         g = got[rank]
         assert g["int32_first"] and not g["built_after_int32"]
         assert g["capturing"] is True
-        if scenario == "rank1_fails":  # one rank could not build it: no rank routes anything to sollat
+        if scenario in ("rank1_fails", "rank1_refuses"):  # one rank cannot build it: no rank routes to sollat
             assert g["y"] is None and g["big"] is None and g["fused_r"] is None and g["fp8"] is None
-            assert g["unavailable"] == "rank 1: RuntimeError: no peer memory here"
             assert g["counts"] == {"declined:no sollat communicator": 5}
+            if scenario == "rank1_fails":
+                assert g["unavailable"] == "rank 1: RuntimeError: no peer memory here" and g["made"] == 1
+            else:  # refused before any rank entered the (collective) construction
+                assert g["unavailable"] == "rank 1: at its cap" and g["made"] == 0
             continue
         assert g["y"] == small, f"rank {rank}: not the rank-order sum"
         assert g["fused_r"] == fused and g["fp8"] == 3
@@ -524,8 +532,9 @@ def test_adapter_agrees_on_every_rank(tmp_path: Path, scenario: str) -> None:
         else:
             assert g["big"] == big and g["counts"]["all_reduce"] == 2
     warnings = [[m for lv, m in got[r]["log"] if lv == "WARNING"] for r in range(WORLD)]
-    if scenario == "rank1_fails":  # one warning for the group (rank 0's), the same text on every rank
-        want = "sollat: test group tp:0 keeps the engine's all-reduce: rank 1: RuntimeError: no peer memory here"
+    if scenario in ("rank1_fails", "rank1_refuses"):  # one warning for the group (rank 0's), the same on every rank
+        why = "RuntimeError: no peer memory here" if scenario == "rank1_fails" else "at its cap"
+        want = f"sollat: test group tp:0 keeps the engine's all-reduce: rank 1: {why}"
         assert got[0]["log"] == [["WARNING", want]]
         assert got[1]["log"] == got[2]["log"] == [["DEBUG", want]]
         return

@@ -22,7 +22,7 @@ beyond that string. SECTIONS, in order:
   counts grew.
 * ``dtensor``: a tensor-parallel MLP and one decoder block (``parallelize_module``, Colwise /
   Rowwise), forward against the single-device reference, to tolerance; the counts grew.
-* ``mismatch``: the last rank calls another size: ``CallMismatchError`` from ``dist.all_reduce`` on
+* ``mismatch``: the middle rank calls another size: ``CallMismatchError`` from ``dist.all_reduce`` on
   every rank; the group works after it.
 * ``fault``: the last rank made absent (``sollat.testing.inject``): a sollat error (``SollatError``)
   from ``dist.all_reduce`` on every rank within the fault timeout; after ``reset()`` the group works.
@@ -296,13 +296,13 @@ def dtensor(run: Run) -> None:
 def mismatch(run: Run) -> None:
     from sollat.errors import CallMismatchError
 
-    n = 1000 if run.rank != run.world - 1 else 1001
+    n = 1000 if run.rank != run.world // 2 else 1001  # the middle rank (at 2 ranks: rank 1) differs
     try:
         dist.all_reduce(torch.ones(n, device=run.dev))
     except CallMismatchError:
         pass
     else:
-        raise AssertionError("a call that differs on the last rank raised nothing")
+        raise AssertionError(f"a call that differs on rank {run.world // 2} raised nothing")
     xs = run.inputs((1000,), torch.float32)
     x = xs[run.rank].clone()
     dist.all_reduce(x)

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from sollat.integrations import dist_backend
-
 from . import _procs
 from .dist_worker import SECTIONS, ZERO_CHANGE_ENV, ZERO_CHANGE_SECTIONS
 
@@ -22,15 +20,9 @@ pytestmark = [pytest.mark.gpu]
 WORKER = Path(__file__).with_name("dist_worker.py")
 TIMEOUT_S = 540
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-# On torch 2.11 - 2.13 the backend is a Python ProcessGroup without a store of its own: sollat builds
-# no communicator there and hands every call to the inner backend (dist_group.SollatProcessGroup).
-needs_the_backend_route = pytest.mark.skipif(
-    dist_backend.route() != "backend",
-    reason=f"torch {torch.__version__}: the sollat backend serves CUDA calls from torch 2.14 (the backend route)")
 
 
 @pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
-@needs_the_backend_route
 @pytest.mark.parametrize("nproc", [_procs.world_param(n, GPUS) for n in (2, 3)])
 def test_dist_backend_on_real_ranks(nproc: int) -> None:
     rc, out = _procs.launch(WORKER, nproc, [], _procs.child_env(nproc, GPUS), TIMEOUT_S)
@@ -38,7 +30,6 @@ def test_dist_backend_on_real_ranks(nproc: int) -> None:
 
 
 @pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU")
-@needs_the_backend_route
 def test_zero_change_mode_on_real_ranks() -> None:
     """SOLLAT_DIST=1 and an unchanged init_process_group("nccl"): a sollat group that says nccl."""
     env = _procs.child_env(3, GPUS, {"SOLLAT_DIST": "1", ZERO_CHANGE_ENV: "1"})
@@ -47,7 +38,6 @@ def test_zero_change_mode_on_real_ranks() -> None:
 
 
 @pytest.mark.multigpu
-@needs_the_backend_route
 @pytest.mark.skipif(GPUS < 2, reason="needs >= 2 GPUs (the decode app's default group is NCCL)")
 def test_decode_app_dist_sollat_on_two_gpus(tmp_path: Path) -> None:
     """``python -m sollat.apps.decode --backends nccl,dist_sollat`` under torchrun: plain
