@@ -52,11 +52,13 @@ def max_communicators() -> int:
     return int(environment.value(MAX_COMMUNICATORS_ENV))
 
 
-def _ops() -> dict[Any, str]:
+def _ops() -> dict[int, str]:
+    """sollat's op of a c10d ``RedOpType``, keyed by its ``.value``: a plain int, which the hot path
+    hashes far faster than the pybind enum itself."""
     import torch.distributed as dist
 
     t = dist.ReduceOp.RedOpType
-    return {t.SUM: "sum", t.AVG: "avg", t.MAX: "max", t.MIN: "min"}
+    return {t.SUM.value: "sum", t.AVG.value: "avg", t.MAX.value: "max", t.MIN.value: "min"}
 
 
 class Router:
@@ -83,7 +85,7 @@ class Router:
         # The hot path: one dict lookup on (elements, dtype, op, is_cuda), then the communicator's
         # own hot path. A new key takes _all_reduce_op, which decides (agreed, cached).
         x = tensors[0]
-        red = opts.reduceOp.op
+        red = opts.reduceOp.op.value
         key = (x.numel(), x.dtype, red, x.is_cuda)
         op = self._all_reduce_ops.get(key)
         if op is None:
@@ -126,7 +128,7 @@ class Router:
         return work([out], opts)
 
     def reduce_scatter(self, out: torch.Tensor, x: torch.Tensor, opts: Any) -> Any:
-        op = self._ops.get(opts.reduceOp.op)
+        op = self._ops.get(opts.reduceOp.op.value)
         n = x.numel()
         if (op is None or x.device.type != self.device_type or out.device != x.device or out.dtype != x.dtype
                 or out.numel() * self.world_size != n or not x.is_contiguous() or not out.is_contiguous()):
