@@ -95,7 +95,7 @@ __device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots>::epochOf(int i
 // the line that holds it, signature_word / 4, and channel 0's epoch).
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::lineAt(int peer, int i) const {
-  if (i == kSigWord)
+  if (kSig && i == kSigWord)
     return FaultAt{peer, signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads) / 4, this->epoch[0]};
   return FaultAt{peer, this->slot0 + i * kSlotStride, epochOf(i)};
 }
@@ -106,7 +106,7 @@ template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::firstMissing(unsigned pending,
                                                                                     unsigned sigPending,
                                                                                     int w0) const {
-  if (pending) {
+  if (!kSig || pending) {
     const int b = __ffs(pending) - 1;
     return lineAt(w0 + b / kSlots, b % kSlots);
   }
@@ -119,7 +119,7 @@ template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::mismatch(int peer, int i) const {
   const FaultAt at = lineAt(peer, i);
   u32 seen;
-  if (i == kSigWord) {
+  if (kSig && i == kSigWord) {
     seen = loadSignature(peer);
   } else {
     const Line* l = this->own + (line_base(at.epoch & 1, peer, this->d.nranks, this->d.lines_per_src) + at.slot);
