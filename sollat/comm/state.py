@@ -63,8 +63,9 @@ class DeviceMemory:
         """Control block (fault record) at 0; each region at its protocol's rest byte (abi.REST_BYTE:
         LL 0, as flag 0 is never valid; sentinel all ones, empty in every dtype), except a sentinel
         region's signature words (the SIGNATURE_SLOT lines of every block of every (parity,
-        source) part, layout.signature_word), which are 0: an empty signature word is 0
-        (ll_buffer.h)."""
+        source) part, layout.signature_word), which are 0: an empty signature word is 0, the value
+        its reader stores back once it has read it (ll_buffer.h, "Signature words"). ``reset()``
+        calls this again, so a word a faulted receive never read is empty afterwards."""
         for v in views:
             v[:layout.CONTROL_BYTES].zero_()
             for reg in self.regions:

@@ -24,7 +24,9 @@ REGENERATE = "python -m sollat.device.abi_layout > sollat/device/csrc/include/so
 
 # The slot whose lines hold a sentinel buffer's signature words instead of data: the last one. A
 # sentinel buffer's channels use the slots below it (kSlots <= SIGNATURE_SLOT: 1 or 2), and every
-# thread's 8-byte word sits in the first half of this slot's lines of its block (two words a line).
+# thread's 4-byte word sits in the first quarter of this slot's lines of its block (four words a
+# line). LL128's 8-byte reduce-scatter words use the first half of the same lines of its
+# accumulator buffer's source-1 part (two words a line).
 SIGNATURE_SLOT = abi.MAX_SLOTS - 1
 
 # The constants a formula may name: Python name -> (C++ spelling, value). abi.h declares all but
@@ -65,12 +67,17 @@ FORMULAS: tuple[Formula, ...] = (
             "group * peer_group_lines + line): on rank r it receives line `line` from the ranks of group "
             "`group`; a rank sends that line to peer q in q's channel (group of r, line).",
             device=(Signature((("block", "int"), ("group", "int"), ("line", "int"), ("nranks", "int"))),)),
-    Formula("signature_word", ("block", "thread"), "2 * slot_index(block, SIGNATURE_SLOT, 0) + thread",
-            "the 8-byte word, counted from the start of a receiver's (parity, source) part, that holds the "
+    Formula("signature_word", ("block", "thread"), "4 * slot_index(block, SIGNATURE_SLOT, 0) + thread",
+            "the 4-byte word, counted from the start of a receiver's (parity, source) part, that holds the "
             "signature word of thread `thread` of block `block` (sentinel buffers, ll_buffer.h): the first "
-            "half of the block's SIGNATURE_SLOT lines, two threads' words a line, a warp's words contiguous. "
-            "LL128 puts its reduce-scatter words at signature_word(block, warp * WARP + source) of its "
-            "accumulator buffer's source-1 part.",
+            "quarter of the block's SIGNATURE_SLOT lines, four threads' words a line, a warp's 32 words one "
+            "128-byte line.",
+            device=(Signature((("block", "int"), ("thread", "int"))),)),
+    Formula("ll128_signature_word", ("block", "thread"), "2 * slot_index(block, SIGNATURE_SLOT, 0) + thread",
+            "the 8-byte word, counted from the start of a (parity, source) part, that holds LL128's "
+            "reduce-scatter signature word of (block, thread) (allreduce_ll128.cu: thread warp * WARP + "
+            "source of its accumulator buffer's source-1 part): the first half of the block's "
+            "SIGNATURE_SLOT lines, two words a line.",
             device=(Signature((("block", "int"), ("thread", "int"))),)),
     Formula("ll128_acc_slot", ("block", "thread"), "block * MAX_THREADS + thread",
             "LL128's accumulator slot (and epoch index) of (block, thread); its 16-byte line is "

@@ -18,8 +18,9 @@ slot index    s = (b * MAX_SLOTS + i) * MAX_THREADS + t   (consecutive threads: 
 parity        epoch & 1: two copies of every line (double buffering, no barrier).
 line address  in receiver d's region of a buffer:
               line = (parity * nranks + src) * lines_per_src + s
-signature     sentinel buffers: one 8-byte word per (receiver, parity, source, block, thread), in the
-words         lines of slot SIGNATURE_SLOT of the thread's block, two words a line (``signature_word``)
+signature     sentinel buffers: one 4-byte word per (receiver, parity, source, block, thread), in the
+words         lines of slot SIGNATURE_SLOT of the thread's block, four words a line (``signature_word``);
+              0 at rest, written by the sender with line 0, reset to 0 by the receiver that read it
 """
 
 from __future__ import annotations
@@ -85,14 +86,16 @@ slot_index: Callable[[int, int, int], int] = _F["slot_index"]
 line_base: Callable[[int, int, int, int], int] = _F["line_base"]
 line_index: Callable[..., int] = _F["line_index"]  # (parity, src, slot, *, nranks, lines_per_src)
 ll128_acc_slot: Callable[[int, int], int] = _F["ll128_acc_slot"]
-signature_word: Callable[[int, int], int] = _F["signature_word"]  # (block, thread) -> 8-byte word in a part
+signature_word: Callable[[int, int], int] = _F["signature_word"]  # (block, thread) -> 4-byte word in a part
+ll128_signature_word: Callable[[int, int], int] = _F["ll128_signature_word"]  # (block, thread) -> 8-byte word
 lines_per_src: Callable[[int], int] = _F["lines_per_src"]
 region_bytes_of_lines: Callable[[int, int], int] = _F["region_bytes_of_lines"]
 region_bytes: Callable[[int, int], int] = _F["region_bytes"]  # (nranks, max_blocks)
 peer_groups: Callable[[int], int] = _F["peer_groups"]
 peer_group_lines: Callable[[int], int] = _F["peer_group_lines"]
 peer_group_slot: Callable[[int, int, int, int], int] = _F["peer_group_slot"]  # (block, group, line, nranks)
-DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_word", "lines_per_src", "region_bytes_of_lines", "region_bytes", "peer_groups", "peer_group_lines",
+DERIVED = ("slot_index", "line_base", "line_index", "ll128_acc_slot", "signature_word", "ll128_signature_word",
+           "lines_per_src", "region_bytes_of_lines", "region_bytes", "peer_groups", "peer_group_lines",
            "peer_group_slot")
 
 

@@ -289,7 +289,7 @@ class _Gen(WideOneshot):
                         for c in range(R):
                             if c != r:
                                 B.emit(SEND, line=self.word(c, "acc", e, r, slot, word(r)), value=0,
-                                       flag=rules.sig_word(cfg, sig, e), tag=(k, -1 - slot, e), peer=c)
+                                       flag=rules.ll128_sig_word(cfg, sig, e), tag=(k, -1 - slot, e), peer=c)
                     # reduce-scatter: every lane adds into every owner's line (own chunk included)
                     packed = {c: protocols.ll128_pack(inp(r, c * cl + x), W, L, counter=0 if split else 1)
                               for c in range(R)}
@@ -320,7 +320,7 @@ class _Gen(WideOneshot):
                         for q in range(R):
                             if q != r:
                                 B.emit(POLL, line=self.word(r, "acc", e, q, slot, word(q)), reg=B.reg(),
-                                       flag=rules.sig_word(cfg, sig, e), tag=(k, -1 - slot, e), peer=q)
+                                       flag=rules.ll128_sig_word(cfg, sig, e), tag=(k, -1 - slot, e), peer=q)
                     if split:  # the acquire side of the counter, before the data is read (fence<peer_scope()>)
                         B.fence()
                     red = B.reg()

@@ -17,7 +17,7 @@ def _c(name: str, **kw: Any) -> Config:
 #: Tiny configurations explored exhaustively (every interleaving, PTX mode): 2-3 ranks, 1-2 threads,
 #: 2-5 calls of different sizes, covering chunked iterations, several slots/blocks, idle channels,
 #: uneven two-shot chunks, 2-bit epochs (wrap-around), every line split into its 8-byte parts
-#: (``tear="all"``), virtual ranks, 2-bit signature-word epochs. PTX's freedom to reorder a window's
+#: (``tear="all"``), virtual ranks, signature words over four calls. PTX's freedom to reorder a window's
 #: operations multiplies the states, so the 3-rank two-shot and the 2-thread 3-rank configurations
 #: of the strong model are in RANDOM; ``sig_words=False`` configurations check the data lines only
 #: (the signature words elsewhere: leaving them out only removes waits, ``Config.sig_words``).
@@ -52,10 +52,9 @@ EXHAUSTIVE: list[Config] = [
     _c("oneshot-ll-2r1t-tear", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1), tear="all"),
     _c("oneshot-sentinel-2r1t-tear", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1), tear="all"),
     _c("twoshot-ll-2r1t-tear", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 4, 2), tear="all"),
-    # signature words with a 2-bit epoch field: exchanged with every line-0 send, a word holds e-2 at
-    # worst, as an LL line does; and virtual ranks (one GPU: .gpu fences)
-    _c("oneshot-sentinel-2r1t-sigbits2", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(2, 1, 3, 1),
-       sig_epoch_bits=2),
+    # signature words over four calls of two signatures: each is empty from its reader's reset to the
+    # sender's next store (no epoch field); and virtual ranks (one GPU: .gpu fences)
+    _c("oneshot-sentinel-2r1t-words", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(2, 1, 3, 1)),
     _c("oneshot-sentinel-2r1t-virtual", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1),
        ranks="virtual"),
     _c("ll128-split-torn-2r1t-virtual", algorithm="ll128", nranks=2, calls=(2, 6, 2), ll128_line_atomic=False,
@@ -75,15 +74,18 @@ EXHAUSTIVE: list[Config] = [
 RANDOM: list[tuple[Config, int]] = [
     (_c("oneshot-ll-2r1t-x4", algorithm="oneshot", protocol="ll", nranks=2, calls=(1, 2, 1, 3)), 43000),
     (_c("oneshot-sentinel-2r1t-x4", algorithm="oneshot", protocol="sentinel", nranks=2, calls=(1, 2, 1, 3)), 10000),
-    # 2-bit signature-word epochs: exchanged with every line-0 send, a word holds e-2 at worst
-    (_c("oneshot-sentinel-3r1t-sigbits2", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1),
-        sig_epoch_bits=2), 2000),
+    # signature words reset by their readers, 3 ranks, four calls
+    (_c("oneshot-sentinel-3r1t-words", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(2, 1, 3, 1)),
+     2000),
     (_c("oneshot-ll-3r1t-bits2", algorithm="oneshot", protocol="ll", nranks=3, calls=(2, 1, 3, 1, 2), epoch_bits=2),
      3000),
     (_c("twoshot-ll-2r1t-x4", algorithm="twoshot", protocol="ll", nranks=2, calls=(2, 5, 1, 3)), 18000),
     (_c("twoshot-sentinel-2r1t-x4", algorithm="twoshot", protocol="sentinel", nranks=2, calls=(2, 5, 1, 3)), 4000),
     (_c("twoshot-sentinel-3r1t-x3", algorithm="twoshot", protocol="sentinel", nranks=3, calls=(4, 2, 7)), 500),
     (_c("ll128-2r1t-x3", algorithm="ll128", nranks=2, calls=(2, 5, 1)), 3000),
+    # LL128's signature words with a 2-bit epoch field: every iteration writes every owner's, so a
+    # word holds e-2 at worst
+    (_c("ll128-2r1t-sigbits2", algorithm="ll128", nranks=2, calls=(2, 1, 3, 1), sig_epoch_bits=2), 1000),
     (_c("ll128-split-torn-2r1t-w2", algorithm="ll128", nranks=2, calls=(2, 5, 1), ll128_line_atomic=False,
         ll128_split=True), 800),
     (_c("oneshot-ll-3r2t-b2s2", algorithm="oneshot", protocol="ll", nranks=3, threads=2, max_blocks=2, max_slots=2,
@@ -214,17 +216,17 @@ PLANTED: list[Planted] = [
                                                     faults=(Fault("mismatch", 1, 0),), reset_at=2)
        .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
        "sentinel: a signature word with every line-0 send, checked by the receiver"),
-    # The signature word's epoch field: exchanged with every line-0 send, a word of one-shot and
-    # two-shot holds e-2 at worst (2 bits suffice, as for LL lines); the fused two-shot writes a
-    # pair's line 0 only in passes whose row one of the two owns, so its word can be many epochs old
-    # (32 bits: 2^31 passes of one channel). With the word only in each call's first line-0
-    # exchange, one-shot's words can be old too.
-    _p("sig-bits2/rmsnorm-twoshot-sentinel", Config(algorithm="rmsnorm_twoshot", protocol="sentinel",
-                                                    calls=(1, 3, 1), sig_epoch_bits=2), ("stale", "mismatch"),
-       "sentinel: the signature word's epoch field outlasts the passes a pair can skip (32 bits)"),
-    _p("signature-once/oneshot-sentinel-sigbits2", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1),
-                                                          sig_epoch_bits=2).with_mutation(Mutation.SIGNATURE_ONCE),
-       ("stale", "mismatch"), "sentinel: the signature word travels with every line-0 send (it holds e-2 at worst)"),
+    # The signature word carries no epoch: its reader stores 0 back once it has read it. Without
+    # that reset the word of e-2 is still there at e: taken as e's (same signature) or reported as
+    # a mismatch (an earlier call's); a reset issued after the reuse fence is not ordered before
+    # the send that lets the sender write the word again, and may erase that word.
+    _p("skip-sig-reset/oneshot-sentinel", _O_SE.with_mutation(Mutation.SKIP_SIG_RESET), ("stale", "mismatch"),
+       "sentinel: the reader stores 0 back into a signature word it has read"),
+    _p("skip-sig-reset/rmsnorm-twoshot-sentinel", Config(algorithm="rmsnorm_twoshot", protocol="sentinel",
+                                                         calls=(1, 3, 1)).with_mutation(Mutation.SKIP_SIG_RESET),
+       ("stale", "mismatch"), "sentinel: the reader stores 0 back into a signature word it has read"),
+    _p("sig-reset-late/oneshot-sentinel", _O_SE.with_mutation(Mutation.SIG_RESET_LATE), _RACE,
+       "sentinel: a signature word's reset is fenced before the next send, as a line's"),
     _p("no-signature-line/twoshot-sentinel", Config(algorithm="twoshot", protocol="sentinel", calls=(2, 2, 2),
                                                     faults=(Fault("mismatch", 0, 1),), reset_at=2)
        .with_mutation(Mutation.NO_SIGNATURE_LINE), _ACCEPTED,
@@ -282,10 +284,6 @@ BENIGN: list[Planted] = [
        .with_mutation(Mutation.NO_REUSE_FENCE),
        (), "LL128: every rank's next adds follow its own counter poll, which saw the owner's adds of the round "
            "after the owner's zeroing fence (release/acquire through the counter): no fence at the top is needed"),
-    _p("signature-once/oneshot-sentinel", Config(algorithm="oneshot", protocol="sentinel", calls=(1, 3, 1))
-       .with_mutation(Mutation.SIGNATURE_ONCE), (),
-       "sentinel: with a 32-bit epoch field a word many passes old never reads as current; the word with every "
-       "line-0 send is what makes a narrow field enough (signature-once/oneshot-sentinel-sigbits2)"),
     _p("gpu-fence/oneshot-sentinel-virtual", replace(_O_SE, ranks="virtual").with_mutation(Mutation.GPU_FENCE), (),
        "virtual ranks: every peer runs on the one GPU, so .gpu fences order everything the protocol needs"),
     _p("gpu-fence/ll128-split-virtual", replace(_LL128, ll128_split=True, ll128_line_atomic=False, ll128_lines=1,

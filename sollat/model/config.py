@@ -79,11 +79,6 @@ class Mutation(enum.Enum):
     #: Sentinel buffers without signature words: a peer that made another call with the same line
     #: count is summed, not reported.
     NO_SIGNATURE_LINE = "no-signature-line"
-    #: The signature word only with the call's first line-0 send to each peer (and polled only with
-    #: the first receive from it), not with every one: a call of p passes then leaves the word of one
-    #: parity up to p epochs behind its channel, so a word more than two epochs old can wait in the
-    #: line; with a narrow epoch field (``Config.sig_epoch_bits``) it reads as current.
-    SIGNATURE_ONCE = "signature-once"
     #: Sentinel signature words in a ring: stored only to rank + 1 and polled only from rank - 1. A
     #: rank whose ring neighbour agrees with it sums the data of a rank whose call differs (from 3
     #: ranks on), and in the fused two-shot, whose exchange is only with a row's owner, a rank's call
@@ -92,6 +87,15 @@ class Mutation(enum.Enum):
     #: Sentinel signature words only in thread 0 of each block (its channel 0): every other thread
     #: accepts its peers' lines unchecked.
     SIG_THREAD0 = "sig-thread0"
+    #: A sentinel signature word never stored back to 0 by the thread that read it
+    #: (``LLBuffer::resetSignature`` dropped): at epoch e the word of e-2 still holds its signature,
+    #: so the reader takes it before the sender's word of e (stale), or finds an earlier call's
+    #: signature in it and reports a call mismatch although every rank made the same calls.
+    SKIP_SIG_RESET = "skip-sig-reset"
+    #: The reset of a sentinel signature word issued after the reuse fence that precedes the
+    #: reader's next send (with that send) instead of before it: nothing orders it before the send
+    #: that credits the sender's next word, which the late reset may erase.
+    SIG_RESET_LATE = "sig-reset-late"
     #: An LL flag checked for its epoch only (``ProtoLL::check`` ignoring the tags): a line of this
     #: epoch from a call with another signature is taken as data.
     LL_TAG_IGNORED = "ll-tag-ignored"
@@ -154,7 +158,8 @@ RANKS = ("real", "virtual")
 #: part is checked by its reader (two-flag LL, sentinel) is one access, which loses no behaviour the
 #: checks can tell apart (docs). "all": every line.
 TEAR = ("flags", "all")
-#: Width of the signature word's epoch field (``ll_buffer.h``: ``sig << 32 | epoch``, 32 bits).
+#: Width of the epoch field of LL128's signature word (``ll128.h``: ``sig << 32 | epoch``, 32 bits;
+#: a sentinel buffer's word has none: its reader resets it).
 SIG_EPOCH_FIELD_BITS = 32
 #: Width of an LL flag's epoch field (``protocol_ll.h``: 16 bits; SOLLAT_EPOCH_BITS may mask fewer).
 EPOCH_FIELD_BITS = 16
@@ -205,12 +210,14 @@ class Config:
     tear: str = "flags"
     #: Signature words (sentinel buffers: ``ll_buffer.h``, "Signature words"; LL128's reduce-scatter:
     #: ``allreduce_ll128.cu``). False: not modelled in this configuration (the data lines only).
-    #: Leaving them out only removes stores and loads that nothing else waits for (a thread's word
-    #: poll delays nothing but its own pass), so every data-line behaviour with them is one without
+    #: Leaving them out only removes stores, loads and resets that nothing else waits for (a
+    #: thread's word poll and reset delay nothing but its own pass), so every data-line behaviour
+    #: with them is one without
     #: them: large configurations check the data lines so, small ones the signature words too.
     #: Configurations with a call mismatch keep them (they are what detects it).
     sig_words: bool = True
-    #: Width of the signature word's epoch field (the device: 32; fewer only to explore aliasing).
+    #: Width of the epoch field of LL128's signature words (the device: 32; fewer only to explore
+    #: aliasing). LL128 only: a sentinel buffer's word carries no epoch.
     sig_epoch_bits: int = SIG_EPOCH_FIELD_BITS
 
     def __post_init__(self) -> None:
@@ -225,7 +232,9 @@ class Config:
         if self.epoch_bits < 1 or self.epoch_bits > EPOCH_FIELD_BITS:
             raise ValueError(f"epoch_bits must be in 1..{EPOCH_FIELD_BITS} (the LL flag's epoch field)")
         if not 1 <= self.sig_epoch_bits <= SIG_EPOCH_FIELD_BITS:
-            raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (the signature word's epoch field)")
+            raise ValueError(f"sig_epoch_bits must be in 1..{SIG_EPOCH_FIELD_BITS} (LL128's signature word's epoch field)")
+        if self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS and self.algorithm != "ll128":
+            raise ValueError("sig_epoch_bits is LL128's (a sentinel buffer's signature word has no epoch field)")
         for what, value, allowed in (("memory", self.memory, MEMORY), ("ranks", self.ranks, RANKS),
                                      ("tear", self.tear, TEAR)):
             if value not in allowed:
@@ -283,8 +292,8 @@ class Config:
     @property
     def signature_words(self) -> bool:
         """Sentinel buffers carry a signature word per (parity, sender, block, thread) in every
-        receiver's region, stored with every line-0 send and polled with every receive (not LL:
-        every LL line carries the signature)."""
+        receiver's region, stored with every line-0 send, polled with every receive and reset by
+        its reader (not LL: every LL line carries the signature)."""
         return self.proto == "sentinel" and self.sig_words and not self.has(Mutation.NO_SIGNATURE_LINE)
 
     @property
@@ -314,7 +323,7 @@ class Config:
             extra.append(f"tear={self.tear}")
         if not self.sig_words and (self.proto == "sentinel" or self.algorithm == "ll128"):
             extra.append("no-sig-words")
-        if self.proto == "sentinel" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
+        if self.algorithm == "ll128" and self.sig_epoch_bits != SIG_EPOCH_FIELD_BITS:
             extra.append(f"sig-bits={self.sig_epoch_bits}")
         if self.epoch_bits != EPOCH_FIELD_BITS:
             extra.append(f"bits={self.epoch_bits}")

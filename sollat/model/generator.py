@@ -60,11 +60,12 @@ class ProgramGenerator:
 
     def word(self, rank: int, buffer: str, epoch: int, src: int, channel: int, word: int) -> int:
         """A signature word from ``src`` in ``rank``'s region of ``buffer``, parity ``epoch & 1``:
-        in-part word ``word`` of the (parity, src) part (sentinel buffers) or of the accumulator
-        buffer's (parity, 1) part (LL128); ``channel`` names the thread it belongs to."""
+        in-part word ``word`` of the (parity, src) part (sentinel buffers: 4-byte words) or of the
+        accumulator buffer's (parity, 1) part (LL128: 8-byte words); ``channel`` names the thread it
+        belongs to."""
         par = rules.parity(self.cfg, epoch)
-        part = 1 if buffer == "acc" else src
-        addr = rules.signature_address(self.cfg, par, part, word)
+        ll128 = buffer == "acc"
+        addr = rules.signature_address(self.cfg, par, 1 if ll128 else src, word, "ll128" if ll128 else "sentinel")
         return self.scratch.line(LineInfo(rank, buffer, "sig", par, src, channel, word, addr))
 
     # ---- signature words (sentinel buffers: ll_buffer.h, "Signature words") -----------------------
@@ -83,39 +84,33 @@ class ProgramGenerator:
 
     def sig_send(self, B: Builder, r: int, k: int, sig: int, buffer: str, p: int, epochs: Epochs) -> None:
         """Before each line-0 send (or bcast) of ``buffer`` to ``p``, the thread stores its
-        signature word ``sig << 32 | epoch`` (its channel 0's epoch) into p's region at the
-        (parity, source r) part: one aligned 8-byte volatile store. ``SIG_RING``: only to rank + 1;
-        ``SIGNATURE_ONCE``: only with the call's first line-0 send to ``p``."""
+        signature word, the 32-bit ``sig``, into p's region at the (parity, source r) part, parity
+        that of its channel 0's epoch: one aligned 4-byte volatile store. ``SIG_RING``: only to
+        rank + 1."""
         if B.sig_owner is None or (self.cfg.has(Mutation.SIG_RING) and p != (r + 1) % self.cfg.nranks):
             return
-        if self.cfg.has(Mutation.SIGNATURE_ONCE):
-            if p in B.sig_sent.setdefault(buffer, set()):
-                return
-            B.sig_sent[buffer].add(p)
         ch, e, w = self._sig_where(B, buffer, epochs)
-        B.emit(SEND, line=self.word(p, buffer, e, r, ch, w), value=0, flag=rules.sig_word(self.cfg, sig, e),
+        B.emit(SEND, line=self.word(p, buffer, e, r, ch, w), value=0, flag=rules.sig_word(sig),
                tag=(k, -1 - ch, e), peer=p)
 
     def sig_items(self, B: Builder, r: int, k: int, sig: int, buffer: str, peers: list[int], epochs: Epochs) -> None:
-        """With each receive of ``buffer`` from a peer in ``peers`` (any of its lines), the thread
-        polls that peer's signature word for this thread in the same wait (one 8-byte volatile load
-        per poll); the receive is complete when its lines are and the word equals (own signature,
-        own channel-0 epoch). The word is never cleared: it only ever holds epochs e, e-2, ... of its
-        parity (written with the line-0 data of the same thread, pass and parity), so its reuse rests
-        on that line's credit and fence. ``SIG_RING``: only from rank - 1; ``SIGNATURE_ONCE``: only
-        with the call's first receive from the peer."""
+        """With each receive of ``buffer`` from a peer in ``peers`` (its lines 0..n-1), the thread
+        polls that peer's signature word for this thread in the same wait (one 4-byte volatile load
+        per poll); the receive is complete when its lines are and the word equals the own signature,
+        and then the thread stores 0 back into the word (``resetSignature``, issued as a line's
+        reset is, before the fence of its next send). The word is empty from that reset until the
+        sender's next store, which (written with the line-0 data of the same thread, pass and
+        parity) needs that line's credit, so its reuse rests on that credit and fence as a sentinel
+        line's does. ``SIG_RING``: only from rank - 1."""
         if B.sig_owner is None:
             return
         ch, e, w = self._sig_where(B, buffer, epochs)
         for p in dict.fromkeys(peers):
             if self.cfg.has(Mutation.SIG_RING) and p != (r - 1) % self.cfg.nranks:
                 continue
-            if self.cfg.has(Mutation.SIGNATURE_ONCE):
-                if p in B.sig_polled.setdefault(buffer, set()):
-                    continue
-                B.sig_polled[buffer].add(p)
-            B.emit(POLL, line=self.word(r, buffer, e, p, ch, w), reg=B.reg(), flag=rules.sig_word(self.cfg, sig, e),
-                   tag=(k, -1 - ch, e), peer=p)
+            ln = self.word(r, buffer, e, p, ch, w)
+            B.emit(POLL, line=ln, reg=B.reg(), flag=rules.sig_word(sig), tag=(k, -1 - ch, e), peer=p)
+            B.reset_word(buffer, ln)
 
     def acc_line(self, rank: int, epoch: int, slot: int, sub: int) -> int:
         par = rules.parity(self.cfg, epoch)
@@ -133,7 +128,8 @@ class ProgramGenerator:
     def _poll_all(self, B: Builder, r: int, buffer: str, items: list[tuple[int, int, int, int, Any]],
                   sig: int, epochs: Epochs) -> None:
         """``LLBuffer::pollAll``: poll every (peer, slot) line, and each peer's signature word for
-        this thread, until complete; a sentinel line is reset as soon as it is read (``checkPolls``).
+        this thread, until complete; a sentinel line, and a signature word, is reset as soon as it
+        is read (``checkPolls``).
 
         ``items``: (peer, slot i, channel s, register, ghost tag) in the device's (peer, slot) order.
         """

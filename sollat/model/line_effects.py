@@ -167,9 +167,9 @@ class LineEffects(FaultPathMachine):
                 return Violation("stale", f"r{r} ({ins.where}) accepts {self.names[c]} as {fmt_tag(want)}, "
                                  f"but the line holds {fmt_tag(g[1])} ({line_status(g)})", c)
         self._set_reg(st, r, j, ins.reg, protocols.vadd(st.regs[r][j][ins.reg], val))
-        for c in cells:
+        for c in cells:  # free again; a line or word its reader resets: consumed until the reset lands
             g = st.ghost[c]
-            st.ghost[c] = (FREE if ins.flag is not None else CONSUMED, g[1], ())
+            st.ghost[c] = (CONSUMED if self.resets[c] else FREE, g[1], ())
         return None
 
     def _poll128(self, st: State, r: int, j: int, ins: Instr, log: list[str] | None) -> Violation | None:

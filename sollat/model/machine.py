@@ -110,8 +110,9 @@ class Machine(LineEffects):
                     if op == POLL:
                         content = mem[ins.line]
                         flag = ins.flag
-                        if flag is not None:
-                            if protocols.ll_check_flag(content[1], flag):
+                        if flag is not None:  # (a signature word: the thread sees its own pending reset)
+                            if protocols.ll_check_flag(content[1], flag) and not (
+                                    pend and self.resets[ins.line] and self._forwarded_reset(pend, j, ins.line)):
                                 acts.append((0, r, j))
                         elif content is not None and not (pend and self._forwarded_reset(pend, j, ins.line)):
                             acts.append((0, r, j))

@@ -44,6 +44,7 @@ class MachineBase:
         self.scratch = self.programs.scratch
         self.names = [info.name() for info in self.scratch.infos]
         self.kinds = [info.kind for info in self.scratch.infos]
+        self.resets = [info.reader_resets for info in self.scratch.infos]  # LineInfo.reader_resets
         self.full_mask = (1 << self.R) - 1
         self.lanes = cfg.ll128_lanes
         self.zero_line = protocols.ll128_zero(cfg.ll128_lanes, cfg.ll128_lines)

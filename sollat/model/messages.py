@@ -32,11 +32,14 @@ def ranks_text(mask: int, nranks: int) -> str:
 
 
 def fmt_flag(flag: Any) -> str:
-    """An LL flag (signature, epoch), a two-flag line's flags, or a sentinel line's none."""
+    """An LL flag (signature, epoch), a two-flag line's flags, a sentinel signature word
+    (signature, None), or a sentinel line's none."""
     if flag is None:
         return "no flag"
     if isinstance(flag[0], tuple):  # two-flag line: (tag, epoch) per 8-byte word
         return "flags(" + ", ".join(f"w{h}={f[0]:#06x}:{f[1]}" for h, f in enumerate(flag)) + ")"
+    if flag[1] is None:  # a sentinel buffer's signature word: 0 is empty
+        return f"(sig={flag[0]:#010x})" if flag[0] else "(empty)"
     return f"(sig={flag[0]:#010x}, epoch={flag[1]})"
 
 

@@ -77,8 +77,9 @@ class Builder:
     receive of that buffer completes; the next send of the buffer issues ``fence<peer_scope()>``
     (``fence.acq_rel.sys`` on real ranks, ``.gpu`` on virtual ones) first: PTX orders a poll's load
     before a later store to another line, and a reset before a later send, by nothing but a fence
-    (no order from the poll loop's control dependency). ``dirty`` is set by sentinel resets only:
-    ``Mutation.NO_REUSE_FENCE`` fences by it (a fence only after resets).
+    (no order from the poll loop's control dependency). ``dirty`` is set by sentinel resets (of
+    lines and signature words) only: ``Mutation.NO_REUSE_FENCE`` fences by it (a fence only after
+    resets).
     """
 
     def __init__(self, cfg: Config, label: str) -> None:
@@ -90,11 +91,10 @@ class Builder:
         self.where = label
         self.it = 0
         #: Signature words (sentinel buffers): the (block, real thread) whose word this thread
-        #: stores and polls, None if it carries none; and (``SIGNATURE_ONCE``) per buffer the peers
-        #: this thread has sent its word to / polled theirs from in this call.
+        #: stores, polls and resets, None if it carries none.
         self.sig_owner: tuple[int, int] | None = None
-        self.sig_sent: dict[str, set[int]] = {}
-        self.sig_polled: dict[str, set[int]] = {}
+        #: ``Mutation.SIG_RESET_LATE``: signature-word resets held back until after the next fence
+        self.late: list[tuple[str, int]] = []
 
     def at(self, it: int, slot: int) -> None:
         self.it = it
@@ -108,8 +108,16 @@ class Builder:
         self.prog.code.append(Instr(op, self.where, **kw))
 
     def fence(self) -> None:
-        """``fence<peer_scope()>()`` (``GPU_FENCE``: ``.gpu``): acq_rel; ``value`` is its scope."""
+        """``fence<peer_scope()>()`` (``GPU_FENCE``: ``.gpu``): acq_rel; ``value`` is its scope.
+        (``SIG_RESET_LATE``: the word resets held back are issued after it.)"""
         self.emit(FENCE, value=self.scope)
+        self._issue_late()
+
+    def _issue_late(self) -> None:
+        for buffer, line in self.late:
+            self.emit(RESET, line=line)
+            self.dirty[buffer] = True
+        self.late = []
 
     def _owes(self, buffer: str) -> bool:
         if self.cfg.has(Mutation.RESET_AFTER_SEND):
@@ -147,11 +155,23 @@ class Builder:
         self.emit(RESET, line=line)
         self.dirty[buffer] = True
 
+    def reset_word(self, buffer: str, line: int) -> None:
+        """``LLBuffer::resetSignature`` of a signature word its poll accepted: 0 stored back, like
+        a line's reset (``SKIP_SIG_RESET``: none; ``SIG_RESET_LATE``: after the next fence)."""
+        if self.cfg.has(Mutation.SKIP_SIG_RESET):
+            return
+        if self.cfg.has(Mutation.SIG_RESET_LATE):
+            self.late.append((buffer, line))
+            return
+        self.emit(RESET, line=line)
+        self.dirty[buffer] = True
+
     def advance(self, epochs: Epochs, key: EpochKey) -> None:
         """``advanceEpoch`` of one channel (the value reaches memory only at ``commit``)."""
         epochs[key] = epochs.get(key, 0) + 1
         self.prog.advances.append((len(self.prog.code), key, epochs[key]))
 
     def end(self) -> ThreadProgram:
+        self._issue_late()
         self.emit(END)
         return self.prog

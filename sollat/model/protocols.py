@@ -19,13 +19,16 @@ EMPTY = None
 LL_REST: tuple[int, Any] = (0, ((0, 0), (0, 0)))
 
 #: One flag word: (tag, epoch & mask). A two-flag line's flag is a pair of them (one per 8-byte
-#: word); the single-flag line (``Mutation.SINGLE_FLAG_LINE``) has one (signature, epoch).
-Flag = tuple[int, int]
+#: word); the single-flag line (``Mutation.SINGLE_FLAG_LINE``) and LL128's signature word have one
+#: (signature, epoch), a sentinel buffer's signature word (signature, None): no epoch field.
+Flag = tuple[int, Any]
 
 
 def _other_call(f: Flag, want: Flag) -> bool:
-    """``ll_other_call``: a word that holds this epoch with another tag (another call)."""
-    return f != want and f != (0, 0) and f[1] == want[1] and want[0] != ANY_TAG
+    """``ll_other_call``: a word that holds this epoch with another tag (another call). A flag whose
+    tag is 0 is at rest (tags and signatures never are 0); a sentinel signature word has no epoch
+    field (None on both sides), so any other signature is another call."""
+    return f != want and f[0] != 0 and f[1] == want[1] and want[0] != ANY_TAG
 
 
 def _epoch_only(f: Flag, want: Flag) -> bool:
@@ -34,8 +37,9 @@ def _epoch_only(f: Flag, want: Flag) -> bool:
 
 
 def ll_check_flag(flag: Any, want: Any) -> int:
-    """``ll_check`` (``protocol_ll.h``) on the flag part of a line, or a signature word: 1 when
-    every word carries the wanted flag, -1 when a word carries this epoch with another tag, 0
+    """``ll_check`` (``protocol_ll.h``) on the flag part of a line, or a signature word
+    (``SentinelSignature::check``, ``ll128::SignatureWord::check``): 1 when every word carries the
+    wanted flag, -1 when a word carries this epoch (a sentinel word: none) with another tag, 0
     otherwise (not yet written, or torn: keep polling)."""
     if flag == want:
         return 1

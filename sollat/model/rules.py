@@ -138,34 +138,47 @@ def ll_rest(cfg: Config) -> Any:
     return (0, (0, 0)) if cfg.has(Mutation.SINGLE_FLAG_LINE) else (0, ((0, 0), (0, 0)))
 
 
-def sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
-    """A signature word as (high 32 bits, low 32 bits): ``sig << 32 | epoch`` (``ll_buffer.h``,
-    "Signature words"; LL128's reduce-scatter words alike), the epoch masked to
-    ``Config.sig_epoch_bits`` (the device: all 32). The reader accepts it when equal, reports a call
-    mismatch when the low half is its epoch and the high half neither 0 nor its signature
-    (``protocols.ll_check_flag``), and polls on otherwise."""
+def sig_word(sig: int) -> tuple[int, None]:
+    """A sentinel buffer's signature word as a flag: the 32-bit signature and no epoch field
+    (``protocol_sentinel.h``, ``SentinelSignature``; ``ll_buffer.h``, "Signature words"). The
+    sender stores it, the reader accepts it when equal to its own, reports a call mismatch when it
+    is neither that nor 0 (empty, ``scratch.SENTINEL_SIG_REST``: ``protocols.ll_check_flag``) and
+    polls on at 0; once accepted, the reader stores 0 back."""
+    return sig, None
+
+
+def ll128_sig_word(cfg: Config, sig: int, epoch: int) -> tuple[int, int]:
+    """LL128's reduce-scatter signature word as (high 32 bits, low 32 bits): ``sig << 32 | epoch``
+    (``ll128.h``, ``ll128::SignatureWord``), the epoch masked to ``Config.sig_epoch_bits`` (the
+    device: all 32). The reader accepts it when equal, reports a call mismatch when the low half is
+    its epoch and the high half neither 0 nor its signature (``protocols.ll_check_flag``), and polls
+    on otherwise; nobody clears it."""
     return sig, epoch & ((1 << cfg.sig_epoch_bits) - 1)
 
 
-#: The 8-byte word, counted from the start of a receiver's (parity, source) part, of thread
+#: The 4-byte word, counted from the start of a receiver's (parity, source) part, of thread
 #: ``thread`` of block ``block``: the layout's one formula (``abi_layout.py``, rendered into
-#: ``layout.h``): the first half of the block's ``layout.SIGNATURE_SLOT`` lines, two words a line.
+#: ``layout.h``): the first quarter of the block's ``layout.SIGNATURE_SLOT`` lines, four words a line.
 signature_word = layout.signature_word
 
+#: Signature words per 16-byte line: a sentinel buffer's words are 4 bytes, LL128's 8.
+SIG_WORDS_PER_LINE = {"sentinel": 4, "ll128": 2}
 
-def signature_address(cfg: Config, par: int, src: int, word: int) -> int:
-    """8-byte word index, in a receiver's region of a buffer, of in-part word ``word`` of the
-    (parity, src) part: a sentinel buffer's words sit in their sender's part; LL128's reduce-scatter
-    words (``ll128_signature_slot``) in the accumulator buffer's source-1 part, which holds no
-    accumulator line."""
+
+def signature_address(cfg: Config, par: int, src: int, word: int, kind: str) -> int:
+    """Word index, in a receiver's region of a buffer, of in-part word ``word`` of the (parity, src)
+    part, in words of the ``kind``'s width (``SIG_WORDS_PER_LINE``): a sentinel buffer's words sit
+    in their sender's part; LL128's reduce-scatter words (``ll128_signature_slot``) in the
+    accumulator buffer's source-1 part, which holds no accumulator line."""
     lps = layout.lines_per_src(cfg.max_blocks)
-    return 2 * layout.line_index(par, src, 0, nranks=cfg.nranks, lines_per_src=lps) + word
+    return SIG_WORDS_PER_LINE[kind] * layout.line_index(par, src, 0, nranks=cfg.nranks, lines_per_src=lps) + word
 
 
 def ll128_signature_slot(cfg: Config, block: int, warp: int, src: int) -> int:
-    """In-part word of LL128's reduce-scatter signature word from ``src`` for warp ``warp`` of
-    ``block``: ``signature_word(block, warp * WARP + src)``, one word per (owner, source, warp)."""
-    return signature_word(block, warp * layout.WARP + src)
+    """In-part 8-byte word of LL128's reduce-scatter signature word from ``src`` for warp ``warp``
+    of ``block``: ``ll128_signature_word(block, warp * WARP + src)``, one word per (owner, source,
+    warp)."""
+    return layout.ll128_signature_word(block, warp * layout.WARP + src)
 
 
 def peer_scope(cfg: Config) -> str:

@@ -32,13 +32,20 @@ Ghost = tuple[int, Any, tuple[int, ...]]
 class LineInfo:
     rank: int  # whose memory
     buffer: str  # "oneshot" | "rs" | "ag" | "acc"
-    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a signature word: 8 bytes)
+    kind: str  # "ll" | "sentinel" | "ll128" | "sig" (a signature word: 4 bytes, LL128's 8)
     parity: int
     src: int  # sending rank (-1 for an LL128 accumulator: every rank adds)
     slot: int  # line-channel index (layout.slot_index); a signature word: its thread's channel
-    sub: int  # line of the warp (LL128); a signature word: its 8-byte word inside its part; else 0
+    sub: int  # line of the warp (LL128); a signature word: its word inside its part; else 0
     address: int  # line index inside the rank's region of this buffer (a signature word: word index)
     part: int = -1  # PTX mode, a line split into its 8-byte parts: which one (-1: the whole line)
+
+    @property
+    def reader_resets(self) -> bool:
+        """Its reader stores it back to its rest value once it has read it: a sentinel line, a
+        sentinel buffer's signature word (``LLBuffer::resetSignature``). An LL line and LL128's
+        signature words are never cleared (an LL128 accumulator line is zeroed: ``ZERO``)."""
+        return self.kind == "sentinel" or (self.kind == "sig" and self.buffer != "acc")
 
     def name(self) -> str:
         if self.kind == "ll128":
@@ -54,8 +61,11 @@ class LineInfo:
 SINGLE_FLAG_PARTS_REST: tuple[Any, Any] = ((0, None), (None, (0, 0)))
 
 
-#: A signature word at rest: (value 0, word (0, 0)).
+#: LL128's signature word at rest: (value 0, word (0, 0)).
 SIG_REST: tuple[int, tuple[int, int]] = (0, (0, 0))
+#: A sentinel buffer's signature word at rest, and after its reader's reset: (value 0, word 0 with
+#: no epoch field, ``rules.sig_word``).
+SENTINEL_SIG_REST: tuple[int, tuple[int, None]] = (0, (0, None))
 
 
 class Scratch:
@@ -100,10 +110,11 @@ class Scratch:
     def rest(self, idx: int) -> Any:
         """The content of line (or part) ``idx`` at rest: LL regions 0, sentinel regions all ones,
         LL128 accumulators zero, signature words 0 (``comm.state.DeviceMemory.init_scratch`` zeroes them in
-        every region: a word whose high half is 0 is never a mismatch)."""
+        every region: a word whose signature is 0 is empty, never a mismatch). A reset puts a line
+        or a sentinel signature word back to this."""
         info = self.infos[idx]
         if info.kind == "sig":
-            return SIG_REST
+            return SIG_REST if info.buffer == "acc" else SENTINEL_SIG_REST
         if info.kind == "ll":
             if info.part < 0:
                 return self.ll_rest

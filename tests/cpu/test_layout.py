@@ -65,20 +65,24 @@ def test_scratch_sizing(name: str, nranks: int) -> None:
 
 @pytest.mark.parametrize("max_blocks", [1, 4, 16, 17, 32, 100, 128])
 def test_signature_words_fill_the_signature_slot_and_no_data_channel(max_blocks: int) -> None:
-    """One 8-byte word per (block, thread) of a (parity, source) part, inside the part, each once,
-    in the SIGNATURE_SLOT lines of its own block; a warp's 32 words are 256 contiguous bytes; the
-    data channels of a sentinel buffer (slots below SIGNATURE_SLOT) never reach them."""
+    """One 4-byte word per (block, thread) of a (parity, source) part, inside the part, each once,
+    in the SIGNATURE_SLOT lines of its own block (their first quarter); a warp's 32 words are one
+    aligned 128-byte line; the data channels of a sentinel buffer (slots below SIGNATURE_SLOT) never
+    reach them. LL128's 8-byte words: the first half of the same lines, each once."""
     lps = layout.lines_per_src(max_blocks)
     words = [layout.signature_word(b, t) for b in range(max_blocks) for t in range(layout.MAX_THREADS)]
     assert len(set(words)) == len(words), "two threads share a signature word"
-    assert max(words) < 2 * lps  # inside the part
+    assert max(words) < 4 * lps  # inside the part
     for b in (0, max_blocks - 1):
-        lines = {layout.signature_word(b, t) // 2 for t in range(layout.MAX_THREADS)}
-        assert lines == set(range(layout.slot_index(b, layout.SIGNATURE_SLOT, 0),
-                                  layout.slot_index(b, layout.SIGNATURE_SLOT, 0) + layout.MAX_THREADS // 2))
+        first = layout.slot_index(b, layout.SIGNATURE_SLOT, 0)
+        lines = {layout.signature_word(b, t) // 4 for t in range(layout.MAX_THREADS)}
+        assert lines == set(range(first, first + layout.MAX_THREADS // 4))
         data = {layout.slot_index(b, i, t) for i in range(layout.SIGNATURE_SLOT) for t in range(layout.MAX_THREADS)}
         assert not lines & data
+        ll128 = {layout.ll128_signature_word(b, t) // 2 for t in range(layout.MAX_THREADS)}
+        assert ll128 == set(range(first, first + layout.MAX_THREADS // 2))
     assert [layout.signature_word(0, t) for t in range(32)] == list(range(words[0], words[0] + 32))
+    assert all(layout.signature_word(b, w * layout.WARP) * 4 % 128 == 0 for b in range(max_blocks) for w in range(16))
     assert layout.SIGNATURE_SLOT == layout.MAX_SLOTS - 1
     assert (lps * layout.LINE_BYTES) % 512 == 0  # every (parity, source) part stays 512-byte aligned (LL128)
 
@@ -104,7 +108,8 @@ def test_layout_functions_are_the_declared_formulas() -> None:
 def test_layout_spot_values() -> None:
     assert layout.slot_index(1, 2, 3) == (1 * 4 + 2) * 512 + 3 == 3075
     assert layout.ll128_acc_slot(3, 5) == 3 * 512 + 5
-    assert layout.signature_word(0, 0) == 2 * 3 * 512 and layout.signature_word(1, 7) == 2 * (4 + 3) * 512 + 7
+    assert layout.signature_word(0, 0) == 4 * 3 * 512 and layout.signature_word(1, 7) == 4 * (4 + 3) * 512 + 7
+    assert layout.ll128_signature_word(0, 0) == 2 * 3 * 512 and layout.ll128_signature_word(1, 7) == 2 * (4 + 3) * 512 + 7
     assert layout.line_base(1, 2, 4, 10) == 60 and layout.line_index(1, 2, 3, nranks=4, lines_per_src=10) == 63
     assert layout.lines_per_src(16) == 16 * 4 * 512
     assert layout.region_bytes_of_lines(4, 10) == 2 * 4 * 10 * 16
@@ -117,6 +122,7 @@ def test_device_signatures_and_precisions() -> None:
     text = abi_layout.header_text()
     for line in ("__device__ __forceinline__ int slot_index(int block, int slot, int thread) {",
                  "__device__ __forceinline__ int signature_word(int block, int thread) {",
+                 "__device__ __forceinline__ int ll128_signature_word(int block, int thread) {",
                  "__device__ __forceinline__ int ll128_acc_slot(int block, int thread) {",
                  "__device__ __forceinline__ long long line_base(int parity, int src, int nranks, int lines_per_src) {",
                  "  return (long long)(parity * nranks + src) * lines_per_src;",

@@ -34,7 +34,8 @@ from sollat.model import (
 )
 from sollat.model.explore import Report, shortest_counterexample
 from sollat.model.fault_sweep import FAULT_MUTATIONS
-from sollat.model.program import ADD, FENCE, POLL, POLL128, SEND
+from sollat.model.program import ADD, FENCE, POLL, POLL128, RESET, SEND
+from sollat.model.scratch import SENTINEL_SIG_REST, SIG_REST
 from sollat.model.state import State
 from sollat.model.sweep import Planted, SweepResult, soak, sweep
 from sollat.model.trace import replay
@@ -213,8 +214,11 @@ def test_config_validation(kw: dict[str, object]) -> None:
 def test_config_labels_name_what_differs_from_the_device() -> None:
     base = Config(algorithm="oneshot", protocol="sentinel", calls=(1, 2))
     assert base.label() == "oneshot-sentinel-2r1t[1,2]" and base.ptx and base.signature_words
-    assert replace(base, memory="strong", ranks="virtual", tear="all", sig_epoch_bits=2, sig_words=False).label() == \
-        "oneshot-sentinel-2r1t[1,2] strong virtual tear=all no-sig-words sig-bits=2"
+    assert replace(base, memory="strong", ranks="virtual", tear="all", sig_words=False).label() == \
+        "oneshot-sentinel-2r1t[1,2] strong virtual tear=all no-sig-words"
+    assert Config(algorithm="ll128", calls=(2,), sig_epoch_bits=2).label() == "ll128-ll128-2r1t[2] sig-bits=2"
+    with pytest.raises(ValueError, match="LL128's"):  # a sentinel buffer's word has no epoch field
+        replace(base, sig_epoch_bits=2)
     assert not base.with_mutation(Mutation.NO_SIGNATURE_LINE).signature_words
     assert not replace(base, protocol="ll").signature_words  # every LL line carries the signature
     assert rules.peer_scope(base) == "sys" and rules.peer_scope(replace(base, ranks="virtual")) == "gpu"
@@ -340,11 +344,13 @@ def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
         if info.kind != "sig":
             assert 0 <= info.address < 2 * cfg.nranks * lps
             continue
-        # a word: 8 bytes in its (parity, part) part, in the lines of the signature slot, never in a data line
+        # a word: 4 bytes (LL128's: 8) in its (parity, part) part, in the lines of the signature slot,
+        # never in a data line
         part = 1 if info.buffer == "acc" else info.src  # LL128's words: the accumulator buffer's source-1 part
-        line = info.address // 2
-        assert info.address == 2 * layout.line_index(info.parity, part, 0, nranks=cfg.nranks, lines_per_src=lps) \
-            + info.sub
+        per_line = 2 if info.buffer == "acc" else 4
+        line = info.address // per_line
+        assert info.address == per_line * layout.line_index(info.parity, part, 0, nranks=cfg.nranks,
+                                                              lines_per_src=lps) + info.sub
         assert line // lps == info.parity * cfg.nranks + part and line < 2 * cfg.nranks * lps
         assert line % lps // layout.MAX_THREADS % layout.MAX_SLOTS == layout.SIGNATURE_SLOT
         assert (info.rank, info.buffer, line) not in data
@@ -353,7 +359,9 @@ def test_no_two_logical_lines_share_an_address(cfg: Config) -> None:
 def test_signature_word_is_the_layouts() -> None:
     # the model addresses signature words with the formula abi_layout.py declares, not a copy
     assert rules.signature_word is layout.signature_word
-    assert layout.signature_word(1, 5) == 2 * layout.slot_index(1, layout.SIGNATURE_SLOT, 0) + 5
+    assert layout.signature_word(1, 5) == 4 * layout.slot_index(1, layout.SIGNATURE_SLOT, 0) + 5
+    assert rules.ll128_signature_slot(Config(algorithm="ll128"), 1, 2, 3) == layout.ll128_signature_word(1, 67) == \
+        2 * layout.slot_index(1, layout.SIGNATURE_SLOT, 0) + 67
 
 
 def test_ll_flag_rules() -> None:
@@ -375,29 +383,36 @@ def test_ll_flag_rules() -> None:
 
 
 def test_signature_word_rules() -> None:
-    # ll_buffer.h: word = sig << 32 | epoch (channel 0's, 32 bits); accepted when equal, a call
-    # mismatch when the low half is the wanted epoch and the high half neither 0 nor the own sig.
+    # protocol_sentinel.h SentinelSignature: the 32-bit signature, no epoch; accepted when equal,
+    # empty (keep polling) at 0, a call mismatch otherwise.
     cfg = Config(protocol="sentinel")
     sig = rules.signature(cfg, 3)
-    want = rules.sig_word(cfg, sig, 7)
-    assert want == (sig, 7) and rules.sig_word(cfg, sig, 7 + (1 << 32)) == want  # 32-bit field
-    assert rules.sig_word(Config(protocol="sentinel", sig_epoch_bits=2), sig, 7) == (sig, 3)
+    want = rules.sig_word(sig)
+    assert want == (sig, None)
     assert protocols.ll_check_flag(want, want) == 1
-    assert protocols.ll_check_flag((0, 0), want) == 0  # at rest (scratch init zeroes the words)
+    assert protocols.ll_check_flag(SENTINEL_SIG_REST[1], want) == 0  # at rest, and after its reader's reset
+    assert protocols.ll_check_flag(rules.sig_word(sig ^ 2), want) == -1  # the mismatch hook's signature: reported
+    # ll128.h ll128::SignatureWord: sig << 32 | epoch (32 bits); a call mismatch when the low half is
+    # the wanted epoch and the high half neither 0 nor the own sig.
+    ll128 = Config(algorithm="ll128")
+    want = rules.ll128_sig_word(ll128, sig, 7)
+    assert want == (sig, 7) and rules.ll128_sig_word(ll128, sig, 7 + (1 << 32)) == want  # 32-bit field
+    assert rules.ll128_sig_word(Config(algorithm="ll128", sig_epoch_bits=2), sig, 7) == (sig, 3)
+    assert protocols.ll_check_flag(want, want) == 1
+    assert protocols.ll_check_flag(SIG_REST[1], want) == 0  # at rest (scratch init zeroes the words)
     assert protocols.ll_check_flag((sig, 5), want) == 0  # e-2: keep polling
     assert protocols.ll_check_flag((sig ^ 2, 7), want) == -1  # the mismatch hook's signature: reported
     assert protocols.ll_check_flag((sig ^ 2, 5), want) == 0
 
 
 @pytest.mark.parametrize("algorithm", ["oneshot", "twoshot", "rmsnorm_twoshot"])
-@pytest.mark.parametrize("once", [False, True])
-def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool) -> None:
+def test_signature_word_travels_with_every_line0_send(algorithm: str) -> None:
     # Every thread's channel 0 carries a word: the thread stores it with each line-0 send to a peer
     # (every pass, every call, every peer) into the peer's (parity, sender) part, and polls the
-    # peer's word with each receive from it (any of its lines: each receive has a line 0);
-    # SIGNATURE_ONCE: only with the first of each call.
+    # peer's word with each receive from it (each receive has a line 0), then resets it before the
+    # fence of its next send.
     cfg = Config(algorithm=algorithm, protocol="sentinel", nranks=3, calls=(5, 2, 9), threads=2, max_slots=2)
-    m = Machine(cfg.with_mutation(Mutation.SIGNATURE_ONCE) if once else cfg)
+    m = Machine(cfg)
     g = rules.bundle(cfg)
     infos = m.scratch.infos
     for r, rank in enumerate(m.code):
@@ -407,23 +422,24 @@ def test_signature_word_travels_with_every_line0_send(algorithm: str, once: bool
                 words = [i for i in code if i.line >= 0 and m.kinds[i.line] == "sig"]
                 line0 = [(i.op, i.peer, infos[i.line].buffer, i.tag[2]) for i in code
                          if i.op in (SEND, POLL) and m.kinds[i.line] == "sentinel" and infos[i.line].slot == ch0]
-                got = [(i.op, i.peer, infos[i.line].buffer, i.tag[2]) for i in words]
-                if once:
-                    firsts = {(op, p, buf): e for op, p, buf, e in reversed(line0)}
-                    assert sorted(got) == sorted((*key, e) for key, e in firsts.items())
-                else:
-                    assert sorted(got) == sorted(line0) and got
+                got = [(i.op, i.peer, infos[i.line].buffer, i.tag[2]) for i in words if i.op != RESET]
+                assert sorted(got) == sorted(line0) and got
                 for i in words:
                     info = infos[i.line]
-                    assert info.parity == i.tag[2] & 1 and info.slot == ch0 and i.tag[1] == -1 - ch0
-                    assert info.sub == rules.signature_word(0, t * g)
-                    assert i.flag == rules.sig_word(cfg, rules.signature(cfg, cfg.calls[i.tag[0]]), i.tag[2])
+                    assert info.slot == ch0 and info.sub == rules.signature_word(0, t * g)
+                    if i.op == RESET:  # the reader's reset of a word it polled (below)
+                        continue
+                    assert info.parity == i.tag[2] & 1 and i.tag[1] == -1 - ch0
+                    assert i.flag == rules.sig_word(rules.signature(cfg, cfg.calls[i.tag[0]]))
                     assert (info.rank, info.src) == ((i.peer, r) if i.op == SEND else (r, i.peer))
-                # a word goes before the line-0 data it travels with; a receive polls it in its own wait
+                # a word goes before the line-0 data it travels with; a receive polls it in its own
+                # wait, and resets it right after (no fence between: the next send's fence orders it)
                 for n, i in enumerate(code):
                     if i in words and i.op == SEND:
                         data = code[n + 1]
                         assert data.op == SEND and data.peer == i.peer and infos[data.line].slot == ch0
+                    if i in words and i.op == POLL:
+                        assert code[n + 1].op == RESET and code[n + 1].line == i.line
 
 
 @pytest.mark.parametrize("mutation", [Mutation.SIG_RING, Mutation.SIG_THREAD0])
@@ -434,7 +450,7 @@ def test_the_old_signature_schemes_are_mutations(mutation: Mutation) -> None:
     for r, rank in enumerate(m.code):
         assert len(rank[0]) == 2  # one pass of one line per thread
         for t, code in enumerate(rank[0]):
-            words = [(i.op, i.peer) for i in code if m.kinds[i.line] == "sig"]
+            words = [(i.op, i.peer) for i in code if m.kinds[i.line] == "sig" and i.op != RESET]
             if mutation is Mutation.SIG_RING:
                 assert sorted(words) == [(SEND, (r + 1) % 3), (POLL, (r - 1) % 3)]
             else:
@@ -458,7 +474,7 @@ def test_ll128_reduce_scatter_carries_signature_words() -> None:
                     i = code[n]
                     nxt = next(x for x in code[n:] if x.op in (ADD, POLL128))
                     assert nxt.op == ADD and i.peer != r and infos[i.line].src == r and infos[i.line].rank == i.peer
-                    assert i.flag == rules.sig_word(cfg, rules.signature(cfg, cfg.calls[k]), i.tag[2])
+                    assert i.flag == rules.ll128_sig_word(cfg, rules.signature(cfg, cfg.calls[k]), i.tag[2])
                 for n in polls:
                     i = code[n]
                     assert infos[i.line].rank == r and infos[i.line].src == i.peer != r

@@ -23,9 +23,9 @@
 // Signature words (the reduce-scatter's call check; the all-gather is LL, whose flags carry the
 // signature): the adds carry no signature, so an owner would sum a differing rank's adds once its
 // counters read R and pass them on under its own signature. So in every iteration lane c of each
-// warp stores SignatureWord::make(sig, epoch) (protocol_sentinel.h: 8 bytes, one volatile store)
+// warp stores ll128::SignatureWord::make(sig, epoch) (ll128.h: 8 bytes, one volatile store)
 // into owner c's buffer 0 at part (parity, source 1) (which the accumulator lines, in part
-// (parity, 0), never use), word signature_word(blockIdx.x, warp * 32 + own rank) (layout.h); the
+// (parity, 0), never use), word ll128_signature_word(blockIdx.x, warp * 32 + own rank) (layout.h); the
 // owner's lane q polls source q's word with its counter and completes only when it equals this
 // call's (sig, epoch); this epoch with another signature is a call mismatch. Reuse: as the
 // accumulator lines' (a source writes word e+2 after the owner's all-gather of e+1, sent after the
@@ -112,13 +112,13 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
   const u64 warp0 = (u64)blockIdx.x * warps_per_block + (threadIdx.x >> 5);
   if (refused(a)) return poison_from(warp0);
   // This warp's signature words: lane q's (source q's) in this rank's part, and where this rank's
-  // word goes in owner `lane`'s part (layout.h signature_word, counted from the part's start).
+  // word goes in owner `lane`'s part (layout.h ll128_signature_word, counted from the part's start).
   const int warp_thread0 = (int)(threadIdx.x & ~31u);
-  const int word_in = signature_word(blockIdx.x, warp_thread0 + lane);
-  const int word_out = signature_word(blockIdx.x, warp_thread0 + a.rank);
+  const int word_in = ll128_signature_word(blockIdx.x, warp_thread0 + lane);
+  const int word_out = ll128_signature_word(blockIdx.x, warp_thread0 + a.rank);
   const bool word_lane = lane < R && lane != a.rank;  // this lane carries source / owner `lane`'s word
   auto word_part = [&](Line* base, u64 parity) {
-    return (SignatureWord::Word*)(base + line_base(parity, 1, R, (u64)a.lines_per_src));
+    return (ll128::SignatureWord::Word*)(base + line_base(parity, 1, R, (u64)a.lines_per_src));
   };
 
   for (u64 j = warp0; j < units; j += nwarps) {
@@ -134,7 +134,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     // chunk into its owner's line (the word first: it lands no later than the adds)
     if (word_lane)
       st<Order::Volatile, Scope::Sys>(word_part(select_base(acc, lane), epoch & 1) + word_out,
-                                      SignatureWord::make(a.sig, epoch));
+                                      ll128::SignatureWord::make(a.sig, epoch));
 #pragma unroll
     for (int c = 0; c < kMaxRanks; ++c) {
       if (c >= R) continue;
@@ -170,14 +170,14 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
     Line* const my = own_acc + loff;
     {
       const u32* ctr = (const u32*)(own_acc + (loff & ~(u64)(ll128::kLanesPerLine - 1)));
-      const SignatureWord::Word* word = word_part(own_acc, epoch & 1) + word_in;
+      const ll128::SignatureWord::Word* word = word_part(own_acc, epoch & 1) + word_in;
       bool word_ok = !word_lane;
       Spin spin(fault);
       for (;;) {
         const u32 cw = ld<Order::Volatile, Scope::Sys>(ctr);  // a poll: never cached, never elided
         int wr = 1;
         if (!word_ok) {
-          wr = SignatureWord::check(ld<Order::Volatile, Scope::Sys>(word), a.sig, epoch);  // with the counter poll
+          wr = ll128::SignatureWord::check(ld<Order::Volatile, Scope::Sys>(word), a.sig, epoch);  // with the counter poll
           word_ok = wr > 0;
         }
         const float cv = ll128::counter_value(tag, cw);
@@ -186,7 +186,7 @@ __device__ __forceinline__ void ll128_allreduce(const CallArgs& a, const T* in, 
         const bool over = cv > (float)R;  // some rank added twice: a call mismatch
         if (__any_sync(kFull, over || wr < 0)) {  // another call's counter or signature
           if (over) fault.raise(kMismatch, a.rank, -1, acc_slot, epoch, cw);
-          else if (wr < 0) fault.raise(kMismatch, a.rank, lane, word_in / 2, epoch, SignatureWord::sig(ld<Order::Volatile, Scope::Sys>(word)));
+          else if (wr < 0) fault.raise(kMismatch, a.rank, lane, word_in / 2, epoch, ll128::SignatureWord::sig(ld<Order::Volatile, Scope::Sys>(word)));
           return poison_from(j);
         }
         const bool go = spin.again(a.rank, [&]() { return FaultAt{word_ok ? -1 : lane, word_ok ? acc_slot : word_in / 2, epoch}; });

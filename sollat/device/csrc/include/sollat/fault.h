@@ -19,7 +19,7 @@
 //   [8] collective  the public call the writing kernel serves (abi.h Collective: SOLLAT_COLLECTIVE)
 // [5] and [6] name the line that was missing (or wrong): for a wait on several lines, the first
 // one still missing; a signature word (a sentinel buffer's, or LL128's reduce-scatter word) is
-// named by its line (layout.h signature_word / 2) and the epoch of the channel it travels with.
+// named by its line (layout.h signature_word / 4) and the epoch of the channel it travels with.
 // Writing a record: CAS [0] from 0 to kClaimed (one writer per record), relaxed stores of the
 // details, then a release store of the code, so whoever reads the final code reads the details.
 //

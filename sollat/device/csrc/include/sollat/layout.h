@@ -40,12 +40,19 @@ __device__ __forceinline__ int peer_group_slot(int block, int group, int line, i
   return slot_index(block, 0, group * peer_group_lines(nranks) + line);
 }
 
-// layout.signature_word: the 8-byte word, counted from the start of a receiver's (parity, source)
+// layout.signature_word: the 4-byte word, counted from the start of a receiver's (parity, source)
 // part, that holds the signature word of thread `thread` of block `block` (sentinel buffers,
-// ll_buffer.h): the first half of the block's SIGNATURE_SLOT lines, two threads' words a line, a
-// warp's words contiguous. LL128 puts its reduce-scatter words at signature_word(block, warp * WARP
-// + source) of its accumulator buffer's source-1 part.
+// ll_buffer.h): the first quarter of the block's SIGNATURE_SLOT lines, four threads' words a line,
+// a warp's 32 words one 128-byte line.
 __device__ __forceinline__ int signature_word(int block, int thread) {
+  return 4 * slot_index(block, kSignatureSlot, 0) + thread;
+}
+
+// layout.ll128_signature_word: the 8-byte word, counted from the start of a (parity, source) part,
+// that holds LL128's reduce-scatter signature word of (block, thread) (allreduce_ll128.cu: thread
+// warp * WARP + source of its accumulator buffer's source-1 part): the first half of the block's
+// SIGNATURE_SLOT lines, two words a line.
+__device__ __forceinline__ int ll128_signature_word(int block, int thread) {
   return 2 * slot_index(block, kSignatureSlot, 0) + thread;
 }
 

@@ -98,6 +98,27 @@ __device__ __forceinline__ float counter_add(float*) { return 1.0f; }
 __device__ __forceinline__ u32 counter_add(bf16*) { return 0x80000000u | CounterBits<bf16>::kOne; }
 __device__ __forceinline__ u32 counter_add(f16*) { return 0x80000000u | CounterBits<f16>::kOne; }
 
+// The reduce-scatter's signature word (kernels/allreduce_ll128.cu, "Signature words"): one aligned
+// 8-byte word per (owner, parity, source, warp), sig << 32 | epoch, where epoch is the 32-bit
+// accumulator epoch the word travels with. One store, single-copy atomic: the reader sees the
+// signature and the epoch of the same store. It needs no reset: a word in parity p only ever holds
+// epochs e, e-2, ... (every iteration writes every owner's), and its signature half is 0 only at
+// rest (signatures are odd; the host zeroes the words).
+struct SignatureWord {
+  typedef u64 Word;
+  static constexpr int kEpochBits = 4 * (int)sizeof(Word);  // the low half: the epoch; the high half: the signature
+  static constexpr Word kEpochMaskW = (Word)((1ull << kEpochBits) - 1u);
+  __device__ __forceinline__ static Word make(u32 sig, u32 epoch) {
+    return (Word)(((Word)sig << kEpochBits) | ((Word)epoch & kEpochMaskW));
+  }
+  __device__ __forceinline__ static u32 sig(Word w) { return (u32)(w >> kEpochBits); }
+  // 1: this call's; -1: this epoch from another call (a mismatch); 0: not yet (older, or at rest).
+  __device__ __forceinline__ static int check(Word w, u32 sig, u32 epoch) {
+    if (w == make(sig, epoch)) return 1;
+    return ((w & kEpochMaskW) == ((Word)epoch & kEpochMaskW) && (w >> kEpochBits) != 0u) ? -1 : 0;
+  }
+};
+
 }  // namespace ll128
 }  // namespace sollat
 

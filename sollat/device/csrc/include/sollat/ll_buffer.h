@@ -20,14 +20,14 @@
 //
 // Why reuse is safe without a barrier (the credit argument): a sender writes a channel's line of
 // parity p at epoch e+2 only after it received epoch e+1 on that channel from the same peer; the
-// peer sent e+1 only after it finished reading (and, in sentinel mode, resetting) epoch e. PTX
-// orders neither a load before a later store of the same thread by a control dependency nor
-// stores to different addresses, so both steps need a fence: between a thread's completed
-// receive and its next send in the same kernel it issues fence.acq_rel at the peer scope
-// (fence<peer_scope()>(): .sys on real ranks, .gpu on virtual ranks, memory.h). The peer's fence
-// (after its read, before its e+1 send) and the sender's (after it read e+1, before its e+2
-// send) synchronise through the e+1 line, so the peer's read and reset of e happen before the
-// e+2 store. The first send of a kernel needs none: the kernel boundary (griddepcontrol.wait
+// peer sent e+1 only after it finished reading (and, in sentinel mode, resetting the lines and
+// signature words of) epoch e. PTX orders neither a load before a later store of the same thread
+// by a control dependency nor stores to different addresses, so both steps need a fence: between
+// a thread's completed receive and its next send in the same kernel it issues fence.acq_rel at
+// the peer scope (fence<peer_scope()>(): .sys on real ranks, .gpu on virtual ranks, memory.h). The
+// peer's fence (after its read, before its e+1 send) and the sender's (after it read e+1, before
+// its e+2 send) synchronise through the e+1 line, so the peer's read and reset of e happen before
+// the e+2 store. The first send of a kernel needs none: the kernel boundary (griddepcontrol.wait
 // under PDL) orders the previous call's receives before it.
 //
 // The fence, as implemented (each buffer on its own):
@@ -43,25 +43,38 @@
 //
 // Signature words (sentinel buffers; Proto::kSignatureLine): sentinel lines are pure payload, so
 // a peer that made a different call with the same line count would be summed. So every thread's
-// channel 0 carries a signature word: with a line-0 send to peer q the thread first stores
-// SignatureWord::make(sig, epoch[0]) (8 bytes, one volatile store, single-copy atomic) into q's
-// (parity, source = own rank) part at layout.h signature_word(block, thread) (the lines of slot
-// kSignatureSlot, which no data channel of a sentinel buffer uses: kSlots < kSignatureSlot), then
-// the data; every receive from q polls q's word for this thread in the same loop as the data and
-// completes only when it equals this call's (sig, epoch[0]). A word with this epoch and another
-// signature is a call mismatch (recorded like an LL one: every rank raises CallMismatchError, the
-// signature seen exactly; the receive returns false and the kernel writes NaN). Like an LL line the
-// word is never cleared: it holds only epochs e, e-2, ... of channel 0 in its parity, and its reuse
-// rests on the credit and fence of the channel-0 line it travels with (same writer thread, same
-// reader thread, same pass, same parity). Why this is enough: a thread writes outputs only after
-// its receive succeeded, and a peer's word of this pass vouches for every line that peer sent in
-// this pass (one kernel launch sends them all; if the peer's call has other arguments, its word
-// carries another signature, or it never writes the word of this epoch and the receive times out).
-// The contract for kernels: a thread that sends a peer any line in a pass sends it line 0 too.
-// Every thread carries its own words, one per peer and pass: no thread's verdict rests on another
-// thread's poll, so the argument above holds per thread as written (the protocol model checks
-// exactly this scheme). The words of a warp's lanes are adjacent (signature_word), so a warp's
-// stores of them to one peer, and its polls of them from one peer, are one coalesced access each.
+// channel 0 carries a signature word (protocol_sentinel.h, SentinelSignature): with a line-0 send
+// to peer q the thread first stores its call signature (4 bytes, one volatile store, single-copy
+// atomic; signatures are odd, never 0) into q's (parity of epoch[0], source = own rank) part at
+// layout.h signature_word(block, thread) (the lines of slot kSignatureSlot, which no data channel
+// of a sentinel buffer uses: kSlots < kSignatureSlot), then the data. The receive that takes line 0
+// from q (recvUnrolled, recvReduce, recvEach, recvGather, a window of them; recv(q, 0)) polls q's
+// word for this thread in the same loop as the data and completes only when it equals this call's
+// signature; then the thread stores 0 back into the word (resetSignature), as it resets a line. 0
+// means "not yet"; any other value is a call mismatch (recorded like an LL one: every rank raises
+// CallMismatchError, the signature seen exactly; the receive returns false and the kernel writes
+// NaN; the word is left as found).
+// Why a word never reads as current at another pass, with no epoch in it: the word is 0 at rest
+// (the host zeroes it at construction and at reset()), and it has two writers in turn: the sender's
+// store of the signature and the receiver's reset after reading it. The reset is ordered as a
+// sentinel line's: after the thread's load of the same address (same-address order), before its
+// next send of this buffer by the fence of the credit argument above (or by the kernel boundary).
+// The sender stores the word of parity p again (epoch e+2) only with line 0 of e+2, i.e. only after
+// it received this thread's e+1 and fenced: so the reset of e happens before the store of e+2, and
+// the poll of e+2 (after the reset in program order, same address) sees 0 or that store, never the
+// signature of e. (A word the receiver never read, because it gave up, stays set; a fault makes
+// every later kernel refuse until reset(), which zeroes it again.) Why this is enough: a thread
+// writes outputs only after its receive succeeded, and a peer's word of this pass vouches for every
+// line that peer sent in this pass (one kernel launch sends them all; if the peer's call has other
+// arguments, its word carries another signature, or it never writes the word of this pass and the
+// receive times out). The contract for kernels: a thread that sends a peer any line in a pass sends
+// it line 0 too, and a thread's first receive from a peer in a pass takes that peer's line 0 (a
+// receive of other lines only polls no word: it must come after the one that took line 0), so every
+// word is polled, and reset, exactly once per store. Every thread carries its own words, one per
+// peer and pass: no thread's verdict rests on another thread's poll, so the argument above holds
+// per thread as written (the protocol model checks exactly this scheme). The words of a warp's
+// lanes are adjacent (signature_word: a warp's 32 words are one 128-byte line), so a warp's stores
+// of them to one peer, and its polls and resets of them from one peer, are one coalesced access each.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
 // polled lines in registers, nor above kHeldBaseRanks every peer's base: there the buffer keeps
@@ -78,13 +91,14 @@
 // Memory-ordering contract of each primitive (the orders are spelled in code: memory.h, Proto::store/load):
 //   send/bcast   the fence above if `received`, then one 16-byte store per (peer, slot) in the
 //                protocol's order (Order::Volatile, Scope::Sys); a sentinel buffer's line-0 send to a
-//                peer is preceded by this thread's signature word (volatile, 8 bytes).
+//                peer is preceded by this thread's signature word (volatile, 4 bytes).
 //   recv*        polls with 16-byte loads (Proto::load, volatile) until the protocol says the line is
 //                complete (LL: both 8-byte words carry the wanted flag); every spin is bounded
 //                (fault.h): on timeout, a mismatch or another thread's fault they return false and
-//                the kernel must stop. Sentinel lines are reset as soon as their poll has read them
-//                (signature words never are). A fault record names the first line still missing (or
-//                the wrong one): its slot and epoch. Sets `received`.
+//                the kernel must stop. Sentinel lines, and signature words, are reset as soon as
+//                their poll has read them (volatile stores after the load of the same address; a
+//                mismatching word is left as found). A fault record names the first line still
+//                missing (or the wrong one): its slot and epoch. Sets `received`.
 //   releaseReceives  the send() fence on its own, if this buffer received since its last fence.
 //   advanceEpoch no memory access.
 //   commit       plain stores of the epoch counters; the kernel boundary orders them before the
@@ -181,9 +195,10 @@ class LLBuffer : public LLBufferBase<kMaxRanks, kSlots> {
   __device__ long long sendOffset(int i) const;
   __device__ Line* peerLine(int peer, int i) const;
   __device__ Line* ownLine(int src, int i) const;
-  __device__ SignatureWord::Word* sigWord(Line* base, int src) const;
-  __device__ void sendSignature(Line* peerBase) const;
-  __device__ SignatureWord::Word loadSignature(int src) const;
+  __device__ u32* sigWord(Line* line0) const;
+  __device__ void sendSignature(Line* line0) const;
+  __device__ u32 loadSignature(int src) const;
+  __device__ void resetSignature(int src) const;
   __device__ u32 epochOf(int i) const;
   __device__ FaultAt lineAt(int peer, int i) const;
   __device__ FaultAt firstMissing(unsigned pending, unsigned sigPending, int w0) const;

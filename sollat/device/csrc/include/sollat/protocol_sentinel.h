@@ -27,8 +27,9 @@
 // asks when the observer runs on another GPU.
 //
 // Sentinel lines carry no call signature, so a sentinel LLBuffer adds a signature word per
-// (sending thread, receiving rank) and pass (kSignatureLine, SignatureWord below; ll_buffer.h,
-// "Signature words"): a peer that made another call is a call mismatch here too, never a sum.
+// (sending thread, receiving rank) and pass (kSignatureLine, SentinelSignature below; ll_buffer.h,
+// "Signature words"): a peer that made another call is a call mismatch here too, never a sum. The
+// receiver resets the word as it resets a line, under the same ordering argument.
 #ifndef SOLLAT_PROTOCOL_SENTINEL_H_
 #define SOLLAT_PROTOCOL_SENTINEL_H_
 
@@ -134,26 +135,25 @@ struct ProtoSentinel {
   __device__ __forceinline__ static void reset(Line* own) { st<Order::Volatile, Scope::Sys>(own, Line{~0ull, ~0ull}); }
 };
 
-// A sentinel buffer's signature word (ll_buffer.h, "Signature words"): one aligned 8-byte word per
-// (receiver, parity, source, block, thread), sig << 32 | epoch, where epoch is the 32-bit epoch of
-// the thread's channel 0 that the word travels with (LL128's reduce-scatter words have the same
-// form). One store, single-copy atomic: the reader sees the signature and the epoch of the same
-// store. Like an LL line it needs no reset: a word in parity p only ever holds epochs e, e-2, ...
-// of its channel, and its signature half is 0 only at rest (signatures are odd; the host zeroes
-// the words).
-struct SignatureWord {
-  typedef u64 Word;
-  static constexpr int kEpochBits = 4 * (int)sizeof(Word);  // the low half: the epoch; the high half: the signature
-  static constexpr Word kEpochMaskW = (Word)((1ull << kEpochBits) - 1u);
-  __device__ __forceinline__ static Word make(u32 sig, u32 epoch) {
-    return (Word)(((Word)sig << kEpochBits) | ((Word)epoch & kEpochMaskW));
-  }
-  __device__ __forceinline__ static u32 sig(Word w) { return (u32)(w >> kEpochBits); }
-  // 1: this call's; -1: this epoch from another call (a mismatch); 0: not yet (older, or at rest).
-  __device__ __forceinline__ static int check(Word w, u32 sig, u32 epoch) {
-    if (w == make(sig, epoch)) return 1;
-    return ((w & kEpochMaskW) == ((Word)epoch & kEpochMaskW) && (w >> kEpochBits) != 0u) ? -1 : 0;
-  }
+// A sentinel buffer's signature word (ll_buffer.h, "Signature words"): one aligned 4-byte word per
+// (receiver, parity, source, block, thread).
+//
+// | word      | writer                                   | scope | meaning                  | at rest |
+// |-----------|------------------------------------------|-------|--------------------------|---------|
+// | signature | sender (sig, with its line 0), receiver  | sys   | the sender's call, or    | 0       |
+// |           | (0, once it has read sig)                |       | "empty"                  |         |
+//
+// Signatures are odd, so never 0 (the host zeroes the words: comm/state.py init_scratch, also at
+// reset()). The receiver polls the word with the data: its own signature, accepted (and stored back
+// to 0); 0, not yet; any other value, another call (a mismatch). The word carries no epoch: like a
+// sentinel line it is empty from the receiver's reset until the sender's next store, and that
+// store needs the credit of the channel-0 line it travels with (ll_buffer.h). A 4-byte access is
+// single-copy atomic, so the reader sees the whole signature of one store.
+struct SentinelSignature {
+  typedef u32 Word;
+  static constexpr Word kEmpty = 0u;
+  // 1: this call's; -1: another call's (a mismatch); 0: not yet (empty).
+  __device__ __forceinline__ static int check(Word w, u32 sig) { return w == sig ? 1 : (w != kEmpty ? -1 : 0); }
 };
 
 }  // namespace sollat

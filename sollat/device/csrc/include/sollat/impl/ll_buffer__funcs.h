@@ -48,26 +48,37 @@ __device__ __forceinline__ Line* LLBuffer<Proto, kMaxRanks, kSlots>::ownLine(int
 }
 
 // ---- signature words (sentinel buffers; ll_buffer.h, "Signature words") ----------------------
-// Source `src`'s signature word for this thread in the region at `base`, in channel 0's parity:
-// layout.h signature_word, in the SIGNATURE_SLOT lines of this thread's block (no data slot of a
-// sentinel buffer reaches them: kSlots < kSignatureSlot).
+// This thread's signature word in a (parity, source) part, given the channel-0 line of the same
+// part (the line a send or poll of line 0 addresses anyway, so a word costs one add to that
+// address): layout.h signature_word (4-byte words), in the SIGNATURE_SLOT lines of this thread's
+// block (no data slot of a sentinel buffer reaches them: kSlots < kSignatureSlot). The part is
+// channel 0's parity: the word travels with line 0.
 template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ SignatureWord::Word* LLBuffer<Proto, kMaxRanks, kSlots>::sigWord(Line* base, int src) const {
-  Line* const part = base + line_base(this->epoch[0] & 1, src, this->d.nranks, this->d.lines_per_src);
-  return (SignatureWord::Word*)part + signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads);
+__device__ __forceinline__ u32* LLBuffer<Proto, kMaxRanks, kSlots>::sigWord(Line* line0) const {
+  const int from_line0 = signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads) -
+                         (int)(sizeof(Line) / sizeof(u32)) * this->slot0;
+  return (u32*)line0 + from_line0;
 }
 
-// With a line-0 store to a peer: this thread's signature word, one aligned 8-byte volatile store
-// (single-copy atomic: the reader sees the signature and the epoch of one store). No order of its
-// own: its reuse rests on the credit and fence of the channel-0 line it travels with (ll_buffer.h).
+// With a line-0 store to a peer (`line0`: that line's address): this thread's signature word, one
+// aligned 4-byte volatile store. No order of its own: the peer's reset of the word before this
+// store rests on the credit and fence of the channel-0 line it travels with (ll_buffer.h).
 template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::sendSignature(Line* peerBase) const {
-  st<Order::Volatile, Scope::Sys>(sigWord(peerBase, this->d.rank), SignatureWord::make(this->d.sig, this->epoch[0]));
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::sendSignature(Line* line0) const {
+  st<Order::Volatile, Scope::Sys>(sigWord(line0), this->d.sig);
 }
 
 template <class Proto, int kMaxRanks, int kSlots>
-__device__ __forceinline__ SignatureWord::Word LLBuffer<Proto, kMaxRanks, kSlots>::loadSignature(int src) const {
-  return ld<Order::Volatile, Scope::Sys>(sigWord(this->own, src));  // 8 bytes, single-copy atomic
+__device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots>::loadSignature(int src) const {
+  return ld<Order::Volatile, Scope::Sys>(sigWord(ownLine(src, 0)));  // 4 bytes, single-copy atomic
+}
+
+// Source `src`'s word, once this thread's poll has read this call's signature in it: back to empty.
+// Volatile, no fence here, as ProtoSentinel::reset: it follows this thread's load of the same
+// address (same-address order), and the next send of this buffer fences it (beforeSend).
+template <class Proto, int kMaxRanks, int kSlots>
+__device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::resetSignature(int src) const {
+  st<Order::Volatile, Scope::Sys>(sigWord(ownLine(src, 0)), SentinelSignature::kEmpty);
 }
 
 // ---- where a wait is stuck (computed only for a fault record) ---------------------------------
@@ -81,11 +92,11 @@ __device__ __forceinline__ u32 LLBuffer<Proto, kMaxRanks, kSlots>::epochOf(int i
 }
 
 // Line `i` from `peer` (i >= 0), or the signature word from `peer` (i == kSigWord: named by
-// the line that holds it, signature_word / 2, and channel 0's epoch).
+// the line that holds it, signature_word / 4, and channel 0's epoch).
 template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::lineAt(int peer, int i) const {
-  if (i == kSigWord)
-    return FaultAt{peer, signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads) / 2, this->epoch[0]};
+  if (kSig && i == kSigWord)
+    return FaultAt{peer, signature_word(this->slot0 / kSlotsPerBlock, this->slot0 % kMaxThreads) / 4, this->epoch[0]};
   return FaultAt{peer, this->slot0 + i * kSlotStride, epochOf(i)};
 }
 
@@ -95,7 +106,7 @@ template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ FaultAt LLBuffer<Proto, kMaxRanks, kSlots>::firstMissing(unsigned pending,
                                                                                     unsigned sigPending,
                                                                                     int w0) const {
-  if (pending) {
+  if (!kSig || pending) {
     const int b = __ffs(pending) - 1;
     return lineAt(w0 + b / kSlots, b % kSlots);
   }
@@ -108,8 +119,8 @@ template <class Proto, int kMaxRanks, int kSlots>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::mismatch(int peer, int i) const {
   const FaultAt at = lineAt(peer, i);
   u32 seen;
-  if (i == kSigWord) {
-    seen = SignatureWord::sig(loadSignature(peer));
+  if (kSig && i == kSigWord) {
+    seen = loadSignature(peer);
   } else {
     const Line* l = this->own + (line_base(at.epoch & 1, peer, this->d.nranks, this->d.lines_per_src) + at.slot);
     seen = Proto::seen(Proto::load(l), this->d.sig, at.epoch);
@@ -144,7 +155,7 @@ template <typename T>
 __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::send(int peer, int i, const PackT<T>& v) {
   beforeSend();
   // The signature word first: it then lands no later than the data the receiver polls with it.
-  if (kSig && i == 0) sendSignature(select_base(this->d, peer));
+  if (kSig && i == 0) sendSignature(peerLine(peer, 0));
   const Line l = Proto::template encode<T>(v, this->d.sig, this->epoch[i]);
   Proto::store(peerLine(peer, i), l);  // the protocol's order (no fence: see beforeSend)
   this->used |= 1u << i;
@@ -176,7 +187,7 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
       for (int q = 0; q < kPeerWindow; ++q) {
         const int p = w0 + q;
         if (p < this->d.nranks && p != this->d.rank) {
-          if (sig) sendSignature(b[q]);
+          if (sig) sendSignature(b[q] + off);
           Proto::store(b[q] + off, l);
         }
       }
@@ -189,7 +200,7 @@ LLBuffer<Proto, kMaxRanks, kSlots>::bcast(int i, const PackT<T>& v) {
 #pragma unroll
     for (int p = 0; p < kMaxRanks; ++p)
       if (p < this->d.nranks && p != this->d.rank) {
-        if (sig) sendSignature(this->d.base[p]);
+        if (sig) sendSignature(this->d.base[p] + off);
         Proto::store(this->d.base[p] + off, l);
       }
   }
@@ -219,8 +230,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvUnrolled
 }
 
 // Lines first..last-1 from `peer` (recv: one line; recvUnrolled: 0..n-1), every load in flight
-// before any is checked; a sentinel buffer also polls the peer's signature word for this thread
-// in the same loop.
+// before any is checked; a sentinel buffer whose receive takes line 0 also polls the peer's
+// signature word for this thread in the same loop, and resets it with the lines.
 template <class Proto, int kMaxRanks, int kSlots>
 template <typename T>
 __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(int peer, int first, int last,
@@ -229,7 +240,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i >= first && i < last) pending |= 1u << i;
-  bool sigWait = kSig && last > first;
+  bool sigWait = kSig && first == 0 && last > 0;
+  const bool sigRead = sigWait;
   int bad = kPollClean;  // a line of another call: its index, or kSigWord for the signature word
   Line lines[kSlots];
   Spin spin(*this->fault);
@@ -237,7 +249,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
 #pragma unroll
     for (int i = 0; i < kSlots; ++i)  // issue every load before looking at any result
       if (pending & (1u << i)) lines[i] = Proto::load(ownLine(peer, i));  // the protocol's order
-    SignatureWord::Word s = 0;
+    u32 s = SentinelSignature::kEmpty;
     if (sigWait) s = loadSignature(peer);  // with the data polls, checked after them
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
@@ -247,7 +259,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
       if (r < 0 && bad == kPollClean) bad = i;
     }
     if (sigWait) {
-      const int r = SignatureWord::check(s, this->d.sig, this->epoch[0]);
+      const int r = SentinelSignature::check(s, this->d.sig);
       if (r > 0) sigWait = false;
       if (r < 0 && bad == kPollClean) bad = kSigWord;
     }
@@ -267,7 +279,8 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::recvLines(in
       if (Proto::kNeedsReset) Proto::reset(ownLine(peer, i));  // after the load that read it (same address)
       this->used |= 1u << i;
     }
-  if (last > first) this->received = true;  // the next send fences
+  if (sigRead) resetSignature(peer);  // after the load that read it (same address), as the lines
+  if (last > first) this->received = true;  // the next send fences (it orders these resets too)
   return true;
 }
 
@@ -312,7 +325,8 @@ __device__ __forceinline__ void LLBuffer<Proto, kMaxRanks, kSlots>::checkPolls(u
 // Polls lines 0..n-1 of the peers w0 .. w0 + kW - 1 (every peer: w0 = 0 when not wide) until all
 // are complete (lines[own rank - w0] untouched); each sentinel line is reset as soon as it is read
 // (checkPolls). A sentinel buffer polls, in the same loop, this thread's signature word from
-// every peer of the window. Only the polled lines are kept; payloads are extracted by the caller.
+// every peer of the window, and resets each as soon as it reads this call's signature in it.
+// Only the polled lines are kept; payloads are extracted by the caller.
 // Every bit and `bad` code is relative to w0: a data line p * kSlots + i, the signature word of
 // peer p kSigBad + p.
 template <class Proto, int kMaxRanks, int kSlots>
@@ -337,7 +351,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
   Spin spin(*this->fault);
   while (pending | sigPending) {
     issuePolls(pending, lines, w0);
-    SignatureWord::Word sw[kW];  // the words with the data polls, checked after them
+    u32 sw[kW];  // the words with the data polls, checked after them
 #pragma unroll
     for (int p = 0; p < kW; ++p)
       if (kSig && (sigPending & (1u << p))) sw[p] = loadSignature(w0 + p);
@@ -345,8 +359,11 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
 #pragma unroll
     for (int p = 0; p < kW; ++p)
       if (kSig && (sigPending & (1u << p))) {
-        const int r = SignatureWord::check(sw[p], this->d.sig, this->epoch[0]);
-        if (r > 0) sigPending &= ~(1u << p);
+        const int r = SentinelSignature::check(sw[p], this->d.sig);
+        if (r > 0) {
+          sigPending &= ~(1u << p);
+          resetSignature(w0 + p);  // as checkPolls resets a line: same address, after the load that read it
+        }
         if (r < 0 && bad == kPollClean) bad = kSigBad + p;
       }
     if (bad != kPollClean) break;
@@ -358,7 +375,7 @@ __device__ __forceinline__ bool LLBuffer<Proto, kMaxRanks, kSlots>::pollAll(int 
     else mismatch(w0 + bad / kSlots, bad % kSlots);
     return false;
   }
-  if (n > 0) this->received = true;  // the next send fences (checkPolls also reset every sentinel line it accepted)
+  if (n > 0) this->received = true;  // the next send fences (every line and word accepted above was reset)
 #pragma unroll
   for (int i = 0; i < kSlots; ++i)
     if (i < n) this->used |= 1u << i;
