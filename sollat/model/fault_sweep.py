@@ -69,7 +69,7 @@ FAULT_EXHAUSTIVE: list[Config] = [
 
 #: Explored exhaustively too, in the tests marked slow only (PTX state graphs of 50,000+ states).
 FAULT_EXHAUSTIVE_LARGE: list[Config] = [
-    # two threads, each checking its own words (54,101 states)
+    # two threads, each checking its own words (54,145 states)
     _c("f-oneshot-sentinel-2t-mismatch", algorithm="oneshot", protocol="sentinel", threads=2, calls=(2, 1),
        faults=(mismatch(1, 0),), reset_at=1),
 ]
@@ -77,7 +77,7 @@ FAULT_EXHAUSTIVE_LARGE: list[Config] = [
 #: Larger configurations for random schedules: (config, runs).
 FAULT_RANDOM: list[tuple[Config, int]] = [
     # 3 ranks, rank 1 differs: each other rank sees it in rank 1's words, rank 1 in both of theirs
-    # (exhaustively: 766,720 states)
+    # (exhaustively: 1,017,344 states)
     (_c("f-oneshot-sentinel-3r-mismatch", algorithm="oneshot", protocol="sentinel", nranks=3, calls=(1,),
         faults=(mismatch(1, 0),)), 300),
     # the fused two-shot: rank 2 of 4 is compared with row 0's owner (sig-ring/rmsnorm-twoshot-sentinel

@@ -59,9 +59,11 @@
 // store of the signature and the receiver's reset after reading it. The reset is ordered as a
 // sentinel line's: after the thread's load of the same address (same-address order), before its
 // next send of this buffer by the fence of the credit argument above (or by the kernel boundary).
-// The sender stores the word of parity p again (epoch e+2) only with line 0 of e+2, i.e. only after
-// it received this thread's e+1 and fenced: so the reset of e happens before the store of e+2, and
-// the poll of e+2 (after the reset in program order, same address) sees 0 or that store, never the
+// The sender stores the word of parity p again (epoch e+2) only with line 0 of e+2, i.e. only with
+// that line's credit: after it received this thread's next message (e+1 on this channel, or on the
+// paired buffer where credit crosses buffers), which this thread sent after the reset and its
+// fence, and after its own fence. So the reset of e happens before the store of e+2, and the poll
+// of e+2 (after the reset in program order, same address) sees 0 or that store, never the
 // signature of e. (A word the receiver never read, because it gave up, stays set; a fault makes
 // every later kernel refuse until reset(), which zeroes it again.) Why this is enough: a thread
 // writes outputs only after its receive succeeded, and a peer's word of this pass vouches for every
