@@ -78,6 +78,7 @@ class Router:
         self._ops = _ops()
         self._adapter: core.GroupAdapter | None = None
         self._agreement: agree.Agreement | None = None
+        self._agreement_epoch = 0
         self.comm: Any = None
 
     # -- the calls (None: the inner backend runs it) --
@@ -170,7 +171,12 @@ class Router:
         return route
 
     def _agree(self, text: str) -> None:
-        if self._agreement is None:
+        # Rounds are numbered per epoch of the group's communicator: a reset() that passed moves every
+        # rank to its next epoch, so rounds that drifted apart before it (a rank that agreed on a call
+        # its peers ran from their cache: the peers' kernels time out on it, and reset() is due) line
+        # up again after it.
+        epoch = int(getattr(getattr(self.comm, "_agreement", None), "epoch", 0))
+        if self._agreement is None or self._agreement_epoch != epoch:
             store = agree.default_store(self._group())
             if store is None:
                 return
@@ -180,7 +186,8 @@ class Router:
             except UnsupportedError:
                 setup = faults.DEFAULT_SETUP_TIMEOUT_S
             self._agreement = agree.Agreement(store, f"dist/{self._group().group_name}", self.rank,
-                                              self.world_size, setup, seq=0)
+                                              self.world_size, setup, seq=epoch)
+            self._agreement_epoch = epoch
         self._agreement.agree(text, "this torch.distributed call (kind|dtype|op|elements|route)")
 
     def _adapter_for(self, device: torch.device) -> core.GroupAdapter:

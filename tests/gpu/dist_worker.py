@@ -22,7 +22,7 @@ beyond that string. SECTIONS, in order:
   counts grew.
 * ``dtensor``: a tensor-parallel MLP and one decoder block (``parallelize_module``, Colwise /
   Rowwise), forward against the single-device reference, to tolerance; the counts grew.
-* ``mismatch``: the middle rank calls another size: ``CallMismatchError`` from ``dist.all_reduce`` on
+* ``mismatch``: the middle rank calls another size (a shape new on every rank): ``CallMismatchError`` from ``dist.all_reduce`` on
   every rank; the group works after it.
 * ``fault``: the last rank made absent (``sollat.testing.inject``): a sollat error (``SollatError``)
   from ``dist.all_reduce`` on every rank within the fault timeout; after ``reset()`` the group works.
@@ -296,7 +296,10 @@ def dtensor(run: Run) -> None:
 def mismatch(run: Run) -> None:
     from sollat.errors import CallMismatchError
 
-    n = 1000 if run.rank != run.world // 2 else 1001  # the middle rank (at 2 ranks: rank 1) differs
+    # A call shape no rank has made before (so every rank agrees on its route through the store), and
+    # the middle rank (at 2 ranks: rank 1) makes another. A shape some ranks have routed before runs
+    # from their cache: there their kernels time out on the differing rank (the fault section's path).
+    n = 1234 if run.rank != run.world // 2 else 1235
     try:
         dist.all_reduce(torch.ones(n, device=run.dev))
     except CallMismatchError:

@@ -266,11 +266,12 @@ def test_twoshot_rows_and_owners(r: int, algo: str) -> None:
 
 
 def test_auto_uses_a_one_shot_algorithm_or_the_unfused_hand_over() -> None:
-    """auto follows the table's all_reduce_rmsnorm rule (rmsnorm_rules): a fused one-shot or
-    unfused, never the two-shot, and the reference's bits whichever it picks."""
+    """auto follows the all_reduce_rmsnorm rule the card has (its table's, else the built-in
+    virtual-rank rule: rmsnorm_rules.rules_for): a fused one-shot or unfused, never the two-shot,
+    and the reference's bits whichever it picks."""
     for r in (2, 4, 8):
         c = comm(r)
-        rules = c._selection_table().rmsnorm
+        rules = rmsnorm_rules.rules_for(c._selection_table().rmsnorm, r, real=False)
         gen = torch.Generator(device=DEV).manual_seed(40 + r)
         for tokens, hidden in ((1, 7), (1, 4096), (1, 8192), (2, 8192), (3, 8192), (8, 8192), (64, 8192),
                                (16, 4096), (128, 5120)):
