@@ -51,6 +51,16 @@ def validated_timeout(value: object, *, what: str, env: str, default: float) -> 
     return v
 
 
+def setup_timeout() -> float:
+    """``$SOLLAT_SETUP_TIMEOUT_S`` (or the default) for a host wait of the integrations: a value
+    that became invalid after start-up's check gives the default, since the wait needs a bound."""
+    try:
+        return validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
+                                 default=DEFAULT_SETUP_TIMEOUT_S)
+    except UnsupportedError:
+        return DEFAULT_SETUP_TIMEOUT_S
+
+
 def read_record(read: Callable[[], np.ndarray], *, settle_s: float = 1.0) -> np.ndarray:
     """The record's words as int64 (a peer writes it with a claim, details, then the code: a
     claimed record is re-read until its writer has published the code, at most ``settle_s``)."""

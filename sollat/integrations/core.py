@@ -287,11 +287,7 @@ class GroupAdapter:
         import torch.distributed as dist
 
         store = agree.default_store(self.cpu_group)
-        try:
-            setup = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
-                                             default=faults.DEFAULT_SETUP_TIMEOUT_S)
-        except UnsupportedError:  # checked at start-up; a value changed since: the default
-            setup = faults.DEFAULT_SETUP_TIMEOUT_S
+        setup = faults.setup_timeout()
         if store is None:
             def gathered(value: str, k: float) -> list[str]:
                 out: list[Any] = [None] * self.world_size

@@ -180,13 +180,8 @@ class Router:
             store = agree.default_store(self._group())
             if store is None:
                 return
-            try:
-                setup = faults.validated_timeout(None, what="setup timeout", env="SOLLAT_SETUP_TIMEOUT_S",
-                                                 default=faults.DEFAULT_SETUP_TIMEOUT_S)
-            except UnsupportedError:
-                setup = faults.DEFAULT_SETUP_TIMEOUT_S
             self._agreement = agree.Agreement(store, f"dist/{self._group().group_name}", self.rank,
-                                              self.world_size, setup, seq=epoch)
+                                              self.world_size, faults.setup_timeout(), seq=epoch)
             self._agreement_epoch = epoch
         self._agreement.agree(text, "this torch.distributed call (kind|dtype|op|elements|route)")
 
