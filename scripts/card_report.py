@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="world sizes of the A/B, 2..72 (default 2,16,64,72)")
     p.add_argument("--ab-batch8", action="store_true",
                    help="also A/B this tree built with the wide one-shot's rank-order sum in batches of 8 "
-                        "(SOLLAT_REDUCE_BATCH_WIDE=8, SOLLAT_REDUCE_BATCH_HELD=8)")
+                        "(SOLLAT_REDUCE_BATCH_WIDE=8, SOLLAT_REDUCE_BATCH_UNROLLED=8)")
     p.add_argument("--skip", default="", help=f"comma list of steps to leave out: {', '.join(STEPS)} (an A/B alone: "
                                               "every one of them with --ab-base)")
     p.add_argument("--tuning-dir", default=str(select.TUNING_DIR), help=argparse.SUPPRESS)
@@ -317,7 +317,7 @@ def measure(a: argparse.Namespace) -> int:
     if base is not None:
         trees = ["--tree", f"base={base}"]
         if a.ab_batch8:
-            trees += ["--tree", "batch8=.:SOLLAT_REDUCE_BATCH_WIDE=8,SOLLAT_REDUCE_BATCH_HELD=8"]
+            trees += ["--tree", "batch8=.:SOLLAT_REDUCE_BATCH_WIDE=8,SOLLAT_REDUCE_BATCH_UNROLLED=8"]
         ranks = [int(r) for r in a.ab_ranks.split(",") if r.strip()]
         for part, rs, algos in (("narrow", [r for r in ranks if r <= 8], "oneshot_ll,oneshot_sentinel"),
                                 ("wide", [r for r in ranks if r > 8], SWEEP_ALGOS)):  # the wide one-shot: R >= 9

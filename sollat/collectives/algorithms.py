@@ -71,6 +71,10 @@ class Algorithm:
         return abi.KERNELS[self.kernel].buffers
 
     @property
+    def max_threads(self) -> int:  # its kernel's threads per block (abi.KERNELS; user-written: abi.MAX_THREADS)
+        return abi.KERNELS[self.kernel].threads if self.kernel in abi.KERNELS else abi.MAX_THREADS
+
+    @property
     def payload_bytes(self) -> int:
         return layout.PAYLOAD_BYTES[self.proto]
 
@@ -136,16 +140,13 @@ ALGORITHMS: dict[str, Algorithm] = {
                   doc="two-shot LL128 atomic: 128 B line atomic adds with a counter element, LL all-gather; "
                       "not deterministic, fp32 atomics flush denormals"),
         Algorithm("twoshot_bulk", "allreduce_bulk.cu", "twoshot_bulk", "bulk", 16, True, True,
-                  slot_choices=((2, 1), (4, 1), (8, 1)),
-                  doc="two-shot (reduce-scatter + all-gather) for large messages: block-sized areas copied "
+                  slot_choices=((2, 1), (4, 1), (8, 1)), doc="two-shot (reduce-scatter + all-gather) for large messages: block-sized areas copied "
                       "straight from the input, one flag per area (bulk protocol), rank-order reduction"),
-        # Last: the other algorithms' regions keep their offsets. Scratch: one LL region
-        # (layout.region_bytes) like oneshot_ll's.
+        # Last: the other algorithms' regions keep their offsets. Scratch: one LL region like oneshot_ll's.
         Algorithm("oneshot_ll_wide", "allreduce_oneshot_wide.cu", "oneshot_wide", "ll", 16, True, False,
-                  slot_choices=((abi.HELD_BASE_RANKS, 1), (abi.MAX_RANKS, 1)), min_world=abi.PEER_WINDOW + 1,
-                  peer_groups=True,
-                  doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the block's "
-                      "threads (one per peer group of 8), rank-order sum from shared memory"),
+                  slot_choices=((abi.WIDE_UNROLLED_RANKS, 1), (abi.MAX_RANKS, 1)), min_world=abi.PEER_WINDOW + 1,
+                  peer_groups=True, doc="one-shot push for wide groups (9..72 ranks), LL: a line's peers spread over the "
+                  "block's threads (one per peer group of 8), rank-order sum from shared memory"),
     )
 }
 
@@ -199,16 +200,16 @@ RMSNORM_ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("rmsnorm_oneshot_ll_block", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (8, 4),
-                                (abi.MAX_RANKS, 1)),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (abi.MAX_RANKS, 1)),
                   region="rmsnorm_oneshot_ll",
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row"),
         # Pipelined passes (SOLLAT_RMSNORM_BLOCK_PIPE=1: two sets of channels, each pass's lines out
-        # before the previous pass's are received; one receive group per pass, no 4-slot build at 8).
+        # before the previous pass's are received; one receive group per pass, no 4-slot build at 4
+        # or 8 ranks).
         Algorithm("rmsnorm_oneshot_ll_block_pipe", "allreduce_rmsnorm_block.cu", "ar_rmsnorm_block", "ll",
                   RMSNORM_MAX_BLOCKS, True, False,
                   dtypes=frozenset({torch.float32, torch.bfloat16, torch.float16}), ops=frozenset({"sum"}),
-                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (4, 4), (8, 1), (8, 2), (abi.MAX_RANKS, 1)),
+                  slot_choices=((2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1), (8, 2), (abi.MAX_RANKS, 1)),
                   region="rmsnorm_oneshot_ll",
                   doc="fused AllReduce + residual add + RMSNorm, one-shot LL, one block per token row, "
                       "pipelined passes"),
@@ -243,14 +244,11 @@ GATHER_SCATTER_ALGORITHMS: dict[str, GatherScatterAlgorithm] = {
                                True, False, ops=frozenset({""}), region="gather_scatter_sentinel",
                                doc="AllGather, one-shot push, sentinel protocol"),
         GatherScatterAlgorithm("reduce_scatter_ll", "reduce_scatter.cu", "reduce_scatter", "ll",
-                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_ll",
-                               opname="reduce_scatter",
+                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_ll", opname="reduce_scatter",
                                doc="ReduceScatter, one-shot push of each chunk to its owner, LL, rank-order reduction"),
         GatherScatterAlgorithm("reduce_scatter_sentinel", "reduce_scatter.cu", "reduce_scatter", "sentinel",
-                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_sentinel",
-                               opname="reduce_scatter",
-                               doc="ReduceScatter, one-shot push of each chunk to its owner, sentinel, rank-order "
-                                   "reduction"),
+                               GATHER_SCATTER_BLOCKS, True, True, region="gather_scatter_sentinel", opname="reduce_scatter",
+                               doc="ReduceScatter, one-shot push of each chunk to its owner, sentinel, rank-order reduction"),
     )
 }
 
@@ -292,10 +290,10 @@ class Region:
 def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, ...] = (),
             gather_scatter: bool = False, fused_blocks: int | None = None) -> tuple[Region, ...]:
     """Every scratch region of a communicator, in layout order: the enabled AllReduce algorithms
-    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks; the experimental
-    two-shot only with RMSNORM_TWOSHOT_ENV), with ``gather_scatter``
-    the built-in AllGather/ReduceScatter regions (one per protocol, at most GATHER_SCATTER_BLOCKS
-    blocks), then the user-written collectives registered at construction (``max_blocks``).
+    (``max_blocks`` blocks), every fused RMSNorm algorithm (its own blocks; the experimental two-shot
+    only with RMSNORM_TWOSHOT_ENV), with ``gather_scatter`` the built-in AllGather/ReduceScatter regions
+    (one per protocol, at most GATHER_SCATTER_BLOCKS blocks), then the user-written collectives
+    registered at construction (``max_blocks``).
     ``fused_blocks`` caps the fused RMSNorm regions' blocks (virtual ranks: what R ranks can run at
     once on one GPU, layout.virtual_block_cap)."""
     shared: dict[str, Region] = {}
@@ -310,7 +308,7 @@ def regions(names: tuple[str, ...], max_blocks: int, customs: tuple[Algorithm, .
 
 def rank_cap(alg: Any, nranks: int) -> int:
     """The rank cap (SOLLAT_MAX_RANKS) ``alg``'s kernel runs at for ``nranks`` ranks: the smallest of
-    its instantiations that holds them (the wide one-shot's abi.HELD_BASE_RANKS cap below the widest
+    its instantiations that holds them (the wide one-shot's abi.WIDE_UNROLLED_RANKS cap below the widest
     one), else the communicator's (``max_ranks_template``)."""
     caps = [r for r, _ in getattr(alg, "slot_choices", ()) if r >= nranks]
     return min(caps) if caps else max_ranks_template(nranks)
@@ -348,7 +346,7 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         "SOLLAT_MAX_RANKS": str(max_ranks),
         "SOLLAT_SLOTS": str(slots),
         # Launch ranks in the rank table (collective.h RankTable): this rank, or every virtual rank.
-        # A cap that is no communicator's (abi.HELD_BASE_RANKS) keeps the communicator's table: the
+        # A cap that is no communicator's (abi.WIDE_UNROLLED_RANKS) keeps the communicator's table: the
         # smallest of abi.RANK_CAPS that holds it (VirtualRanks.table_ranks).
         "SOLLAT_TABLE_RANKS": "1" if real_ranks else str(max_ranks_template(max_ranks)),
         # Fences that order a store to the own scratch before a peer may write it again: the peer
@@ -363,6 +361,8 @@ def kernel_defines(alg: Algorithm, dt: DType, op: str, max_ranks: int, slots: in
         d["SOLLAT_OP"] = {"sum": "OpSum", "max": "OpMax", "min": "OpMin"}[op]
     if isinstance(alg, CustomAlgorithm):
         d["SOLLAT_BUFFERS"] = str(alg.buffers)  # the kernel's kBuffers (the epoch stride per launch rank)
+    if alg.max_threads < abi.MAX_THREADS:  # its __launch_bounds__ (collective.h; absent: abi.MAX_THREADS)
+        d["SOLLAT_BLOCK_THREADS"] = str(alg.max_threads)
     if alg.unit_user_bytes:
         # 1: data adds, fence, then counter add (model-correct on one GPU, used by virtual ranks);
         # 0: the paper's fused counter, relying on NVLink's 128-byte line atomicity (real ranks).

@@ -209,13 +209,14 @@ def geometry(algo: str, dtype: torch.dtype, rows: int, hidden: int, world_size: 
 UNFUSED_MAX_GRID = 1 << 16  # blocks of the epilogue; more rows loop (block b: rows b, b + grid, ...)
 
 
-def unfused_geometry(dt: DType, rows: int, hidden: int, slots: int = abi.ADD_RMSNORM_SLOTS) -> RowGeometry:
+def unfused_geometry(dt: DType, rows: int, hidden: int, slots: int | None = None) -> RowGeometry:
     """The cut of kernels/add_rmsnorm.cu per launch rank: one block per row (up to UNFUSED_MAX_GRID
-    blocks; more rows loop), 16-byte lines in chunks of 32, abi.ADD_RMSNORM_SLOTS chunks per warp
+    blocks; more rows loop), 16-byte lines in chunks of 32, abi.add_rmsnorm_slots chunks per warp
     and pass (chunk ``(pass * slots + slot) * warps + warp``, as ``row_geometry``'s cut of one
     block), as many warps as that takes up to abi.ADD_RMSNORM_MAX_THREADS threads (more lines: more
-    passes). Every decode row (hidden <= 16384 for 16-bit types, 8192 for fp32) is one pass.
+    passes). A row of up to abi.ADD_RMSNORM_PASS_ELEMS elements (8192) is one pass, in every dtype.
     ``slots``: another build's chunks per warp and pass (rmsnorm_epilogue.variant; the same bits)."""
+    slots = slots or abi.add_rmsnorm_slots(dt.size)
     epl = layout.LINE_BYTES // dt.size
     row_lines = layout.ceil_div(hidden, epl)
     chunks = layout.ceil_div(row_lines, layout.WARP)

@@ -38,12 +38,12 @@ class Variant:
     as a multiply by the exact reciprocal where hidden is a power of two
     (SOLLAT_ADD_RMSNORM_POW2_MEAN). The default adds no define: its build is unchanged."""
 
-    slots: int = abi.ADD_RMSNORM_SLOTS
+    slots: int | None = None  # None: the dtype's (abi.add_rmsnorm_slots)
     pow2_mean: bool = False
 
     def defines(self) -> dict[str, str]:
         d = {}
-        if self.slots != abi.ADD_RMSNORM_SLOTS:
+        if self.slots is not None:
             d["SOLLAT_ADD_RMSNORM_SLOTS"] = str(self.slots)
         if self.pow2_mean:
             d["SOLLAT_ADD_RMSNORM_POW2_MEAN"] = "1"
@@ -58,7 +58,7 @@ _variant = DEFAULT_VARIANT
 def variant(v: Variant) -> Iterator[None]:
     """Builds and launches made inside use ``v`` (this process; for A/B measurements)."""
     global _variant
-    if v.slots not in (1, 2, 4):
+    if v.slots not in (None, 1, 2, 4):
         raise ValueError(f"add_rmsnorm variant: slots must be 1, 2 or 4, got {v.slots}")
     before, _variant = _variant, v
     try:

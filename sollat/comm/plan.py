@@ -74,7 +74,7 @@ class Kernels:
             if alg.peer_groups:
                 geo = layout.plan_peer_groups(lines, self.world_size, max_blocks=max_blocks)
             else:
-                geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax))
+                geo = layout.plan(lines, max_blocks=max_blocks, max_slots=alg.max_slots(rmax), max_threads=alg.max_threads)
             return geo, self.kernel(alg, kernel_file, dt, op, geo.slots)
 
         mem = self.memory

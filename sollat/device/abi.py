@@ -30,12 +30,15 @@ PEER_WINDOW = 8
 # The rank counts kernels are built for (SOLLAT_MAX_RANKS): a world of R ranks runs the smallest
 # that holds it (algorithms.max_ranks_template).
 RANK_CAPS: tuple[int, ...] = (2, 4, PEER_WINDOW, MAX_RANKS)
-# The widest rank cap whose kernels hold every peer's scratch base in registers (C++
-# kHeldBaseRanks, ll_buffer__types.h BufferDesc); wider ones read the bases from CommState. The wide
-# one-shot is also built for this cap (algorithms.rank_cap: groups of PEER_WINDOW + 1 .. 16 ranks
-# run it; the communicator's other kernels keep their RANK_CAPS cap).
-HELD_BASE_RANKS = 2 * PEER_WINDOW
-MAX_THREADS = 512  # threads per block; also every kernel's __launch_bounds__
+# The wide one-shot's narrower cap (C++ kWideUnrolledRanks): groups of PEER_WINDOW + 1 .. 16 ranks
+# run its build for this cap, whose rank-order sum is unrolled over every rank
+# (kernels/allreduce_oneshot_wide.cu; algorithms.rank_cap; the communicator's other kernels keep
+# their RANK_CAPS cap). Kernels built for at most PEER_WINDOW ranks hold every peer's scratch base
+# in registers; wider ones read a peer's base from CommState (ll_buffer__types.h BufferDesc).
+WIDE_UNROLLED_RANKS = 2 * PEER_WINDOW
+# Threads per block the scratch layout reserves slot indices for (layout.slot_index), and the most any
+# kernel launches with: its __launch_bounds__ unless its KERNELS entry names fewer.
+MAX_THREADS = 512
 # The wide one-shot (kernels/allreduce_oneshot_wide.cu) keeps one pass's (line, rank) packs of a
 # block in shared memory, 8 bytes each (C++ kPeerGroupPacks: 32 KiB). Its blocks hold
 # layout.peer_group_lines(R) lines of ceil(R / PEER_WINDOW) threads each, at most MAX_THREADS
@@ -75,13 +78,23 @@ REST_BYTE: dict[str, int] = {"ll": 0x00, "sentinel": 0xFF, "bulk": 0x00}
 class Kernel:
     name: str  # the entry point (SOLLAT_DEFINE_ENTRY_POINTS, both communicators)
     buffers: int  # LLBuffer regions (and epoch arrays) per rank; the kernel's kBuffers
+    # Most threads per block: the __launch_bounds__ of a collective.h entry point (module define
+    # SOLLAT_BLOCK_THREADS where it is below MAX_THREADS) and layout.plan's cap. The fused RMSNorm
+    # kernels have their own (RMSNORM_MAX_THREADS, rmsnorm_block_build).
+    threads: int = MAX_THREADS
 
 
-KERNELS: dict[str, Kernel] = {k.name: k for k in (Kernel("oneshot", 1), Kernel("twoshot", 2), Kernel("ll128", 2),
-                                                  Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
-                                                  Kernel("allgather", 1),
-                                                  Kernel("reduce_scatter", 1), Kernel("twoshot_bulk", 2),
-                                                  Kernel("oneshot_wide", 1), Kernel("ar_rmsnorm_block", 1))}
+# A kernel that keeps a poll set of every peer's lines, the peers' scratch bases and a batch of
+# inputs in registers at once is capped at SPILL_FREE_THREADS threads per block: ptxas then has 255
+# registers per thread instead of 128 (65536 per SM at one block), and no build spills for sm_90 or
+# sm_100 (tests/cpu/test_spills.py; at 512 threads the sentinel and LL128 builds spilled up to 780
+# bytes). Small messages run fewer threads per block than that anyway (layout.plan).
+SPILL_FREE_THREADS = 256
+KERNELS: dict[str, Kernel] = {k.name: k for k in (
+    Kernel("oneshot", 1, SPILL_FREE_THREADS), Kernel("twoshot", 2, SPILL_FREE_THREADS),
+    Kernel("ll128", 2, SPILL_FREE_THREADS), Kernel("ar_rmsnorm", 1), Kernel("ar_rmsnorm_twoshot", 2),
+    Kernel("allgather", 1), Kernel("reduce_scatter", 1, SPILL_FREE_THREADS), Kernel("twoshot_bulk", 2),
+    Kernel("oneshot_wide", 1), Kernel("ar_rmsnorm_block", 1))}
 
 
 def kernel_buffers_name(k: Kernel) -> str:
@@ -232,13 +245,25 @@ assert rmsnorm_entry("ar_rmsnorm", True) == RMSNORM_FP8_ENTRY
 # "unfused" algorithm, after the AllReduce. Its input is the AllReduce's output; no scratch, no
 # peers. Its pointers are a rank table of the FP8 variant's lists (ADD_RMSNORM_LISTS; fp8_out and
 # fp8_scale 0 without the FP8 copy), so that one launch serves every virtual rank (grid.y); then
-# the tail. One block of at most ADD_RMSNORM_MAX_THREADS threads per row (its __launch_bounds__),
-# each thread ADD_RMSNORM_SLOTS 16-byte lines of the row per pass.
+# the tail. One block of at most ADD_RMSNORM_MAX_THREADS threads per row (its __launch_bounds__);
+# a pass of the block covers ADD_RMSNORM_PASS_ELEMS elements of the row, whatever the dtype: each
+# thread takes add_rmsnorm_slots(element bytes) 16-byte lines per pass (4 for fp32, 2 for 16-bit
+# types). Four 16-bit lines a thread (three loads each: x, the residual, the weight) need more
+# than the 128 registers 512 threads leave (sm_100 spilled); two hold the same row of 8192.
 ADD_RMSNORM_ENTRY = "add_rmsnorm"
 ADD_RMSNORM_MAX_THREADS = 512
-ADD_RMSNORM_SLOTS = 4
+ADD_RMSNORM_PASS_ELEMS = 8192
 ADD_RMSNORM_LISTS = "rmsnorm_fp8"
 ADD_RMSNORM_TAIL_PARAMS: tuple[Param, ...] = (Param("rows", "u64"), Param("hidden", "u64"), Param("eps_bits", "u32"))
+
+
+def add_rmsnorm_slots(elem_bytes: int) -> int:
+    """16-byte lines per thread and pass of kernels/add_rmsnorm.cu for elements of ``elem_bytes``
+    (C++: the same expression over kAddRmsnormPassElems, kLineBytes and kAddRmsnormMaxThreads)."""
+    return ADD_RMSNORM_PASS_ELEMS * elem_bytes // (LINE_BYTES * ADD_RMSNORM_MAX_THREADS)
+
+
+assert add_rmsnorm_slots(4) == 4 and add_rmsnorm_slots(2) == 2
 # float8_e4m3fn (OCP E4M3, torch.float8_e4m3fn): the largest finite value (0x7E; the copy is
 # clamped to +-FP8_E4M3_MAX) and the one NaN byte the kernel writes for every NaN (0x7F: no
 # infinities in this format; 0xFF, the negative NaN, is never written).

@@ -16,7 +16,7 @@ from pathlib import Path
 from .abi import (
     ADD_RMSNORM_LISTS,
     ADD_RMSNORM_MAX_THREADS,
-    ADD_RMSNORM_SLOTS,
+    ADD_RMSNORM_PASS_ELEMS,
     ADD_RMSNORM_TAIL_PARAMS,
     BITS,
     BULK_AREA_LINES,
@@ -31,7 +31,6 @@ from .abi import (
     FAULT_WORDS,
     FP8_E4M3_MAX,
     FP8_E4M3_NAN,
-    HELD_BASE_RANKS,
     KERNELS,
     LINE_BYTES,
     LL128_DATA_LANES,
@@ -53,6 +52,7 @@ from .abi import (
     STATE_BYTES,
     TAIL_PARAMS,
     WARP,
+    WIDE_UNROLLED_RANKS,
     Param,
     kernel_buffers_name,
 )
@@ -93,17 +93,17 @@ def _per_kernel_lines() -> list[str]:
         _enum("KernelBuffers", [(kernel_buffers_name(k), k.buffers) for k in KERNELS.values()]),
         _enum("Parity", [("kParities", PARITIES)]),
         "// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass;"
-        " the widest rank cap that holds every peer's base in registers (BufferDesc).",
-        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS), ("kHeldBaseRanks", HELD_BASE_RANKS)]),
+        " its narrower rank cap, whose rank-order sum is unrolled.",
+        _enum("PeerGroups", [("kPeerGroupPacks", PEER_GROUP_PACKS), ("kWideUnrolledRanks", WIDE_UNROLLED_RANKS)]),
         "// Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block;"
         " the longest row (both RMSNorm kernels).",
         _enum("RmsnormGeometry", [("kRmsnormMaxRowBlocks", RMSNORM_MAX_ROW_BLOCKS),
                                    ("kRmsnormMaxThreads", RMSNORM_MAX_THREADS),
                                    ("kRmsnormMaxHidden", RMSNORM_MAX_HIDDEN)]),
         "// Its one-GPU epilogue (add_rmsnorm.cu, the \"unfused\" algorithm): the most threads per block (one row),"
-        " the 16-byte lines of a row per thread and pass.",
+        " the elements of a row per pass (abi.add_rmsnorm_slots: lines per thread and pass).",
         _enum("AddRmsnormGeometry", [("kAddRmsnormMaxThreads", ADD_RMSNORM_MAX_THREADS),
-                                     ("kAddRmsnormSlots", ADD_RMSNORM_SLOTS)]),
+                                     ("kAddRmsnormPassElems", ADD_RMSNORM_PASS_ELEMS)]),
         "// The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.",
         _enum("BulkArea", [("kBulkAreaLines", BULK_AREA_LINES), ("kBulkDataLines", BULK_DATA_LINES)]),
         "// float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.",
@@ -190,7 +190,7 @@ def header_text() -> str:
         "// entry-point parameters and element bit patterns (sollat/device/abi.py declares each once).",
     ]
     body = [
-        f"#define SOLLAT_MAX_THREADS {MAX_THREADS}  // __launch_bounds__ of every entry point",
+        f"#define SOLLAT_MAX_THREADS {MAX_THREADS}  // the most threads per block of any kernel (abi.py MAX_THREADS)",
         "",
         "namespace sollat {",
         "",

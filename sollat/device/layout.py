@@ -131,12 +131,13 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_threads: int = WARP,
-         block_threads: int = BLOCK_THREADS) -> Geometry:
+         block_threads: int = BLOCK_THREADS, max_threads: int = MAX_THREADS) -> Geometry:
     """Choose (blocks, threads, slots, iterations) for ``total_lines`` lines per rank.
 
     Up to ``block_threads`` lines get one block of just enough warps (fewest threads on the
     critical path). Larger messages spread over blocks of ``block_threads`` threads first (up to
-    ``max_blocks``), then grow the blocks in steps of ``block_threads`` up to MAX_THREADS, then
+    ``max_blocks``), then grow the blocks in steps of ``block_threads`` up to ``max_threads`` (the
+    kernel's: abi.KERNELS, at most MAX_THREADS), then
     put more lines in flight per thread, then iterate. (Thread counts stay multiples of
     ``block_threads`` or of a warp-rounded line count: the protocol model relies on it.)
     """
@@ -146,7 +147,7 @@ def plan(total_lines: int, *, max_blocks: int, max_slots: int = MAX_SLOTS, min_t
         return Geometry(1, threads, 1, 1)
     blocks = min(max_blocks, ceil_div(total_lines, block_threads))
     per_block_lines = ceil_div(total_lines, blocks)
-    threads = min(MAX_THREADS, ceil_div(per_block_lines, block_threads) * block_threads)
+    threads = min(max_threads, ceil_div(per_block_lines, block_threads) * block_threads)
     slots = 1
     while 2 * slots <= max_slots and per_block_lines > slots * threads:
         slots *= 2  # powers of two only, never above max_slots

@@ -530,11 +530,12 @@ def test_auto_resolves_through_the_tuning_table() -> None:
 @pytest.mark.parametrize("dtype", rmsnorm.DTYPES_SUPPORTED, ids=str)
 def test_unfused_geometry_covers_each_line_once(dtype: torch.dtype) -> None:
     """kernels/add_rmsnorm.cu: one block per row (up to UNFUSED_MAX_GRID blocks), 16-byte lines,
-    abi.ADD_RMSNORM_SLOTS chunks of 32 lines per warp and pass, the fewest warps that hold the row in
-    one pass up to abi.ADD_RMSNORM_MAX_THREADS threads, no empty pass; every decode row is one pass;
+    abi.add_rmsnorm_slots chunks of 32 lines per warp and pass (4 for fp32, 2 for 16-bit types), the
+    fewest warps that hold the row in one pass up to abi.ADD_RMSNORM_MAX_THREADS threads, no empty
+    pass; a row of up to abi.ADD_RMSNORM_PASS_ELEMS elements is one pass, in every dtype;
     rmsnorm.geometry("unfused", ...) is it."""
     dt = DTYPES[dtype]
-    slots = abi.ADD_RMSNORM_SLOTS
+    slots = {4: 4, 2: 2}[dt.size]
     for rows in (1, 3, 17, 70000):
         for hidden in (1, 7, 1000, 4096, 5120, 8192, 16384, rmsnorm.MAX_HIDDEN):
             g = rmsnorm.unfused_geometry(dt, rows, hidden)
@@ -549,8 +550,7 @@ def test_unfused_geometry_covers_each_line_once(dtype: torch.dtype) -> None:
                 assert g.threads == abi.ADD_RMSNORM_MAX_THREADS
             else:  # one warp fewer would not hold the row
                 assert (g.threads - layout.WARP) * slots < g.row_lines or g.threads == layout.WARP
-            if hidden <= 8192:
-                assert g.passes == 1
+            assert (g.passes == 1) == (hidden <= 8192), (hidden, g)
 
 
 def test_the_reference_rounds_the_sum_before_the_residual() -> None:

@@ -76,7 +76,7 @@ def test_groups_of_up_to_16_ranks_run_the_16_rank_cap() -> None:
     communicator's cap, and the virtual ranks' pointer table keeps the communicator's size, so the
     host's table (VirtualRanks.table_ranks) and the kernel's (SOLLAT_TABLE_RANKS) agree."""
     wide, ll = algorithms.ALGORITHMS["oneshot_ll_wide"], algorithms.ALGORITHMS["oneshot_ll"]
-    assert abi.HELD_BASE_RANKS == 2 * abi.PEER_WINDOW == 16
+    assert abi.WIDE_UNROLLED_RANKS == 2 * abi.PEER_WINDOW == 16
     assert [algorithms.rank_cap(wide, r) for r in (9, 12, 16, 17, 64, 72)] == [16, 16, 16, 72, 72, 72]
     for r in (2, 3, 4, 5, 8, 9, 16, 17, 72):
         for alg in (*algorithms.ALGORITHMS.values(), *algorithms.RMSNORM_ALGORITHMS.values()):
@@ -92,36 +92,6 @@ def test_groups_of_up_to_16_ranks_run_the_16_rank_cap() -> None:
     from sollat.comm.ranks import VirtualRanks
 
     assert VirtualRanks(12, torch.empty(0)).table_ranks == 72
-
-
-# Measured (ptxas -v, sm_90, NVRTC 13.0): the only wide entry that spills, and how much.
-WIDE_SPILLS = {(16, torch.float64, True): 20}
-
-
-@pytest.mark.slow  # ptxas -v of both rank caps, every dtype, real and virtual (about a minute on 2 cores)
-@pytest.mark.parametrize("cap", [16, 72])
-def test_wide_instantiations_compile_without_spills(cap: int) -> None:
-    """The rank-order sum's batches are sized so that nothing spills at 128 registers per thread
-    (512 threads per block), the 16-rank cap's 16 held bases included, but for WIDE_SPILLS."""
-    import io
-    import re
-
-    from cuda.core import Program, ProgramOptions
-
-    from sollat.device import build
-
-    wide = algorithms.ALGORITHMS["oneshot_ll_wide"]
-    for dtype in sorted(wide.dtypes, key=str):
-        for real in (True, False):
-            d = algorithms.kernel_defines(wide, sollat.device.dtypes.DTYPES[dtype], "sum", cap, 1, test_hooks=False,
-                                          real_ranks=real)
-            opts = build._options("sm_90", d)
-            o = ProgramOptions(**{**{f: getattr(opts, f) for f in opts.__dataclass_fields__}, "ptxas_options": "-v"})
-            log = io.StringIO()
-            Program(build.kernel_source("allreduce_oneshot_wide.cu"), code_type="c++", options=o).compile("cubin", logs=log)
-            spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log.getvalue())]
-            assert len(spills) == 1 and spills[0] <= WIDE_SPILLS.get((cap, dtype, real), 0), \
-                (cap, dtype, real, log.getvalue()[-800:])
 
 
 def test_generic_table_picks_it_above_the_peer_window_only() -> None:

@@ -67,8 +67,8 @@ def _sizes_for(algo: str, r: int, dtype: torch.dtype) -> list[int]:
     alg = ALGORITHMS[algo]
     esize = torch.tensor([], dtype=dtype).element_size()
     per_line = alg.payload_bytes // esize
-    # one pass of the largest plan (blocks x 512 threads x slots) in elements, to go past it
-    one_pass = layout.MAX_BLOCKS_VIRTUAL * layout.MAX_THREADS * per_line * (r if alg.two_shot else 1)
+    # one pass of the largest plan (blocks x the kernel's threads x slots) in elements, to go past it
+    one_pass = layout.MAX_BLOCKS_VIRTUAL * alg.max_threads * per_line * (r if alg.two_shot else 1)
     return [1, 2, 3, 7, 31, 32, 33, 100, 1000, 4097, 65537, 3 * one_pass + 5]
 
 

@@ -52,15 +52,17 @@ using namespace sollat;
 
 namespace {
 
-// Lines of a row per thread and pass: abi.ADD_RMSNORM_SLOTS, or the module define
+// Lines of a row per thread and pass: abi.add_rmsnorm_slots (a pass of a full block covers
+// kAddRmsnormPassElems elements: 4 lines of fp32, 2 of a 16-bit type), or the module define
 // SOLLAT_ADD_RMSNORM_SLOTS (1, 2, 4; rmsnorm_epilogue.variant: the host's geometry uses the same
-// count). Fewer slots: more warps per row for the same lines, the same bits (the row's tree does
-// not depend on the cut: rmsnorm_math.h).
+// count). Other slots: another number of warps per row for the same lines, the same bits (the
+// row's tree does not depend on the cut: rmsnorm_math.h).
 #ifdef SOLLAT_ADD_RMSNORM_SLOTS
 constexpr int kSlots = SOLLAT_ADD_RMSNORM_SLOTS;
 static_assert(kSlots == 1 || kSlots == 2 || kSlots == 4, "SOLLAT_ADD_RMSNORM_SLOTS: 1, 2 or 4");
 #else
-constexpr int kSlots = kAddRmsnormSlots;
+constexpr int kSlots = kAddRmsnormPassElems * (int)sizeof(SOLLAT_T) / (kLineBytes * kAddRmsnormMaxThreads);
+static_assert(kSlots == 2 || kSlots == 4, "abi.add_rmsnorm_slots: 4 for fp32, 2 for 16-bit types");
 #endif
 
 // ss / hidden, correctly rounded (div.rn). With the module define SOLLAT_ADD_RMSNORM_POW2_MEAN=1 a

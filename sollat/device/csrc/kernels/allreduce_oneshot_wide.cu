@@ -35,8 +35,9 @@
 // memory before the sums; a second one, only where another pass follows, keeps them until read.
 //
 // Module defines as in allreduce_oneshot.cu (SOLLAT_PROTO is ProtoLL, SOLLAT_SLOTS 1,
-// SOLLAT_MAX_RANKS the rank cap: 16, whose descriptor holds every peer's base in registers and whose
-// rank-order sum is unrolled, or the widest one; the host takes the 16 cap where the group fits).
+// SOLLAT_MAX_RANKS the rank cap: 16 (kWideUnrolledRanks), whose rank-order sum is unrolled, or the
+// widest one; the host takes the 16 cap where the group fits; either reads the peers' bases from
+// CommState).
 // Kernel: oneshot_wide (collective.h).
 #include "sollat/collective.h"
 
@@ -64,31 +65,30 @@ __device__ __forceinline__ bool sync_working_any(int threads, bool pred) {
 // dependent adds is the reduction's floor; the shared-memory loads stay off it: the next kBatch
 // lines are loaded while the current batch is added. Each add is guarded, never a padding add
 // (x + 0 would turn -0.0 into +0.0), and every add is in rank order: the bits do not depend on
-// kBatch. The widest cap takes batches of SOLLAT_REDUCE_BATCH_WIDE; the 16-rank cap, whose
-// registers also hold every peer's base, batches of SOLLAT_REDUCE_BATCH_HELD with its loop unrolled
-// (its trip count is known). The defaults are the largest batches with which ptxas (sm_90, 128
-// registers at 512 threads) spills nothing for fp32, bf16 and fp16 at either cap (8 at the widest
-// cap spilled 4-16 bytes in bf16; 4 at the 16 cap 16 bytes in bf16 on virtual ranks); the 16 cap's
-// fp64 entry on real ranks spills 20 bytes (tests/cpu/test_wide_oneshot.py). A define of either
+// kBatch. The widest cap takes batches of SOLLAT_REDUCE_BATCH_WIDE; the 16-rank cap
+// (kWideUnrolledRanks) batches of SOLLAT_REDUCE_BATCH_UNROLLED with its loop unrolled (its trip
+// count is known). The defaults are batches with which ptxas (128 registers at 512 threads) spills
+// nothing for sm_90 and sm_100 in any dtype at either cap (tests/cpu/test_spills.py; 8 at the
+// widest cap spilled 4-16 bytes in bf16, 4 at the 16 cap 16 bytes). A define of either
 // (scripts/ab_trees.py's NAME=DIR:DEFINE=VALUE) builds another batch for an A/B.
 #ifndef SOLLAT_REDUCE_BATCH_WIDE
 #define SOLLAT_REDUCE_BATCH_WIDE 6
 #endif
-#ifndef SOLLAT_REDUCE_BATCH_HELD
-#define SOLLAT_REDUCE_BATCH_HELD 2
+#ifndef SOLLAT_REDUCE_BATCH_UNROLLED
+#define SOLLAT_REDUCE_BATCH_UNROLLED 2
 #endif
 template <typename T, class Op, class P, class A, int kMaxRanks>
 __device__ __forceinline__ A reduce_rank_order(const P* got, int R, int lb, int j) {
-  constexpr bool kHeld = kMaxRanks <= kHeldBaseRanks;
-  constexpr int kBatch = kHeld ? SOLLAT_REDUCE_BATCH_HELD : SOLLAT_REDUCE_BATCH_WIDE;
+  constexpr bool kUnrolled = kMaxRanks <= kWideUnrolledRanks;
+  constexpr int kBatch = kUnrolled ? SOLLAT_REDUCE_BATCH_UNROLLED : SOLLAT_REDUCE_BATCH_WIDE;
   A acc;
   pack_to_acc(got[j], acc);
   P next[kBatch];
 #pragma unroll
   for (int k = 0; k < kBatch; ++k)
     if (1 + k < R) next[k] = got[(1 + k) * lb + j];
-#pragma unroll(kHeld ? (kMaxRanks + kBatch - 2) / kBatch : 1)
-  for (int q0 = 1; q0 < (kHeld ? kMaxRanks : R); q0 += kBatch) {
+#pragma unroll(kUnrolled ? (kMaxRanks + kBatch - 2) / kBatch : 1)
+  for (int q0 = 1; q0 < (kUnrolled ? kMaxRanks : R); q0 += kBatch) {
     P cur[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) cur[k] = next[k];

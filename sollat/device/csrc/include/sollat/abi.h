@@ -4,7 +4,7 @@
 #ifndef SOLLAT_ABI_H_
 #define SOLLAT_ABI_H_
 
-#define SOLLAT_MAX_THREADS 512  // __launch_bounds__ of every entry point
+#define SOLLAT_MAX_THREADS 512  // the most threads per block of any kernel (abi.py MAX_THREADS)
 
 namespace sollat {
 
@@ -27,12 +27,12 @@ constexpr int kFaultWords = 9;
 // Buffers per kernel (sollat/device/abi.py KERNELS): each kernel's kBuffers is its k<Name>Buffers.
 enum KernelBuffers : int { kOneshotBuffers = 1, kTwoshotBuffers = 2, kLl128Buffers = 2, kArRmsnormBuffers = 1, kArRmsnormTwoshotBuffers = 2, kAllgatherBuffers = 1, kReduceScatterBuffers = 1, kTwoshotBulkBuffers = 2, kOneshotWideBuffers = 1, kArRmsnormBlockBuffers = 1 };
 enum Parity : int { kParities = 2 };
-// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass; the widest rank cap that holds every peer's base in registers (BufferDesc).
-enum PeerGroups : int { kPeerGroupPacks = 4096, kHeldBaseRanks = 16 };
+// The wide one-shot's shared memory (allreduce_oneshot_wide.cu): (line, rank) packs of one block and pass; its narrower rank cap, whose rank-order sum is unrolled.
+enum PeerGroups : int { kPeerGroupPacks = 4096, kWideUnrolledRanks = 16 };
 // Fused RMSNorm (allreduce_rmsnorm.cu, one- and two-shot): the widest row cluster, the most threads per block; the longest row (both RMSNorm kernels).
 enum RmsnormGeometry : int { kRmsnormMaxRowBlocks = 8, kRmsnormMaxThreads = 256, kRmsnormMaxHidden = 65536 };
-// Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row), the 16-byte lines of a row per thread and pass.
-enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 512, kAddRmsnormSlots = 4 };
+// Its one-GPU epilogue (add_rmsnorm.cu, the "unfused" algorithm): the most threads per block (one row), the elements of a row per pass (abi.add_rmsnorm_slots: lines per thread and pass).
+enum AddRmsnormGeometry : int { kAddRmsnormMaxThreads = 512, kAddRmsnormPassElems = 8192 };
 // The bulk protocol's area per block, (parity, source) part and region: lines, and those that carry data.
 enum BulkArea : int { kBulkAreaLines = 2048, kBulkDataLines = 2047 };
 // float8_e4m3fn, the fused RMSNorm's optional FP8 copy: largest finite value, the NaN byte written.

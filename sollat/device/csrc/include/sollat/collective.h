@@ -82,10 +82,10 @@ __device__ __forceinline__ Pack<T, Bytes> nan_pack() {
 
 // Descriptor of buffer number `which` (regions are laid back to back, each `region_bytes` long,
 // starting at region_off; epochs likewise, lines_per_src counters per buffer).
-// Up to kHeldBaseRanks ranks the bases are loaded here, into registers; a wide group keeps
-// CommState's table and the offset too, and above kHeldBaseRanks only those (BufferDesc,
-// ll_buffer__types.h). CommState holds kMaxWorld entries (zero past the world), written by the host
-// before any kernel, so every held base is a plain load.
+// Up to kPeerWindow ranks the bases are loaded here, into registers; a wide group keeps
+// CommState's table and the offset instead (BufferDesc, ll_buffer__types.h). CommState holds
+// kMaxWorld entries (zero past the world), written by the host before any kernel, so every held
+// base is a plain load.
 template <int kMaxRanks>
 __device__ __forceinline__ BufferDesc<kMaxRanks> make_desc(const CallArgs& a, int which, u64 region_bytes) {
   BufferDesc<kMaxRanks> d;
@@ -209,9 +209,14 @@ __device__ __forceinline__ u32 call_signature(const CommState* st, u32 sig, int 
 // value is every lane's: the lanes of a warp refuse together (LL128 and the fused RMSNorm's
 // butterflies sync all 32 lanes, which must all be running). Every lane is here: blocks are whole
 // warps. The parameter list is sollat/device/abi.py's (abi.h SOLLAT_PARAMS), which the host packs
-// in the same order.
+// in the same order. __launch_bounds__: the kernel's threads per block (abi.py KERNELS; the module
+// define SOLLAT_BLOCK_THREADS where they are fewer than SOLLAT_MAX_THREADS), which bounds ptxas's
+// registers per thread (65536 / threads, at most 255).
+#ifndef SOLLAT_BLOCK_THREADS
+#define SOLLAT_BLOCK_THREADS SOLLAT_MAX_THREADS
+#endif
 #define SOLLAT_DEFINE_ENTRY_POINTS(name, T, BODY)                                                          \
-  extern "C" __global__ void __launch_bounds__(SOLLAT_MAX_THREADS, 1) name(SOLLAT_PARAMS) {               \
+  extern "C" __global__ void __launch_bounds__(SOLLAT_BLOCK_THREADS, 1) name(SOLLAT_PARAMS) {             \
     const int y = sollat::launch_rank();                                                                   \
     const int rank = rank_base + y;                                                                        \
     const void* in = (const void*)ptrs.at(sollat::kListIn, y);                                             \

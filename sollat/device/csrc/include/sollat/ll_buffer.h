@@ -79,10 +79,9 @@
 // of them to one peer, and its polls and resets of them from one peer, are one coalesced access each.
 //
 // Wide groups (kMaxRanks > kPeerWindow, abi.py PEER_WINDOW): a thread cannot hold every peer's
-// polled lines in registers, nor above kHeldBaseRanks every peer's base: there the buffer keeps
-// CommState's table of scratch bases (a peer's base is one cached load), up to it the bases as a
-// narrow group does (BufferDesc). A receive from every peer (recvReduce, recvEach) walks
-// the peers in windows of kPeerWindow (recvReduce: a kernel may take several windows per poll
+// polled lines in registers, nor every peer's base: there the buffer keeps CommState's table of
+// scratch bases (a peer's base is one cached load; BufferDesc). A receive from every peer
+// (recvReduce, recvEach) walks the peers in windows of kPeerWindow (recvReduce: a kernel may take several windows per poll
 // set), in rank order: each window's loads are in flight together and complete before the next
 // window is polled; recvReduce folds each window into the running rank-order result, so the bits
 // are those of the unwindowed sum. bcast stores to every peer back to back, loading the bases a

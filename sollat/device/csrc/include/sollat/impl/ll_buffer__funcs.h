@@ -5,7 +5,7 @@
 namespace sollat {
 
 // Rank k's region for a run-time k: a select over the held bases (an indexed access would put
-// them in local memory), or above kHeldBaseRanks the table's entry (wide_base).
+// them in local memory), or in a wide group the table's entry (wide_base).
 template <int kMaxRanks>
 __device__ __forceinline__ Line* select_base(const BufferDesc<kMaxRanks>& d, int k) {
   if constexpr (!BufferDesc<kMaxRanks>::kHeld) return wide_base(d, k);

@@ -2,7 +2,7 @@
 #ifndef SOLLAT_IMPL_LL_BUFFER__TYPES_H_
 #define SOLLAT_IMPL_LL_BUFFER__TYPES_H_
 
-#include "sollat/abi.h"  // kMaxThreads, kMaxSlotsPerThread, kHeldBaseRanks
+#include "sollat/abi.h"  // kMaxThreads, kMaxSlotsPerThread, kPeerWindow
 #include "sollat/fault.h"
 
 namespace sollat {
@@ -10,15 +10,16 @@ namespace sollat {
 constexpr int kSlotStride = kMaxThreads;  // slot_i = slot0 + i * kSlotStride (layout.h slot_index)
 constexpr int kSlotsPerBlock = kMaxSlotsPerThread * kMaxThreads;  // slot indices of one block (layout.h)
 
-// Where one buffer lives, for one launch-rank. Up to kHeldBaseRanks ranks every rank's region base
+// Where one buffer lives, for one launch-rank. Up to kPeerWindow ranks every rank's region base
 // is held (in registers: loops over peers are unrolled, base[k] is selected, never indexed). A wide
-// group (more than kPeerWindow ranks) also holds CommState's table of scratch bases and the
-// region's offset, and above kHeldBaseRanks only those: a peer's base is then one cached load
-// (wide_base). A wide group's peers are walked in windows either way (ll_buffer.h).
+// group (more than kPeerWindow ranks) holds CommState's table of scratch bases and the region's
+// offset instead: a peer's base is one cached load (wide_base), and its peers are walked in
+// windows (ll_buffer.h). (Sixteen held bases are 32 registers: the 16-rank wide one-shot spilled
+// for sm_100 with them.)
 template <int kMaxRanks>
 struct BufferDesc {
   static constexpr bool kWide = kMaxRanks > kPeerWindow;
-  static constexpr bool kHeld = kMaxRanks <= kHeldBaseRanks;  // every rank's base in base[]
+  static constexpr bool kHeld = !kWide;  // every rank's base in base[]
   Line* base[kHeld ? kMaxRanks : 1];  // this buffer's region in each rank's scratch (held)
   const u64* scratch;     // wide: every rank's scratch base (CommState::scratch)
   u64 off;                // wide: this buffer's offset in every scratch
