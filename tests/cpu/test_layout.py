@@ -12,10 +12,11 @@ from sollat.device import abi, abi_header, abi_layout, formula, layout
 @pytest.mark.parametrize("lines", [1, 2, 31, 32, 33, 511, 512, 513, 4096, 8191, 65536, 10**6, 10**7])
 @pytest.mark.parametrize("max_blocks", [1, 4, 16])
 @pytest.mark.parametrize("max_slots", [1, 2, 3, 4])
-def test_plan_covers_every_line(lines: int, max_blocks: int, max_slots: int) -> None:
-    g = layout.plan(lines, max_blocks=max_blocks, max_slots=max_slots)
+@pytest.mark.parametrize("max_threads", [abi.SPILL_FREE_THREADS, layout.MAX_THREADS])
+def test_plan_covers_every_line(lines: int, max_blocks: int, max_slots: int, max_threads: int) -> None:
+    g = layout.plan(lines, max_blocks=max_blocks, max_slots=max_slots, max_threads=max_threads)
     assert 1 <= g.blocks <= max_blocks
-    assert g.threads % 32 == 0 and g.threads <= layout.MAX_THREADS
+    assert g.threads % 32 == 0 and g.threads <= max_threads
     assert g.slots <= max_slots
     assert g.lines_per_iteration * g.iterations >= lines
     assert g.lines_per_iteration * (g.iterations - 1) < lines  # no empty iteration
@@ -31,6 +32,29 @@ def test_plan_spreads_over_blocks_before_widening_them() -> None:
     assert layout.plan(16 * bt + 1, max_blocks=16) == layout.Geometry(16, 2 * bt, 1, 1)
     assert layout.plan(16 * 512 * 2, max_blocks=16, max_slots=4) == layout.Geometry(16, 512, 2, 1)
     assert layout.plan(2048, max_blocks=16, block_threads=512) == layout.Geometry(4, 512, 1, 1)
+    # a kernel capped below MAX_THREADS: more lines per thread instead of wider blocks
+    assert layout.plan(16 * 512 * 2, max_blocks=16, max_slots=4, max_threads=256) == layout.Geometry(16, 256, 4, 1)
+
+
+def test_every_kernel_launches_within_its_launch_bounds() -> None:
+    """An algorithm's plan never gives its kernel more threads than the __launch_bounds__ its build
+    gets (SOLLAT_BLOCK_THREADS below abi.MAX_THREADS, collective.h's default otherwise)."""
+    from sollat.collectives import algorithms
+    from sollat.device.dtypes import DTYPES
+
+    capped = {k.name for k in abi.KERNELS.values() if k.threads < layout.MAX_THREADS}
+    assert capped == {"oneshot", "twoshot", "ll128", "reduce_scatter"}
+    for alg in (*ALGORITHMS.values(), *algorithms.GATHER_SCATTER_ALGORITHMS.values()):
+        rmax, slots = alg.slot_choices[0]
+        d = algorithms.kernel_defines(alg, DTYPES[next(iter(alg.dtypes))], next(iter(alg.ops)), rmax, slots, False, True)
+        bound = int(d.get("SOLLAT_BLOCK_THREADS", layout.MAX_THREADS))
+        assert bound == alg.max_threads == abi.KERNELS[alg.kernel].threads
+        assert (alg.kernel in capped) == ("SOLLAT_BLOCK_THREADS" in d)
+        if alg.peer_groups:
+            continue
+        for lines in (1, 129, 4096, 10**5, 10**7):
+            g = layout.plan(lines, max_blocks=alg.max_blocks, max_slots=alg.max_slots(rmax), max_threads=alg.max_threads)
+            assert g.threads <= bound, (alg.name, lines, g)
 
 
 def test_slot_indices_are_unique_and_fit() -> None:
